@@ -1,0 +1,529 @@
+"""MoEFinetune ``npu-lora.io/v1alpha1``: spec and status models.
+
+Rules for this file (the CRD generator and the docs test depend on them):
+- every field has a ``description``; bounds and enums are expressed as pydantic constraints /
+  ``Literal`` so they become OpenAPI ``minimum``/``maximum``/``enum``;
+- cross-field rules are written twice, on purpose: as CEL (``x-kubernetes-validations`` in
+  ``json_schema_extra``, enforced by the apiserver before the operator sees the object) and as
+  pydantic ``model_validator`` (enforced by ``npu-lora run`` without a cluster). The CEL list of a
+  model is in ``CEL_RULES`` next to it so that a test can check both agree on examples;
+- YAML keys are camelCase (``alias``), Python attributes snake_case.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "npu-lora.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "MoEFinetune"
+PLURAL = "moefinetunes"
+SINGULAR = "moefinetune"
+SHORT_NAME = "mft"
+
+#: Exit code of the worker for an invalid configuration or input (not retried: the Job's
+#: podFailurePolicy fails the Job at once).
+EXIT_CONFIG_ERROR = 2
+#: Exit code of the worker when the loss became non-finite (not retried either).
+EXIT_NONFINITE_LOSS = 3
+
+PRESETS = ("tiny-qwen3-moe", "qwen3-30b-a3b")
+
+
+def cel(rule: str, message: str, *, reason: str | None = None, field_path: str | None = None):
+    """One ``x-kubernetes-validations`` entry."""
+    out: dict[str, Any] = {"rule": rule, "message": message}
+    if reason:
+        out["reason"] = reason
+    if field_path:
+        out["fieldPath"] = field_path
+    return out
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        validate_assignment=True,
+    )
+
+    def to_api(self) -> dict[str, Any]:
+        """camelCase dict as it appears in YAML/JSON, without unset optional fields."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+class VolumeRef(_Model):
+    """Where a directory comes from inside the cluster. Exactly one of claimName / hostPath."""
+
+    claim_name: str | None = Field(
+        None,
+        description="Name of a PersistentVolumeClaim in the run's namespace to mount.",
+        min_length=1,
+        max_length=253,
+    )
+    host_path: str | None = Field(
+        None,
+        description="A directory on the node (hostPath volume); for single-node or dev clusters.",
+        min_length=1,
+    )
+    sub_path: str | None = Field(
+        None, description="Sub-directory of the volume to mount instead of its root."
+    )
+    read_only: bool | None = Field(
+        None,
+        description="Mount read-only (default: true for model and data, false for output and cache).",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> VolumeRef:
+        if (self.claim_name is None) == (self.host_path is None):
+            raise ValueError("set exactly one of claimName or hostPath")
+        return self
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "has(self.claimName) != has(self.hostPath)",
+                    "set exactly one of claimName or hostPath",
+                )
+            ]
+        }
+    )
+
+
+class ModelSpec(_Model):
+    """The base model: a Hugging Face model directory, or a preset built from a config."""
+
+    path: str | None = Field(
+        None,
+        description=(
+            "Hugging Face model directory (config.json + safetensors, sharded or not, and its "
+            "tokenizer). Relative to the volume root when `volume` is set, else a path in the "
+            "worker's filesystem."
+        ),
+        min_length=1,
+    )
+    preset: Literal["tiny-qwen3-moe", "qwen3-30b-a3b"] | None = Field(
+        None,
+        description=(
+            "Build the model from a named config with random weights and a fixed seed, no download: "
+            "`tiny-qwen3-moe` (tests, laptops; a few MB) or `qwen3-30b-a3b` (the real Qwen3-30B-A3B "
+            "widths; use `layers` to reduce depth)."
+        ),
+    )
+    layers: int | None = Field(
+        None,
+        ge=1,
+        le=128,
+        description="Override the number of decoder layers (presets and local configs).",
+    )
+    volume: VolumeRef | None = Field(None, description="Volume holding the model directory.")
+
+    @model_validator(mode="after")
+    def _path_or_preset(self) -> ModelSpec:
+        if (self.path is None) == (self.preset is None):
+            raise ValueError("set exactly one of model.path or model.preset")
+        if self.volume is not None and self.path is None:
+            raise ValueError("model.volume needs model.path (the directory inside the volume)")
+        return self
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel("has(self.path) != has(self.preset)", "set exactly one of path or preset"),
+                cel("!has(self.volume) || has(self.path)", "volume needs path"),
+            ]
+        }
+    )
+
+
+class DataSpec(_Model):
+    """Training data: NSMC TSV or JSONL, tokenised to a fixed length."""
+
+    path: str = Field(
+        ...,
+        min_length=1,
+        description=(
+            "Data file. Relative to the volume root when `volume` is set. `example:<name>` picks "
+            "a dataset shipped inside the package (`example:nsmc-mini`, `example:jsonl-mini`)."
+        ),
+    )
+    format: Literal["auto", "nsmc", "jsonl"] = Field(
+        "auto",
+        description=(
+            "`nsmc`: TSV `id<TAB>document<TAB>label` with a header, no quoting; `jsonl`: one JSON "
+            'object a line, `{"text": ...}` or `{"prompt": ..., "completion": ...}`; `auto`: by '
+            "file extension (.jsonl/.json → jsonl, else nsmc)."
+        ),
+    )
+    template: str | None = Field(
+        None,
+        description=(
+            "Prompt template for classification data (NSMC); `{text}` is replaced by the document "
+            "and the answer (label word) follows. Default: a short Korean sentiment prompt."
+        ),
+    )
+    max_examples: int | None = Field(
+        None, ge=1, description="Use at most this many examples (after shuffling with the seed)."
+    )
+    volume: VolumeRef | None = Field(None, description="Volume holding the data file.")
+
+
+class LoraSpec(_Model):
+    """LoRA adapters (peft) on the attention projections."""
+
+    r: int = Field(16, ge=1, le=1024, description="LoRA rank.")
+    alpha: float = Field(32.0, gt=0, description="LoRA alpha (scaling = alpha / r).")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the LoRA input.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "v_proj"],
+        min_length=1,
+        description="Module names to adapt (peft `target_modules`), e.g. q_proj, k_proj, v_proj, o_proj.",
+    )
+    train_experts: bool = Field(
+        False,
+        description=(
+            "Also train the expert weights in full (full fine-tuning of `experts.gate_up_proj` and "
+            "`experts.down_proj`) besides the LoRA adapters. Requires `moe.placement: host-only`."
+        ),
+    )
+
+
+class MoESpec(_Model):
+    """Where the MoE blocks run and how HostMLP keeps its graph."""
+
+    placement: Literal["host-only", "hot"] = Field(
+        "hot",
+        description=(
+            "`host-only`: every expert runs on the host CPU; `hot`: after `warmupSteps` the "
+            "`hotFraction` most-routed experts of each layer move to the device."
+        ),
+    )
+    hot_fraction: float = Field(
+        0.25,
+        gt=0.0,
+        le=1.0,
+        description="Fraction of each layer's experts moved to the device (placement `hot`).",
+    )
+    warmup_steps: int = Field(
+        4, ge=0, description="Host-only steps that count routing before the hot set is chosen."
+    )
+    keep_graph: bool = Field(
+        True,
+        description=(
+            "HostMLP keeps the MoE block's autograd graph from forward to backward (no recompute); "
+            "costs the block's saved activations until that layer's backward."
+        ),
+    )
+    host_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="dtype of the expert weights and compute on the host."
+    )
+    host_threads: int | None = Field(
+        None, ge=1, le=1024, description="torch intra-op threads for the host (default: all cores)."
+    )
+    bucket_sizes: list[int] | None = Field(
+        None,
+        min_length=1,
+        description=(
+            "Static token-group sizes for the batched hot-expert call; each hot expert's tokens "
+            "are padded to the smallest bucket that fits (default: powers of two up to the tokens "
+            "per step)."
+        ),
+    )
+
+
+class TrainingSpec(_Model):
+    """The optimisation loop (immutable once the run is created)."""
+
+    steps: int = Field(100, ge=1, le=10_000_000, description="Optimizer steps to run.")
+    seq_len: int = Field(
+        128, ge=8, le=32768, description="Fixed sequence length (static shapes; pad/truncate)."
+    )
+    batch_size: int = Field(1, ge=1, le=4096, description="Sequences per micro-batch.")
+    grad_accumulation: int = Field(
+        1, ge=1, le=4096, description="Micro-batches accumulated per optimizer step."
+    )
+    learning_rate: float = Field(2e-4, gt=0.0, le=1.0, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW weight decay.")
+    max_grad_norm: float | None = Field(
+        1.0, gt=0.0, description="Clip the global gradient norm to this value (null: no clipping)."
+    )
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed for init, data order and dropout.")
+
+
+class DeviceSpec(_Model):
+    """The accelerator."""
+
+    backend: Literal["auto", "cpu", "cuda", "furiosa"] = Field(
+        "auto",
+        description=(
+            "`furiosa` (RNGD via furiosa-torch), `cuda`, `cpu` (the host stands in for the device), "
+            "or `auto` (the first available of furiosa, cuda, cpu)."
+        ),
+    )
+    cards: int = Field(
+        1,
+        ge=0,
+        le=8,
+        description="Accelerator cards requested from Kubernetes (`furiosa.ai/rngd`). 0: none.",
+    )
+    compile_cache: VolumeRef | None = Field(
+        None,
+        description="Volume for the furiosa compile cache, so a restarted run does not recompile.",
+    )
+
+
+class OutputSpec(_Model):
+    """The run directory (config.yaml, metrics.jsonl, adapter/, checkpoint/, summary.json)."""
+
+    path: str | None = Field(
+        None,
+        description=(
+            "Run directory. Relative to the volume root when `volume` is set. Default: "
+            "`runs/<name>` locally, `<name>` inside the output volume in a cluster."
+        ),
+    )
+    volume: VolumeRef | None = Field(
+        None, description="Volume for the run directory (a cluster run without one loses it)."
+    )
+
+
+class CheckpointSpec(_Model):
+    every_steps: int = Field(
+        50, ge=1, description="Write a checkpoint every N optimizer steps (and at the end)."
+    )
+
+
+class ReportingSpec(_Model):
+    every_steps: int = Field(
+        1, ge=1, description="Patch the resource's status at most every N steps."
+    )
+    min_interval_seconds: float = Field(
+        5.0, ge=0.0, description="...and at most once per this many seconds (the last step always)."
+    )
+
+
+class PodTemplateSpec(_Model):
+    """Scheduling and pod-level settings copied to the Job's pod template."""
+
+    node_selector: dict[str, str] | None = Field(None, description="Pod nodeSelector.")
+    tolerations: list[dict[str, Any]] | None = Field(
+        None, description="Pod tolerations (core/v1 Toleration objects)."
+    )
+    affinity: dict[str, Any] | None = Field(None, description="Pod affinity (core/v1 Affinity).")
+    priority_class_name: str | None = Field(None, description="Pod priorityClassName.")
+    service_account_name: str | None = Field(
+        None,
+        description="Run the worker under this ServiceAccount instead of the per-run one "
+        "(it then needs get/patch on this run's moefinetunes/status itself).",
+    )
+    image_pull_secrets: list[dict[str, str]] | None = Field(
+        None, description="Pod imagePullSecrets (`[{name: ...}]`)."
+    )
+    env: list[dict[str, Any]] | None = Field(
+        None, description="Extra environment variables for the worker container (core/v1 EnvVar)."
+    )
+    volumes: list[dict[str, Any]] | None = Field(
+        None, description="Extra pod volumes (core/v1 Volume); mount them with `volumeMounts`."
+    )
+    volume_mounts: list[dict[str, Any]] | None = Field(
+        None, description="Extra volume mounts for the worker container (core/v1 VolumeMount)."
+    )
+
+
+_PRESERVE = {"x-kubernetes-preserve-unknown-fields": True}
+
+
+class ResourceRequirements(_Model):
+    """core/v1 ResourceRequirements of the worker container (the RNGD request is added)."""
+
+    requests: dict[str, int | str] | None = Field(
+        None, description="Resource requests, e.g. {cpu: '8', memory: 64Gi}."
+    )
+    limits: dict[str, int | str] | None = Field(
+        None, description="Resource limits, e.g. {memory: 96Gi}."
+    )
+
+
+_TRAINING_IMMUTABLE = "training, model, data, lora and moe are immutable once created"
+
+
+class MoEFinetuneSpec(_Model):
+    """What to fine-tune, on what, and how the Job runs."""
+
+    model: ModelSpec = Field(..., description="The base model.")
+    data: DataSpec = Field(..., description="The training data.")
+    lora: LoraSpec = Field(default_factory=LoraSpec, description="LoRA adapters.")
+    moe: MoESpec = Field(default_factory=MoESpec, description="MoE placement and HostMLP mode.")
+    training: TrainingSpec = Field(default_factory=TrainingSpec, description="The loop.")
+    device: DeviceSpec = Field(default_factory=DeviceSpec, description="The accelerator.")
+    output: OutputSpec = Field(default_factory=OutputSpec, description="The run directory.")
+    checkpoint: CheckpointSpec = Field(
+        default_factory=CheckpointSpec, description="Checkpointing."
+    )
+    reporting: ReportingSpec = Field(
+        default_factory=ReportingSpec, description="How often the worker patches status."
+    )
+    image: str | None = Field(
+        None, description="Worker image (default: the operator's configured worker image)."
+    )
+    resources: ResourceRequirements | None = Field(
+        None, description="Worker container resources (the accelerator request is added)."
+    )
+    suspend: bool = Field(False, description="Suspend the run (the Job's pods are deleted).")
+    backoff_limit: int = Field(
+        2, ge=0, le=100, description="Retries of the worker pod (disruptions do not count)."
+    )
+    active_deadline_seconds: int | None = Field(
+        None, ge=1, description="Fail the run after this many seconds of running."
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        None, ge=0, description="Delete the finished Job (not the MoEFinetune) after this long."
+    )
+    queue_name: str | None = Field(
+        None,
+        description="Kueue LocalQueue; copied to the Job as label `kueue.x-k8s.io/queue-name`.",
+    )
+    pod_template: PodTemplateSpec | None = Field(
+        None, description="Pod scheduling and extra settings."
+    )
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> MoEFinetuneSpec:
+        if self.moe.placement == "hot" and self.moe.warmup_steps >= self.training.steps:
+            raise ValueError(
+                f"moe.warmupSteps ({self.moe.warmup_steps}) must be less than training.steps "
+                f"({self.training.steps}) with placement hot"
+            )
+        if self.lora.train_experts and self.moe.placement == "hot":
+            raise ValueError("lora.trainExperts requires moe.placement: host-only")
+        return self
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.moe.placement != 'hot' || self.moe.warmupSteps < self.training.steps",
+                    "moe.warmupSteps must be less than training.steps with placement hot",
+                    field_path=".moe.warmupSteps",
+                ),
+                cel(
+                    "!self.lora.trainExperts || self.moe.placement == 'host-only'",
+                    "lora.trainExperts requires moe.placement: host-only",
+                    field_path=".lora.trainExperts",
+                ),
+                cel(
+                    "self.training == oldSelf.training && self.model == oldSelf.model && "
+                    "self.data == oldSelf.data && self.lora == oldSelf.lora && self.moe == oldSelf.moe",
+                    _TRAINING_IMMUTABLE,
+                ),
+            ]
+        }
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# status
+
+
+class Condition(_Model):
+    """metav1.Condition."""
+
+    type: str = Field(..., description="Queued, Running, Succeeded, Failed or Suspended.")
+    status: Literal["True", "False", "Unknown"] = Field(..., description="True, False, Unknown.")
+    reason: str = Field(..., description="CamelCase cause, e.g. WorkerError, ImagePullBackOff.")
+    message: str = Field("", description="Human-readable detail.")
+    last_transition_time: str = Field(..., description="When the status last changed (RFC 3339).")
+    observed_generation: int | None = Field(None, description="Generation this was computed for.")
+
+
+class Progress(_Model):
+    step: int = Field(0, description="Last completed optimizer step.")
+    total_steps: int = Field(0, description="training.steps.")
+    percent: float = Field(0.0, description="100 * step / totalSteps.")
+    eta_seconds: float | None = Field(None, description="Estimated seconds to the end.")
+    last_update_time: str | None = Field(None, description="When the worker last reported.")
+
+
+class StepRecord(_Model):
+    """The numbers of one per-step profile record (see metrics.jsonl)."""
+
+    step: int = Field(..., description="Optimizer step (1-based).")
+    loss: float | None = Field(None, description="Training loss of the step.")
+    step_s: float | None = Field(None, description="Wall seconds of the whole step.")
+    attn_head_s: float | None = Field(
+        None, description="Device seconds: embeddings, attention blocks and LM head (fwd+bwd)."
+    )
+    host_fwd_s: float | None = Field(None, description="Host MoE forward seconds.")
+    host_bwd_s: float | None = Field(
+        None, description="Host MoE backward seconds (includes recompute)."
+    )
+    recompute_s: float | None = Field(
+        None, description="Part of host_bwd_s spent recomputing the forward (keepGraph off)."
+    )
+    device_calls_per_layer: float | None = Field(
+        None, description="Forward-direction device calls per decoder layer."
+    )
+    tokens: int | None = Field(None, description="Tokens in the step.")
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+
+class HotStatus(_Model):
+    fraction: float = Field(..., description="moe.hotFraction.")
+    experts: int = Field(..., description="Hot experts in all layers together.")
+    selected_at_step: int = Field(..., description="Step after which the hot set was chosen.")
+
+
+class CheckpointStatus(_Model):
+    step: int = Field(..., description="Step of the last checkpoint.")
+    path: str = Field(..., description="Checkpoint directory.")
+    time: str = Field(..., description="When it was written (RFC 3339).")
+
+
+class MoEFinetuneStatus(_Model):
+    """Owned in disjoint subtrees: the operator writes phase..message, the worker the rest."""
+
+    # operator-owned
+    phase: Literal["Pending", "Running", "Succeeded", "Failed", "Suspended"] | None = Field(
+        None, description="Pending, Running, Succeeded, Failed or Suspended (operator)."
+    )
+    conditions: list[Condition] | None = Field(None, description="Typed conditions (operator).")
+    job_name: str | None = Field(None, description="The run's Job (operator).")
+    pod_name: str | None = Field(None, description="The current or last worker pod (operator).")
+    node_name: str | None = Field(None, description="Node of that pod (operator).")
+    attempts: int | None = Field(None, description="Worker pods started so far (operator).")
+    start_time: str | None = Field(None, description="When the Job started (operator).")
+    completion_time: str | None = Field(None, description="When the run ended (operator).")
+    observed_generation: int | None = Field(None, description="Last generation acted on.")
+    message: str | None = Field(None, description="Last notable event, human-readable.")
+    # worker-owned
+    progress: Progress | None = Field(None, description="Step progress (worker).")
+    last_step: StepRecord | None = Field(None, description="Last step's profile (worker).")
+    step_seconds_median: float | None = Field(
+        None, description="Median step seconds after warm-up (worker)."
+    )
+    hot: HotStatus | None = Field(None, description="The hot-expert set (worker).")
+    last_checkpoint: CheckpointStatus | None = Field(None, description="Last checkpoint (worker).")
+
+
+class ObjectMeta(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str | None = None
+    namespace: str | None = None
+
+
+class MoEFinetune(_Model):
+    """The full object, as a manifest."""
+
+    api_version: Literal["npu-lora.io/v1alpha1"] = Field(API_VERSION, description="API version.")
+    kind: Literal["MoEFinetune"] = Field(KIND, description="Kind.")
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta, description="Object metadata.")
+    spec: MoEFinetuneSpec = Field(..., description="Desired run.")
+    status: MoEFinetuneStatus | None = Field(None, description="Observed state.")
