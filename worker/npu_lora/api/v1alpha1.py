@@ -123,6 +123,15 @@ class ModelSpec(_Model):
         le=128,
         description="Override the number of decoder layers (presets and local configs).",
     )
+    tokenizer: str | None = Field(
+        None,
+        description=(
+            "Tokenizer directory (tokenizer.json, or vocab.json + merges.txt). Default: the model "
+            "directory; for presets, a byte-level tokenizer the project builds offline. Relative to "
+            "the volume root when `volume` is set. The embedding grows to the tokenizer's size."
+        ),
+        min_length=1,
+    )
     volume: VolumeRef | None = Field(None, description="Volume holding the model directory.")
 
     @model_validator(mode="after")
