@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,7 +22,7 @@ class StandInGraph:
     name: str
     module: nn.Module
     example_inputs: tuple[torch.Tensor, ...]
-    trainable: list[Any] = field(default_factory=list)
+    trainable: list[Any] | None = None
     reference: Callable[..., Any] | None = None
 
 
@@ -94,8 +94,16 @@ class AttentionBlock(nn.Module):
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
         rep = self.heads // self.kv_heads
-        k = k[:, :, None].expand(b, self.kv_heads, rep, s, self.head_dim).reshape(b, -1, s, self.head_dim)
-        v = v[:, :, None].expand(b, self.kv_heads, rep, s, self.head_dim).reshape(b, -1, s, self.head_dim)
+        k = (
+            k[:, :, None]
+            .expand(b, self.kv_heads, rep, s, self.head_dim)
+            .reshape(b, -1, s, self.head_dim)
+        )
+        v = (
+            v[:, :, None]
+            .expand(b, self.kv_heads, rep, s, self.head_dim)
+            .reshape(b, -1, s, self.head_dim)
+        )
         if self.sdpa:
             attn = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         else:
@@ -216,3 +224,13 @@ def bad_graphs() -> list[StandInGraph]:
             ),
         ),
     ]
+
+
+def bad_device_graphs(
+    widths: str = "tiny",
+    seq_len: int = 32,
+    buckets: Sequence[int] | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> list[StandInGraph]:
+    """``bad_graphs`` behind the ``device_graphs`` signature (for ``rngd-check --source``)."""
+    return bad_graphs()

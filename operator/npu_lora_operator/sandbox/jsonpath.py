@@ -14,7 +14,9 @@ from typing import Any
 
 __all__ = ["find", "parse"]
 
-_FILTER = re.compile(r"^\?\((?P<lhs>@[^=!<>]*?)\s*(?:(?P<op>==|!=|<=|>=|<|>)\s*(?P<rhs>.+?))?\s*\)$")
+_FILTER = re.compile(
+    r"^\?\((?P<lhs>@[^=!<>]*?)\s*(?:(?P<op>==|!=|<=|>=|<|>)\s*(?P<rhs>.+?))?\s*\)$"
+)
 
 Step = tuple[str, Any]
 
@@ -164,7 +166,13 @@ def _apply(steps: list[Step], nodes: list[Any]) -> list[Any]:
                             out.append(node[idx])
             elif kind == "filter":
                 lhs, op, rhs = arg
-                items = node if isinstance(node, list) else list(node.values()) if isinstance(node, dict) else []
+                items = (
+                    node
+                    if isinstance(node, list)
+                    else list(node.values())
+                    if isinstance(node, dict)
+                    else []
+                )
                 for item in items:
                     vals = _apply(lhs, [item])
                     if vals and _compare(vals[0], op, rhs):

@@ -184,7 +184,11 @@ def strategic_merge_patch(target: Any, patch: Any) -> Any:
                 result[key] = merged
         elif isinstance(value, list) and key in MERGE_KEYS and isinstance(result.get(key), list):
             result[key] = _merge_list(result[key], value, MERGE_KEYS[key])
-        elif isinstance(value, list) and key in PRIMITIVE_SET_LISTS and isinstance(result.get(key), list):
+        elif (
+            isinstance(value, list)
+            and key in PRIMITIVE_SET_LISTS
+            and isinstance(result.get(key), list)
+        ):
             merged_list = list(result[key])
             for item in value:
                 if item not in merged_list:
@@ -216,7 +220,11 @@ def _merge_list(current: list[Any], patch: list[Any], merge_key: str) -> list[An
             result.append(copy.deepcopy(item))
             continue
         idx = next(
-            (i for i, cur in enumerate(result) if isinstance(cur, dict) and cur.get(merge_key) == item[merge_key]),
+            (
+                i
+                for i, cur in enumerate(result)
+                if isinstance(cur, dict) and cur.get(merge_key) == item[merge_key]
+            ),
             None,
         )
         if item.get("$patch") == "delete":

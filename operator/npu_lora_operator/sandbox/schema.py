@@ -113,7 +113,9 @@ def prune(value: Any, schema: dict[str, Any], path: str = "", *, root: bool = Tr
     """Remove unknown fields in place; return the dotted paths of what was removed."""
     removed: list[str] = []
     if isinstance(value, dict):
-        if schema.get("type") not in (None, "object") and not schema.get("x-kubernetes-int-or-string"):
+        if schema.get("type") not in (None, "object") and not schema.get(
+            "x-kubernetes-int-or-string"
+        ):
             return removed
         preserve = bool(schema.get("x-kubernetes-preserve-unknown-fields"))
         for key in list(value):
@@ -140,9 +142,9 @@ def apply_defaults(value: Any, schema: dict[str, Any]) -> None:
     if isinstance(value, dict):
         props = schema.get("properties") or {}
         for key, sub in props.items():
-            if key not in value and "default" in sub:
-                value[key] = copy.deepcopy(sub["default"])
-            elif key in value and value[key] is None and "default" in sub and not sub.get("nullable"):
+            if (key not in value and "default" in sub) or (
+                key in value and value[key] is None and "default" in sub and not sub.get("nullable")
+            ):
                 value[key] = copy.deepcopy(sub["default"])
         for key, item in value.items():
             sub = props.get(key)
@@ -185,9 +187,7 @@ def _type_ok(value: Any, typ: str) -> bool:
         return True
     if typ == "number" and actual == "integer":
         return True
-    if typ == "integer" and isinstance(value, float) and value.is_integer():
-        return True
-    return False
+    return bool(typ == "integer" and isinstance(value, float) and value.is_integer())
 
 
 _DATE_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
@@ -265,15 +265,21 @@ def _validate(
         _validate_object(value, schema, old, has_old, path, causes)
     for sub in schema.get("allOf") or []:
         _validate(value, sub, old, has_old, path, causes)
-    if schema.get("anyOf"):
-        if not any(not validate(value, s, path=path) for s in schema["anyOf"]):
-            causes.append(_invalid(path, value, f"{shown} in body must be of type anyOf"))
+    any_of = schema.get("anyOf")
+    if any_of and all(validate(value, s, path=path) for s in any_of):
+        causes.append(_invalid(path, value, f"{shown} in body must be of type anyOf"))
     if schema.get("oneOf"):
         matches = sum(1 for s in schema["oneOf"] if not validate(value, s, path=path))
         if matches != 1:
-            causes.append(_invalid(path, value, f"{shown} in body must validate one and only one schema (oneOf)"))
+            causes.append(
+                _invalid(
+                    path, value, f"{shown} in body must validate one and only one schema (oneOf)"
+                )
+            )
     if isinstance(schema.get("not"), dict) and not validate(value, schema["not"], path=path):
-        causes.append(_invalid(path, value, f"{shown} in body should not validate the given schema"))
+        causes.append(
+            _invalid(path, value, f"{shown} in body should not validate the given schema")
+        )
     # CEL rules run only where the value is otherwise valid (like the apiserver's cost-free path).
     if schema.get("x-kubernetes-validations") and len(causes) == n_before:
         _validate_cel(value, schema, old, has_old, path, causes)
@@ -286,23 +292,31 @@ def _validate_number(
         lo = schema["minimum"]
         if schema.get("exclusiveMinimum") is True:
             if not value > lo:
-                causes.append(_invalid(path, value, f"{shown} in body should be greater than {_num(lo)}"))
+                causes.append(
+                    _invalid(path, value, f"{shown} in body should be greater than {_num(lo)}")
+                )
         elif not value >= lo:
             causes.append(
-                _invalid(path, value, f"{shown} in body should be greater than or equal to {_num(lo)}")
+                _invalid(
+                    path, value, f"{shown} in body should be greater than or equal to {_num(lo)}"
+                )
             )
     if "maximum" in schema:
         hi = schema["maximum"]
         if schema.get("exclusiveMaximum") is True:
             if not value < hi:
-                causes.append(_invalid(path, value, f"{shown} in body should be less than {_num(hi)}"))
+                causes.append(
+                    _invalid(path, value, f"{shown} in body should be less than {_num(hi)}")
+                )
         elif not value <= hi:
             causes.append(
                 _invalid(path, value, f"{shown} in body should be less than or equal to {_num(hi)}")
             )
     mult = schema.get("multipleOf")
     if mult and not math.isclose(value / mult, round(value / mult)):
-        causes.append(_invalid(path, value, f"{shown} in body should be a multiple of {_num(mult)}"))
+        causes.append(
+            _invalid(path, value, f"{shown} in body should be a multiple of {_num(mult)}")
+        )
     fmt = schema.get("format")
     if fmt == "int32" and isinstance(value, int) and not -(2**31) <= value < 2**31:
         causes.append(_invalid(path, value, f"{shown} in body must be of type int32"))
@@ -313,11 +327,17 @@ def _validate_string(
 ) -> None:
     if "maxLength" in schema and len(value) > schema["maxLength"]:
         causes.append(
-            Cause(path, "FieldValueTooLong", f"Too long: may not be more than {schema['maxLength']} bytes")
+            Cause(
+                path,
+                "FieldValueTooLong",
+                f"Too long: may not be more than {schema['maxLength']} bytes",
+            )
         )
     if "minLength" in schema and len(value) < schema["minLength"]:
         causes.append(
-            _invalid(path, value, f"{shown} in body should be at least {schema['minLength']} chars long")
+            _invalid(
+                path, value, f"{shown} in body should be at least {schema['minLength']} chars long"
+            )
         )
     pattern = schema.get("pattern")
     if pattern and not re.search(pattern, value):
@@ -325,7 +345,9 @@ def _validate_string(
     fmt = schema.get("format")
     rx = _FORMATS.get(fmt or "")
     if rx is not None and not rx.match(value):
-        causes.append(_invalid(path, value, f"{shown} in body must be of type {fmt}: {json.dumps(value)}"))
+        causes.append(
+            _invalid(path, value, f"{shown} in body must be of type {fmt}: {json.dumps(value)}")
+        )
 
 
 def _validate_array(
@@ -347,13 +369,21 @@ def _validate_array(
         )
     if "minItems" in schema and len(value) < schema["minItems"]:
         causes.append(
-            _invalid(path, len(value), f"{shown} in body should have at least {schema['minItems']} items")
+            _invalid(
+                path, len(value), f"{shown} in body should have at least {schema['minItems']} items"
+            )
         )
     if schema.get("uniqueItems") or schema.get("x-kubernetes-list-type") == "set":
         seen: list[Any] = []
         for i, item in enumerate(value):
             if item in seen:
-                causes.append(Cause(f"{path}[{i}]", "FieldValueDuplicate", f"Duplicate value: {format_value(item)}"))
+                causes.append(
+                    Cause(
+                        f"{path}[{i}]",
+                        "FieldValueDuplicate",
+                        f"Duplicate value: {format_value(item)}",
+                    )
+                )
             seen.append(item)
     items = schema.get("items")
     if not isinstance(items, dict):
@@ -399,7 +429,11 @@ def _validate_object(
         _validate(item, sub, old_map.get(key) if o_has else None, o_has, _join(path, key), causes)
     if "maxProperties" in schema and len(value) > schema["maxProperties"]:
         causes.append(
-            Cause(path, "FieldValueTooMany", f"Too many: {len(value)}: must have at most {schema['maxProperties']} items")
+            Cause(
+                path,
+                "FieldValueTooMany",
+                f"Too many: {len(value)}: must have at most {schema['maxProperties']} items",
+            )
         )
 
 
@@ -490,7 +524,9 @@ def _validate_cel(
             ok = _cel_eval(expr, activation)
         except Exception as exc:  # evaluation errors are validation errors in the apiserver too
             causes.append(
-                _invalid(field, _type_name(value, schema), f"evaluation error: {_cel_error_text(exc)}")
+                _invalid(
+                    field, _type_name(value, schema), f"evaluation error: {_cel_error_text(exc)}"
+                )
             )
             continue
         if bool(ok):

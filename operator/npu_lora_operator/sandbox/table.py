@@ -71,12 +71,23 @@ def age(value: Any) -> str:
     return human_duration((_now() - t).total_seconds())
 
 
-def _col(name: str, typ: str = "string", priority: int = 0, fmt: str = "", desc: str = "") -> Column:
-    return {"name": name, "type": typ, "format": fmt, "description": desc or name, "priority": priority}
+def _col(
+    name: str, typ: str = "string", priority: int = 0, fmt: str = "", desc: str = ""
+) -> Column:
+    return {
+        "name": name,
+        "type": typ,
+        "format": fmt,
+        "description": desc or name,
+        "priority": priority,
+    }
 
 
 NAME_COL = _col("Name", fmt="name", desc="Name must be unique within a namespace.")
-AGE_COL = _col("Age", desc="CreationTimestamp is a timestamp representing the server time when this object was created.")
+AGE_COL = _col(
+    "Age",
+    desc="CreationTimestamp is a timestamp representing the server time when this object was created.",
+)
 
 
 def _meta(obj: dict[str, Any]) -> dict[str, Any]:
@@ -148,7 +159,11 @@ def _pod_status(pod: dict[str, Any]) -> str:
                 f"ExitCode:{term.get('exitCode')}" if term.get("exitCode") else "Completed"
             )
     for cond in status.get("conditions") or []:
-        if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and cond.get("reason") == "Unschedulable":
+        if (
+            cond.get("type") == "PodScheduled"
+            and cond.get("status") == "False"
+            and cond.get("reason") == "Unschedulable"
+        ):
             reason = "Pending"
     if _meta(pod).get("deletionTimestamp"):
         reason = "Terminating"
@@ -189,7 +204,11 @@ _POD_COLS = [
 
 
 def _job_status(job: dict[str, Any]) -> str:
-    conds = {c.get("type"): c for c in (job.get("status") or {}).get("conditions") or [] if c.get("status") == "True"}
+    conds = {
+        c.get("type"): c
+        for c in (job.get("status") or {}).get("conditions") or []
+        if c.get("status") == "True"
+    }
     for t in ("Complete", "Failed", "FailureTarget", "SuccessCriteriaMet", "Suspended"):
         if t in conds:
             return t
@@ -203,14 +222,20 @@ def _job_row(job: dict[str, Any]) -> list[Any]:
     status = job.get("status") or {}
     completions = spec.get("completions")
     succeeded = status.get("succeeded") or 0
-    comp = f"{succeeded}/{completions}" if completions is not None else f"{succeeded}/1 of {spec.get('parallelism', 1)}"
+    comp = (
+        f"{succeeded}/{completions}"
+        if completions is not None
+        else f"{succeeded}/1 of {spec.get('parallelism', 1)}"
+    )
     start = parse_time(status.get("startTime"))
     end = parse_time(status.get("completionTime"))
     duration = ""
     if start is not None:
         duration = human_duration(((end or _now()) - start).total_seconds())
     containers = ((spec.get("template") or {}).get("spec") or {}).get("containers") or []
-    selector = ",".join(f"{k}={v}" for k, v in ((spec.get("selector") or {}).get("matchLabels") or {}).items())
+    selector = ",".join(
+        f"{k}={v}" for k, v in ((spec.get("selector") or {}).get("matchLabels") or {}).items()
+    )
     return [
         _meta(job).get("name"),
         _job_status(job),
@@ -251,7 +276,12 @@ def _node_row(node: dict[str, Any]) -> list[Any]:
 
 def _event_row(ev: dict[str, Any]) -> list[Any]:
     inv = ev.get("involvedObject") or ev.get("regarding") or {}
-    last = ev.get("lastTimestamp") or ev.get("eventTime") or ev.get("deprecatedLastTimestamp") or _meta(ev).get("creationTimestamp")
+    last = (
+        ev.get("lastTimestamp")
+        or ev.get("eventTime")
+        or ev.get("deprecatedLastTimestamp")
+        or _meta(ev).get("creationTimestamp")
+    )
     return [
         age(last),
         ev.get("type", ""),
@@ -266,7 +296,11 @@ _SIMPLE: dict[str, tuple[list[Column], Callable[[dict[str, Any]], list[Any]]]] =
     "Job": (_JOB_COLS, _job_row),
     "Namespace": (
         [NAME_COL, _col("Status"), AGE_COL],
-        lambda o: [_meta(o).get("name"), (o.get("status") or {}).get("phase", "Active"), age(_meta(o).get("creationTimestamp"))],
+        lambda o: [
+            _meta(o).get("name"),
+            (o.get("status") or {}).get("phase", "Active"),
+            age(_meta(o).get("creationTimestamp")),
+        ],
     ),
     "ConfigMap": (
         [NAME_COL, _col("Data", "integer"), AGE_COL],
@@ -278,11 +312,20 @@ _SIMPLE: dict[str, tuple[list[Column], Callable[[dict[str, Any]], list[Any]]]] =
     ),
     "Secret": (
         [NAME_COL, _col("Type"), _col("Data", "integer"), AGE_COL],
-        lambda o: [_meta(o).get("name"), o.get("type", "Opaque"), len(o.get("data") or {}), age(_meta(o).get("creationTimestamp"))],
+        lambda o: [
+            _meta(o).get("name"),
+            o.get("type", "Opaque"),
+            len(o.get("data") or {}),
+            age(_meta(o).get("creationTimestamp")),
+        ],
     ),
     "ServiceAccount": (
         [NAME_COL, _col("Secrets", "integer"), AGE_COL],
-        lambda o: [_meta(o).get("name"), len(o.get("secrets") or []), age(_meta(o).get("creationTimestamp"))],
+        lambda o: [
+            _meta(o).get("name"),
+            len(o.get("secrets") or []),
+            age(_meta(o).get("creationTimestamp")),
+        ],
     ),
     "Node": ([NAME_COL, _col("Status"), _col("Roles"), AGE_COL, _col("Version")], _node_row),
     "Event": (
@@ -303,7 +346,11 @@ _SIMPLE: dict[str, tuple[list[Column], Callable[[dict[str, Any]], list[Any]]]] =
     ),
     "Lease": (
         [NAME_COL, _col("Holder"), AGE_COL],
-        lambda o: [_meta(o).get("name"), (o.get("spec") or {}).get("holderIdentity", ""), age(_meta(o).get("creationTimestamp"))],
+        lambda o: [
+            _meta(o).get("name"),
+            (o.get("spec") or {}).get("holderIdentity", ""),
+            age(_meta(o).get("creationTimestamp")),
+        ],
     ),
 }
 _SIMPLE["ClusterRoleBinding"] = _SIMPLE["RoleBinding"]
@@ -316,7 +363,10 @@ def columns_and_cells(
         return crd_columns(printer_columns), lambda o: crd_cells(o, printer_columns)
     if kind in _SIMPLE:
         return _SIMPLE[kind]
-    return [NAME_COL, AGE_COL], lambda o: [_meta(o).get("name"), age(_meta(o).get("creationTimestamp"))]
+    return [NAME_COL, AGE_COL], lambda o: [
+        _meta(o).get("name"),
+        age(_meta(o).get("creationTimestamp")),
+    ]
 
 
 def row_object(obj: dict[str, Any], include_object: str) -> dict[str, Any] | None:
@@ -324,7 +374,11 @@ def row_object(obj: dict[str, Any], include_object: str) -> dict[str, Any] | Non
         return None
     if include_object == "Object":
         return obj
-    return {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj.get("metadata") or {}}
+    return {
+        "kind": "PartialObjectMetadata",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": obj.get("metadata") or {},
+    }
 
 
 def build_table(

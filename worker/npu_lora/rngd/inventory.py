@@ -279,9 +279,7 @@ class _Recorder(TorchDispatchMode):
             stat = self.inv.ops.setdefault(name, OpStat(name))
             stat.count += 1
         else:
-            self.inv.add(
-                name, _tensor_dtypes((args, kwargs)), _tensor_dtypes(out), args, kwargs
-            )
+            self.inv.add(name, _tensor_dtypes((args, kwargs)), _tensor_dtypes(out), args, kwargs)
         return out
 
 
@@ -353,19 +351,34 @@ class Captured:
     notes: list[str] = field(default_factory=list)
 
 
-def _graph_parts(graph: Any) -> tuple[str, Any, tuple[Any, ...], Sequence[Any]]:
+def _graph_parts(graph: Any) -> tuple[str, Any, tuple[Any, ...], list[Any] | None]:
+    """``(name, module, example_inputs, trainable)`` of a graph object.
+
+    ``trainable``: the graph's ``trainable`` attribute (params, param names, input indices)
+    when it has one; otherwise its ``grad_inputs`` (input indices, ``npu_lora.device.graphs``)
+    plus the module's LoRA parameters (``lora_`` in the name: the engine trains only the
+    adapters, base weights are frozen); ``None`` (= default) when it has neither.
+    """
     name = getattr(graph, "name", None) or type(graph).__name__
     module = getattr(graph, "module", graph)
     inputs = tuple(getattr(graph, "example_inputs", ()))
-    trainable = list(getattr(graph, "trainable", None) or [])
-    return name, module, inputs, trainable
+    trainable = getattr(graph, "trainable", None)
+    if trainable is not None:
+        return name, module, inputs, list(trainable)
+    grad_inputs = getattr(graph, "grad_inputs", None)
+    if grad_inputs is None:
+        return name, module, inputs, None
+    lora: list[Any] = []
+    if isinstance(module, torch.nn.Module):
+        lora = [n for n, _ in module.named_parameters() if "lora_" in n]
+    return name, module, inputs, [*grad_inputs, *lora]
 
 
 def _resolve_trainable(
-    module: Any, inputs: Sequence[Any], trainable: Sequence[Any]
+    module: Any, inputs: Sequence[Any], trainable: Sequence[Any] | None
 ) -> tuple[list[str], list[tuple[str, torch.Tensor]], set[str], set[int]]:
     """Split ``trainable`` (params, param names, input indices) into parameter names and input
-    indices that need grad. Empty ``trainable``: every param with ``requires_grad`` and every
+    indices that need grad. ``trainable=None``: every param with ``requires_grad`` and every
     floating-point input."""
     named: list[tuple[str, torch.Tensor]] = []
     if isinstance(module, torch.nn.Module):
@@ -373,7 +386,7 @@ def _resolve_trainable(
     by_id = {id(t): n for n, t in named}
     p_names: set[str] = set()
     in_idx: set[int] = set()
-    for t in trainable:
+    for t in trainable or ():
         if isinstance(t, bool):
             raise TypeError(f"trainable entries are params, names or input indices, not {t!r}")
         if isinstance(t, int):
@@ -384,13 +397,11 @@ def _resolve_trainable(
             p_names.add(by_id[id(t)])
         else:
             raise ValueError(f"trainable entry {type(t).__name__} is not a parameter of the module")
-    if not trainable:
+    if trainable is None:
         if isinstance(module, torch.nn.Module):
             p_names = {n for n, p in module.named_parameters() if p.requires_grad}
         in_idx = {
-            i
-            for i, t in enumerate(inputs)
-            if isinstance(t, torch.Tensor) and t.is_floating_point()
+            i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and t.is_floating_point()
         }
     names = [n for n, _ in named]
     unknown = p_names - set(names)
@@ -427,7 +438,7 @@ def capture(graph: Any, *, mode: str = "aot", seed: int = 0) -> Captured:
     if mode == "aot":
         try:
             return _capture_aot(graph, seed)
-        except Exception as exc:  # noqa: BLE001 - any capture failure means "trace eagerly"
+        except Exception as exc:  # any capture failure means "trace eagerly"
             cap = _capture_eager(graph, seed)
             cap.notes.append(f"AOT capture failed ({type(exc).__name__}: {exc}); traced eagerly")
             return cap

@@ -1,0 +1,100 @@
+# syntax=docker/dockerfile:1
+# npu-lora images. Two targets from one file:
+#
+#   docker build --target operator -t npu-lora-operator:0.1.0 .   # kopf operator, no torch
+#   docker build --target worker   -t npu-lora-worker:0.1.0 .     # training engine + furiosa-torch
+#
+# Both run as the non-root user `npu-lora` (uid/gid 1000, matching the chart's and the Job
+# builder's securityContext) and start with `npu-lora` (ENTRYPOINT); the command is the
+# subcommand (`operator ...`, `run CONFIG ...`).
+
+ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
+
+# ---------------------------------------------------------------------------------------------
+# base: Python, the non-root user, pip settings shared by every stage.
+FROM ${PYTHON_IMAGE} AS base
+
+ARG VERSION=0.1.0
+LABEL org.opencontainers.image.title="npu-lora" \
+      org.opencontainers.image.description="LoRA fine-tuning of MoE LLMs on FuriosaAI RNGD NPUs, as a Kubernetes batch operator" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.licenses="Apache-2.0"
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_ROOT_USER_ACTION=ignore
+
+RUN groupadd --gid 1000 npu-lora \
+    && useradd --uid 1000 --gid 1000 --home-dir /home/npu-lora --create-home \
+       --shell /usr/sbin/nologin npu-lora
+
+# ---------------------------------------------------------------------------------------------
+# wheel: build the project's wheel once (setuptools runs here, not in the final images).
+FROM base AS wheel
+
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY worker/ worker/
+COPY operator/ operator/
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
+    && ls /wheels/npu_lora-*.whl
+
+# ---------------------------------------------------------------------------------------------
+# operator: `npu-lora operator` (kopf + kubernetes client; the `operator` extra, no torch).
+FROM base AS operator
+
+LABEL org.opencontainers.image.description="npu-lora operator (kopf): MoEFinetune -> Job"
+
+RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
+    pip install --no-cache-dir "$(ls /wheels/npu_lora-*.whl)[operator]" \
+    && python -c "import npu_lora_operator, kopf, kubernetes" \
+    && ! python -c "import torch" 2>/dev/null
+
+USER 1000:1000
+WORKDIR /home/npu-lora
+ENTRYPOINT ["npu-lora"]
+CMD ["operator", "--help"]
+
+# ---------------------------------------------------------------------------------------------
+# worker: the training engine with furiosa-torch (RNGD), i.e. the `rngd` extra.
+FROM base AS worker
+
+LABEL org.opencontainers.image.description="npu-lora worker: hybrid device/host MoE LoRA training (furiosa-torch)"
+
+# furiosa-torch's compiler shells out to an aarch64 cross-compiler (it builds code for the
+# card's host-side cores); without these two packages every op fails to compile. Versions are
+# those of Debian 12 (bookworm), which the base image tag above pins.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends \
+       gcc-aarch64-linux-gnu=4:12.2.0-3 \
+       libc6-dev-arm64-cross=2.36-8cross1 \
+    && rm -rf /var/lib/apt/lists/*
+
+# furiosa-torch 2026.4.0 requires exactly torch 2.10.0 (its native module breaks with other
+# versions). Install that torch first and pin it with a constraints file so that resolving the
+# rest can never move it. PyPI's torch 2.10.0 wheel is the CUDA build (~7 GB installed); the
+# CPU-only index (https://download.pytorch.org/whl/cpu) gives a much smaller image but has not
+# been tried with furiosa-torch.
+ARG TORCH_VERSION=2.10.0
+ARG TORCH_INDEX_URL=https://pypi.org/simple
+RUN echo "torch==${TORCH_VERSION}" > /etc/pip-constraints.txt \
+    && pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
+
+ENV PIP_CONSTRAINT=/etc/pip-constraints.txt
+RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
+    pip install --no-cache-dir "$(ls /wheels/npu_lora-*.whl)[rngd]" \
+    && TORCH_DEVICE_BACKEND_AUTOLOAD=0 python -c \
+       "import torch, npu_lora; assert torch.__version__.split('+')[0] == '${TORCH_VERSION}', torch.__version__"
+
+# Writable defaults for a read-only root filesystem: furiosa's compile cache lives under
+# $XDG_CACHE_HOME/furiosa. In a cluster the operator's Job sets XDG_CACHE_HOME to where it mounts
+# the MoEFinetune's compileCache volume.
+ENV HOME=/tmp \
+    XDG_CACHE_HOME=/tmp/.cache
+
+USER 1000:1000
+WORKDIR /home/npu-lora
+ENTRYPOINT ["npu-lora"]
+CMD ["--help"]

@@ -1,0 +1,91 @@
+"""``npu-lora operator``: run the kopf operator (MoEFinetune → Job), standalone, one replica."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        default=None,
+        help="watch this namespace (repeatable; default: $NPU_LORA_NAMESPACES, comma-separated, "
+        "or all namespaces)",
+    )
+    parser.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="watch all namespaces (cluster-wide)"
+    )
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, $KUBECONFIG)")
+    parser.add_argument("--context", help="kubeconfig context")
+    parser.add_argument(
+        "--liveness",
+        metavar="URL",
+        default=os.environ.get("NPU_LORA_LIVENESS") or None,
+        help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz",
+    )
+    parser.add_argument("--worker-image", help="worker image when spec.image is unset")
+    parser.add_argument(
+        "--worker-command",
+        help="worker executable, JSON list or shell words (default: npu-lora); "
+        "`run CONFIG --out DIR` is appended",
+    )
+    parser.add_argument(
+        "--image-pull-policy", choices=["IfNotPresent", "Always", "Never"], default=None
+    )
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get("NPU_LORA_LOG_LEVEL", "INFO"),
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+    )
+
+
+def namespaces_from(args: argparse.Namespace) -> list[str]:
+    if getattr(args, "all_namespaces", False):
+        return []
+    if args.namespace:
+        return [n for item in args.namespace for n in item.split(",") if n.strip()]
+    env = os.environ.get("NPU_LORA_NAMESPACES", "")
+    return [n.strip() for n in env.split(",") if n.strip()]
+
+
+def config_from(args: argparse.Namespace):
+    from npu_lora_operator.settings import OperatorConfig, parse_command
+
+    return OperatorConfig.from_env(
+        worker_image=args.worker_image,
+        worker_command=parse_command(args.worker_command) if args.worker_command else None,
+        image_pull_policy=args.image_pull_policy,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    import kopf
+
+    from npu_lora_operator import handlers
+    from npu_lora_operator.kube import load_config
+
+    level = getattr(logging, args.log_level)
+    kopf.configure(debug=level <= logging.DEBUG, verbose=level <= logging.INFO)
+    logging.getLogger().setLevel(level)
+    for noisy in ("aiohttp.access", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+    load_config(args.kubeconfig, args.context)
+    handlers.configure(config_from(args))
+    namespaces = namespaces_from(args)
+    logging.getLogger("npu_lora_operator").info(
+        "watching %s", ", ".join(namespaces) if namespaces else "all namespaces"
+    )
+    kopf.run(
+        registry=handlers.registry,
+        settings=handlers.build_settings(),
+        standalone=True,
+        clusterwide=not namespaces,
+        namespaces=namespaces,
+        liveness_endpoint=args.liveness,
+    )
+    return 0

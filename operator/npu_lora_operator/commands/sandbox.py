@@ -1,0 +1,190 @@
+"""``npu-lora sandbox``: a Kubernetes API emulator, a local kubelet and the operator in one process.
+
+For trying the operator with the real ``kubectl`` on a laptop, without a cluster::
+
+    npu-lora sandbox --root .sandbox          # prints the KUBECONFIG to export
+    export KUBECONFIG=.sandbox/kubeconfig
+    kubectl apply -f examples/tiny-sandbox.yaml
+    kubectl get mft -w
+
+The emulator serves the MoEFinetune CRD (generated from the models, with schema validation and
+CEL), the kubelet runs each Job's worker as a local subprocess (PVC ``runs`` is the directory
+``<root>/pvc/runs``) and the operator runs in a thread with its own event loop. The worker
+command is this interpreter's ``python -m npu_lora.cli`` (the kubelet maps ``python`` to
+``sys.executable``), so the pods run this checkout's ``npu-lora run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+SANDBOX_WORKER_COMMAND = ("python", "-m", "npu_lora.cli")
+SANDBOX_WORKER_IMAGE = "npu-lora-worker:sandbox"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--kubeconfig",
+        metavar="PATH",
+        help="where to write the sandbox's kubeconfig (default: ROOT/kubeconfig)",
+    )
+    parser.add_argument(
+        "--root",
+        metavar="DIR",
+        default=".sandbox",
+        help="state directory: pvc/<claim> volumes, pods/<ns>_<pod> logs (default: .sandbox)",
+    )
+    parser.add_argument("--port", type=int, default=0, help="API port (default: a free one)")
+    parser.add_argument("--host", default="127.0.0.1", help="API address (default: 127.0.0.1)")
+    parser.add_argument(
+        "--no-operator", action="store_true", help="do not start the operator (run your own)"
+    )
+    parser.add_argument(
+        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+    )
+
+
+class OperatorThread:
+    """The kopf operator in a background thread with its own event loop."""
+
+    def __init__(self, namespaces: list[str] | None = None) -> None:
+        self.namespaces = list(namespaces or [])
+        self.stop_flag = threading.Event()
+        self.ready_flag = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="npu-lora-operator", daemon=True)
+
+    def _run(self) -> None:
+        import kopf
+
+        from npu_lora_operator import handlers
+
+        try:
+            asyncio.run(
+                kopf.operator(
+                    registry=handlers.registry,
+                    settings=handlers.build_settings(),
+                    standalone=True,
+                    clusterwide=not self.namespaces,
+                    namespaces=self.namespaces,
+                    stop_flag=self.stop_flag,
+                    ready_flag=self.ready_flag,
+                )
+            )
+        except BaseException as e:  # reported by start()/the main loop
+            self.error = e
+            self.ready_flag.set()
+
+    def start(self, timeout: float = 60) -> OperatorThread:
+        self.thread.start()
+        self.ready_flag.wait(timeout)
+        if self.error is not None:
+            raise RuntimeError(f"the operator failed to start: {self.error!r}") from self.error
+        return self
+
+    def stop(self, timeout: float = 15) -> None:
+        self.stop_flag.set()
+        self.thread.join(timeout)
+
+
+def start_sandbox(
+    root: str | Path,
+    *,
+    kubeconfig: str | Path | None = None,
+    port: int = 0,
+    host: str = "127.0.0.1",
+    operator: bool = True,
+) -> dict[str, Any]:
+    """Start emulator + CRD + kubelet (+ operator). Returns the parts; stop with
+    :func:`stop_sandbox`."""
+    import kubernetes
+
+    from npu_lora_operator import handlers
+    from npu_lora_operator.crd import build_crd
+    from npu_lora_operator.sandbox.emulator import ApiEmulator
+    from npu_lora_operator.sandbox.kubelet import LocalKubelet
+    from npu_lora_operator.settings import OperatorConfig
+
+    root = Path(root).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    emu = ApiEmulator(port=port, host=host).start()
+    emu.load_crd(build_crd())
+    kubelet = LocalKubelet(emu, root=root).start()
+    kc = Path(kubeconfig).resolve() if kubeconfig else root / "kubeconfig"
+    emu.write_kubeconfig(kc)
+    parts: dict[str, Any] = {"emulator": emu, "kubelet": kubelet, "kubeconfig": kc, "root": root}
+    if operator:
+        kubernetes.config.load_kube_config(config_file=str(kc))
+        handlers.configure(
+            OperatorConfig(
+                worker_image=SANDBOX_WORKER_IMAGE,
+                worker_command=SANDBOX_WORKER_COMMAND,
+                image_pull_policy="Never",
+            )
+        )
+        parts["operator"] = OperatorThread().start()
+    return parts
+
+
+def stop_sandbox(parts: dict[str, Any]) -> None:
+    op = parts.get("operator")
+    if op is not None:
+        op.stop()
+    parts["kubelet"].stop()
+    parts["emulator"].stop()
+
+
+def run(args: argparse.Namespace) -> int:
+    import kopf
+
+    level = getattr(logging, args.log_level)
+    kopf.configure(debug=level <= logging.DEBUG, verbose=level <= logging.INFO)
+    logging.getLogger().setLevel(level)
+    for noisy in ("aiohttp.access", "urllib3", "kmock"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+    parts = start_sandbox(
+        args.root,
+        kubeconfig=args.kubeconfig,
+        port=args.port,
+        host=args.host,
+        operator=not args.no_operator,
+    )
+    kc = parts["kubeconfig"]
+    examples = Path(__file__).resolve().parents[3] / "examples" / "tiny-sandbox.yaml"
+    example = str(examples) if examples.exists() else "examples/tiny-sandbox.yaml"
+    print(
+        f"npu-lora sandbox: API at {parts['emulator'].url}, state in {parts['root']}\n"
+        f"  operator: {'running' if 'operator' in parts else 'not started (--no-operator)'}; "
+        f"worker: {' '.join(SANDBOX_WORKER_COMMAND)} run ... (local subprocess)\n\n"
+        f"  export KUBECONFIG={kc}\n"
+        f"  kubectl apply -f {example}\n"
+        f"  kubectl get mft -w            # -o wide for TOTAL, ETA, NODE, CALLS/LAYER\n"
+        f"  kubectl describe mft tiny-sandbox; kubectl logs job/tiny-sandbox\n"
+        f"  ls {parts['root']}/pvc/runs/tiny-sandbox\n\n"
+        "Ctrl-C stops everything.",
+        flush=True,
+    )
+    done = threading.Event()
+
+    def _stop(signum: int, _frame: Any) -> None:
+        done.set()
+
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        while not done.wait(1.0):
+            op = parts.get("operator")
+            if op is not None and not op.thread.is_alive():
+                print(f"npu-lora sandbox: the operator stopped: {op.error!r}", file=sys.stderr)
+                break
+    finally:
+        stop_sandbox(parts)
+    return 0

@@ -1,0 +1,361 @@
+"""kopf handlers: thin glue between the API and the pure builders / status mapping.
+
+- create/resume of a MoEFinetune: build the children (:mod:`.builders`) and create them
+  idempotently — a 409 means the object exists: it is adopted when it is ours (same owner uid)
+  or an orphan, and the handler retries later when another owner still holds the name (e.g. the
+  garbage collector has not yet removed the Job of a deleted run of the same name). So an
+  operator restarted mid-run adopts the running Job and never creates a second one.
+- events of Jobs and Pods labelled ``npu-lora.io/run``: recompute the operator's subtree of the
+  run's status (:func:`.status.compute_status`) and merge-patch it through ``/status`` when it
+  changed; post an Event for each transition.
+- ``spec.suspend`` changes suspend/resume the Job. ``activeDeadlineSeconds`` and
+  ``ttlSecondsAfterFinished`` changes are copied to the Job (both are mutable there).
+  ``reporting`` and ``checkpoint`` changes rewrite the worker ConfigMap: they take effect with
+  the next worker pod (a retry, or after suspend/resume). ``image``, ``resources``,
+  ``podTemplate``, ``backoffLimit`` and ``queueName`` cannot change a created Job (its pod
+  template is immutable): the operator posts a Warning event and leaves the Job alone; delete and
+  re-create the run to apply them. Training fields are immutable (CEL on the server).
+- deletion: nothing to do; the children carry ownerReferences and the garbage collector removes
+  them (no finalizer is needed, and none is added: there is no deletion handler).
+
+The operator's own kopf state lives in annotations with the ``npu-lora.io`` prefix
+(see :func:`build_settings`), never in ``status``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+import kopf
+import kubernetes
+from npu_lora.api.v1alpha1 import API_VERSION, GROUP, PLURAL, VERSION
+
+from npu_lora_operator import builders
+from npu_lora_operator import status as st
+from npu_lora_operator.kube import Kube, KubeError, plural_of
+from npu_lora_operator.settings import OperatorConfig
+
+Body = dict[str, Any]
+log = logging.getLogger("npu_lora_operator")
+
+RUN_NAME_ANNOTATION = builders.RUN_NAME_ANNOTATION
+
+#: The handlers live in their own registry (``kopf.operator(registry=registry)``).
+registry = kopf.OperatorRegistry()
+
+
+class _State:
+    def __init__(self) -> None:
+        self.config = OperatorConfig()
+        self.kube = Kube()
+        self._locks: dict[tuple[str, str], threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def lock(self, namespace: str, name: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault((namespace, name), threading.Lock())
+
+
+STATE = _State()
+
+
+def configure(config: OperatorConfig | None = None, kube: Kube | None = None) -> None:
+    """Set the operator configuration and API access used by the handlers."""
+    if config is not None:
+        STATE.config = config
+    if kube is not None:
+        STATE.kube = kube
+
+
+def build_settings(settings: kopf.OperatorSettings | None = None) -> kopf.OperatorSettings:
+    """kopf settings: ``npu-lora.io``-prefixed annotations/finalizer, standalone, events."""
+    s = settings or kopf.OperatorSettings()
+    s.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    s.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration"
+    )
+    s.persistence.finalizer = f"{GROUP}/finalizer"
+    s.peering.standalone = True
+    s.peering.mandatory = False
+    s.posting.reporting_component = "npu-lora-operator"
+    s.posting.level = logging.INFO
+    s.execution.max_workers = 16
+    s.networking.request_timeout = 60
+    s.watching.server_timeout = 300
+    s.watching.client_timeout = 330
+    # every namespace/CRD the operator needs is named explicitly: no scanning of namespaces
+    s.scanning.disabled = True
+    return s
+
+
+@kopf.on.login(registry=registry)
+def login(**_: Any) -> kopf.ConnectionInfo:
+    """Reuse the ``kubernetes`` client configuration loaded by the command (kubeconfig or
+    in-cluster), so kopf and the operator's own requests talk to the same server."""
+    cfg = kubernetes.client.Configuration.get_default_copy()
+    header = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix(
+        "authorization"
+    )
+    scheme, token = None, None
+    if header:
+        parts = header.split(" ", 1)
+        scheme, token = (parts[0], parts[1]) if len(parts) == 2 else (None, parts[0])
+    return kopf.ConnectionInfo(
+        server=cfg.host,
+        ca_path=cfg.ssl_ca_cert,
+        insecure=not cfg.verify_ssl,
+        scheme=scheme,
+        token=token,
+        certificate_path=cfg.cert_file,
+        private_key_path=cfg.key_file,
+        username=cfg.username or None,
+        password=cfg.password or None,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+
+def _uid(obj: Body | None) -> str | None:
+    return ((obj or {}).get("metadata") or {}).get("uid")
+
+
+def _owned_by(obj: Body, uid: str | None) -> bool:
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return any(r.get("uid") == uid for r in refs)
+
+
+def _post(body: Body, events: Iterable[tuple[str, str, str]]) -> None:
+    for etype, reason, message in events:
+        try:
+            kopf.event(body, type=etype, reason=reason or "Update", message=message[:1000])
+        except Exception as e:  # no event loop (unit tests) or posting failed
+            log.debug("event not posted: %s %s: %s (%s)", etype, reason, message, e)
+
+
+def ensure_object(obj: Body, owner: Body) -> tuple[Body, bool]:
+    """Create ``obj``; on 409 adopt the existing one. Returns (object, created)."""
+    kube = STATE.kube
+    meta = obj["metadata"]
+    try:
+        return kube.create(obj), True
+    except KubeError as e:
+        if e.code != 409:
+            raise
+    plural = plural_of(obj["apiVersion"], obj["kind"])
+    existing = kube.get(obj["apiVersion"], plural, meta["name"], meta.get("namespace"))
+    if existing is None:  # deleted in between: try once more
+        return kube.create(obj), True
+    owner_uid = _uid(owner)
+    if _owned_by(existing, owner_uid):
+        return existing, False
+    refs = (existing.get("metadata") or {}).get("ownerReferences") or []
+    if any(r.get("controller") for r in refs):
+        raise kopf.TemporaryError(
+            f"{obj['kind']} {meta['name']} exists and belongs to another owner "
+            f"({', '.join(r.get('kind', '') + '/' + r.get('name', '') for r in refs)}); "
+            "waiting for it to go away",
+            delay=5,
+        )
+    # an orphan with our name (e.g. left by `kubectl delete --cascade=orphan`): adopt it
+    patched = kube.merge_patch(
+        obj["apiVersion"],
+        plural,
+        meta["name"],
+        meta.get("namespace"),
+        {"metadata": {"ownerReferences": [*refs, builders.owner_reference(owner)]}},
+    )
+    return patched, False
+
+
+def run_name_of(child: Body) -> str | None:
+    """The MoEFinetune a Job or Pod belongs to (annotation, owner reference or label)."""
+    meta = child.get("metadata") or {}
+    name = (meta.get("annotations") or {}).get(RUN_NAME_ANNOTATION)
+    if name:
+        return name
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("kind") == "MoEFinetune":
+            return ref.get("name")
+    return (meta.get("labels") or {}).get(builders.RUN_LABEL)
+
+
+def _pods_of(job: Body, namespace: str, run: str) -> list[Body]:
+    pods = STATE.kube.list(
+        "v1", "pods", namespace, f"{builders.RUN_LABEL}={builders.run_label_value(run)}"
+    )
+    juid = _uid(job)
+    jname = (job.get("metadata") or {}).get("name")
+    out = []
+    for p in pods:
+        meta = p.get("metadata") or {}
+        if meta.get("deletionTimestamp") and (p.get("status") or {}).get("phase") not in (
+            "Failed",
+            "Succeeded",
+        ):
+            continue  # being deleted (suspend, GC): not the run's current pod
+        if meta.get("ownerReferences"):
+            if _owned_by(p, juid):
+                out.append(p)
+        elif (meta.get("labels") or {}).get("job-name") == jname:
+            out.append(p)
+    return out
+
+
+def reconcile_status(namespace: str, name: str, body: Body | None = None) -> Body | None:
+    """Recompute and write the operator's status subtree of run ``namespace/name``."""
+    kube = STATE.kube
+    with STATE.lock(namespace, name):
+        mft = kube.get(API_VERSION, PLURAL, name, namespace)
+        if mft is None or (mft.get("metadata") or {}).get("deletionTimestamp"):
+            return None
+        job = kube.get("batch/v1", "jobs", builders.job_name(name), namespace)
+        if job is not None and not _owned_by(job, _uid(mft)):
+            job = None
+        pods = _pods_of(job, namespace, name) if job is not None else []
+        old = mft.get("status") or {}
+        if old.get("phase") in st.TERMINAL_PHASES and job is None:
+            return old  # the Job was removed (ttlSecondsAfterFinished): keep the verdict
+        new = st.compute_status(mft, job, pods)
+        if old.get("phase") in st.TERMINAL_PHASES and new.get("phase") != old.get("phase"):
+            return old
+        if not st.status_changed(old, new):
+            return old
+        kube.merge_patch(API_VERSION, PLURAL, name, namespace, {"status": new}, sub="status")
+        _post(mft, st.transition_events(old, new))
+        return new
+
+
+# ---------------------------------------------------------------------------------------------
+# MoEFinetune
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry)
+@kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
+def ensure_run(
+    body: kopf.Body, name: str, namespace: str, logger: logging.Logger, **_: Any
+) -> None:
+    """Create (or adopt) the ConfigMap, the per-run RBAC and the Job."""
+    raw: Body = dict(body)
+    status = raw.get("status") or {}
+    if status.get("phase") in st.TERMINAL_PHASES:
+        logger.info("run %s already %s; nothing to create", name, status["phase"])
+        return
+    created = []
+    for child in builders.build_children(raw, STATE.config):
+        _, was_created = ensure_object(child, raw)
+        if was_created:
+            created.append(f"{child['kind']}/{child['metadata']['name']}")
+    job = builders.job_name(name)
+    if created:
+        logger.info("created %s", ", ".join(created))
+    if any(c.startswith("Job/") for c in created):
+        _post(raw, [("Normal", "JobCreated", f"created Job {job}")])
+    else:
+        _post(raw, [("Normal", "JobAdopted", f"adopted existing Job {job}")])
+    reconcile_status(namespace, name)
+
+
+@kopf.on.field(GROUP, VERSION, PLURAL, field="spec.suspend", registry=registry)
+def suspend_changed(
+    old: Any, new: Any, body: kopf.Body, name: str, namespace: str, logger: logging.Logger, **_: Any
+) -> None:
+    if old is None:  # creation: the Job is built with it
+        return
+    suspend = bool(new)
+    try:
+        STATE.kube.merge_patch(
+            "batch/v1", "jobs", builders.job_name(name), namespace, {"spec": {"suspend": suspend}}
+        )
+    except KubeError as e:
+        if e.code == 404:
+            logger.info("no Job to %s yet", "suspend" if suspend else "resume")
+            return
+        raise
+    verb = "Suspended" if suspend else "Resumed"
+    _post(dict(body), [("Normal", verb, f"{verb.lower()} Job {builders.job_name(name)}")])
+    reconcile_status(namespace, name)
+
+
+_JOB_MUTABLE = ("activeDeadlineSeconds", "ttlSecondsAfterFinished")
+_CONFIG_FIELDS = ("reporting", "checkpoint")
+_NEW_RUN_ONLY = (
+    "image",
+    "resources",
+    "podTemplate",
+    "backoffLimit",
+    "queueName",
+    "output",
+    "device",
+)
+
+
+@kopf.on.update(GROUP, VERSION, PLURAL, field="spec", registry=registry)
+def spec_changed(
+    diff: kopf.Diff, body: kopf.Body, name: str, namespace: str, logger: logging.Logger, **_: Any
+) -> None:
+    raw: Body = dict(body)
+    spec = raw.get("spec") or {}
+    changed = {str(d[1][0]) for d in diff if d[1]}  # field paths are relative to `spec`
+    kube = STATE.kube
+    job_patch = {k: spec.get(k) for k in _JOB_MUTABLE if k in changed}
+    if job_patch:
+        try:
+            kube.merge_patch(
+                "batch/v1", "jobs", builders.job_name(name), namespace, {"spec": job_patch}
+            )
+            _post(raw, [("Normal", "JobUpdated", f"Job updated: {', '.join(sorted(job_patch))}")])
+        except KubeError as e:
+            if e.code != 404:
+                raise
+    if changed & set(_CONFIG_FIELDS):
+        cm = builders.build_configmap(raw)
+        try:
+            kube.merge_patch(
+                "v1", "configmaps", cm["metadata"]["name"], namespace, {"data": cm["data"]}
+            )
+            _post(
+                raw,
+                [
+                    (
+                        "Normal",
+                        "ConfigUpdated",
+                        f"worker config updated ({', '.join(sorted(changed & set(_CONFIG_FIELDS)))}); "
+                        "takes effect with the next worker pod",
+                    )
+                ],
+            )
+        except KubeError as e:
+            if e.code != 404:
+                raise
+    ignored = sorted(changed & set(_NEW_RUN_ONLY))
+    if ignored:
+        msg = (
+            f"spec.{', spec.'.join(ignored)} changed but cannot change the existing Job; "
+            "delete and re-create the run to apply"
+        )
+        logger.warning(msg)
+        _post(raw, [("Warning", "ChangeNotApplied", msg)])
+    reconcile_status(namespace, name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Jobs and Pods of runs
+
+
+@kopf.on.event("batch", "v1", "jobs", labels={builders.RUN_LABEL: kopf.PRESENT}, registry=registry)
+def job_event(body: kopf.Body, namespace: str, **_: Any) -> None:
+    run = run_name_of(dict(body))
+    if run:
+        reconcile_status(namespace, run)
+
+
+@kopf.on.event("", "v1", "pods", labels={builders.RUN_LABEL: kopf.PRESENT}, registry=registry)
+def pod_event(body: kopf.Body, namespace: str, **_: Any) -> None:
+    run = run_name_of(dict(body))
+    if run:
+        reconcile_status(namespace, run)

@@ -1,0 +1,70 @@
+"""Operator configuration: what the Job builder needs that is not in the MoEFinetune.
+
+Read from the command line of ``npu-lora operator`` and, as defaults, from the environment
+(the Helm chart sets these):
+
+==============================  ===========================================================
+``NPU_LORA_WORKER_IMAGE``        worker image when ``spec.image`` is unset
+``NPU_LORA_WORKER_COMMAND``      the worker's executable, JSON list or shell words
+                                 (default ``npu-lora``); ``run CONFIG --out DIR`` is appended
+``NPU_LORA_IMAGE_PULL_POLICY``   ``IfNotPresent`` (default), ``Always`` or ``Never``
+``NPU_LORA_NAMESPACES``          comma-separated namespaces to watch (empty: all)
+==============================  ===========================================================
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from dataclasses import dataclass, field
+
+from npu_lora import __version__
+
+DEFAULT_WORKER_IMAGE = f"ghcr.io/npu-lora/npu-lora-worker:{__version__}"
+
+
+def parse_command(text: str | None) -> list[str]:
+    """``'["python","-m","npu_lora.cli"]'`` or ``'python -m npu_lora.cli'`` → list of words."""
+    if not text:
+        return ["npu-lora"]
+    text = text.strip()
+    if text.startswith("["):
+        value = json.loads(text)
+        if not isinstance(value, list) or not all(isinstance(x, str) for x in value) or not value:
+            raise ValueError(f"worker command: expected a JSON list of strings, got {text!r}")
+        return value
+    words = shlex.split(text)
+    if not words:
+        raise ValueError("worker command: empty")
+    return words
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """Operator-wide settings used by the builders (pure data, hashable)."""
+
+    worker_image: str = DEFAULT_WORKER_IMAGE
+    worker_command: tuple[str, ...] = ("npu-lora",)
+    image_pull_policy: str = "IfNotPresent"
+    #: uid/gid of the worker (the worker image's non-root user)
+    run_as_user: int = 1000
+    #: size limit of the /tmp emptyDir (the root filesystem is read-only)
+    tmp_size_limit: str = "8Gi"
+    #: extra environment for every worker (e.g. the sandbox's PYTHONPATH); name -> value
+    extra_env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None, **overrides: object) -> OperatorConfig:
+        env = dict(os.environ if env is None else env)
+        kwargs: dict[str, object] = {}
+        if env.get("NPU_LORA_WORKER_IMAGE"):
+            kwargs["worker_image"] = env["NPU_LORA_WORKER_IMAGE"]
+        if env.get("NPU_LORA_WORKER_COMMAND"):
+            kwargs["worker_command"] = tuple(parse_command(env["NPU_LORA_WORKER_COMMAND"]))
+        if env.get("NPU_LORA_IMAGE_PULL_POLICY"):
+            kwargs["image_pull_policy"] = env["NPU_LORA_IMAGE_PULL_POLICY"]
+        kwargs.update({k: v for k, v in overrides.items() if v is not None})
+        if "worker_command" in kwargs:
+            kwargs["worker_command"] = tuple(kwargs["worker_command"])  # type: ignore[arg-type]
+        return cls(**kwargs)  # type: ignore[arg-type]

@@ -1,0 +1,152 @@
+"""``npu_lora_sorted``: the fast host experts kernel against transformers' ``eager`` kernel."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from npu_lora.moe import experts as ex
+from transformers import Qwen3MoeConfig
+from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
+warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
+
+IMPLS = [ex.NAME, ex.NAME_GROUPED, ex.NAME_LOOP]
+
+
+def _block(
+    dtype: torch.dtype, *, E: int = 16, K: int = 4, H: int = 64, inter: int = 32, seed: int = 0
+):
+    ex.register()
+    cfg = Qwen3MoeConfig(
+        hidden_size=H,
+        moe_intermediate_size=inter,
+        num_experts=E,
+        num_experts_per_tok=K,
+        norm_topk_prob=True,
+    )
+    cfg._experts_implementation = "eager"
+    torch.manual_seed(seed)
+    blk = Qwen3MoeSparseMoeBlock(cfg)
+    with torch.no_grad():
+        blk.experts.gate_up_proj.normal_(std=0.1)
+        blk.experts.down_proj.normal_(std=0.1)
+        blk.gate.weight.normal_(std=0.1)
+    return blk.to(dtype), cfg
+
+
+def _run(blk, cfg, impl: str, x0: torch.Tensor, gy: torch.Tensor):
+    cfg._experts_implementation = impl
+    x = x0.clone().requires_grad_(True)
+    blk.zero_grad(set_to_none=True)
+    y = blk(x)
+    y.backward(gy)
+    return (
+        y.detach(),
+        x.grad,
+        blk.gate.weight.grad,  # reaches the router only through the routing-weight gradient
+        blk.experts.gate_up_proj.grad,
+        blk.experts.down_proj.grad,
+    )
+
+
+def test_register_is_idempotent():
+    names = ex.register()
+    n = len(ALL_EXPERTS_FUNCTIONS)
+    assert ex.register() == names
+    assert len(ALL_EXPERTS_FUNCTIONS) == n
+    for name in names:
+        assert name in ALL_EXPERTS_FUNCTIONS
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_fp32_matches_eager_incl_grads(impl):
+    blk, cfg = _block(torch.float32)
+    g = torch.Generator().manual_seed(1)
+    x0 = torch.randn(2, 24, 64, generator=g)
+    gy = torch.randn(2, 24, 64, generator=g)
+    ref = _run(blk, cfg, "eager", x0, gy)
+    got = _run(blk, cfg, impl, x0, gy)
+    for name, a, b in zip(("y", "dx", "d_router", "d_gate_up", "d_down"), got, ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("impl", [ex.NAME_GROUPED, ex.NAME_LOOP])
+def test_bf16_close_to_eager(impl):
+    blk, cfg = _block(torch.bfloat16)
+    g = torch.Generator().manual_seed(2)
+    x0 = torch.randn(2, 24, 64, generator=g).bfloat16()
+    gy = torch.randn(2, 24, 64, generator=g).bfloat16()
+    ref = _run(blk, cfg, "eager", x0, gy)
+    got = _run(blk, cfg, impl, x0, gy)
+    for name, a, b in zip(("y", "dx", "d_router", "d_gate_up", "d_down"), got, ref, strict=True):
+        # bf16 (8-bit mantissa): rounding points differ (eager accumulates index_add_ in bf16)
+        scale = b.float().abs().max().item()
+        err = (a.float() - b.float()).abs().max().item()
+        assert err <= 2e-2 * scale + 1e-3, f"{name}: max err {err} vs scale {scale}"
+
+
+def test_frozen_experts_and_unhit_experts():
+    """LoRA case (experts frozen); more experts than pairs → many experts unhit; top-1 (hot path)."""
+    blk, cfg = _block(torch.float32, E=64, K=1)
+    blk.experts.requires_grad_(False)
+    g = torch.Generator().manual_seed(3)
+    x0 = torch.randn(1, 8, 64, generator=g)
+    gy = torch.randn(1, 8, 64, generator=g)
+    ref = _run(blk, cfg, "eager", x0, gy)
+    for impl in IMPLS:
+        got = _run(blk, cfg, impl, x0, gy)
+        assert got[3] is None and got[4] is None
+        for a, b in zip(got[:3], ref[:3], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_deterministic_with_threads():
+    """Bitwise equal across repeated runs with several threads (no index_add_ in forward/backward)."""
+    prev = torch.get_num_threads()
+    torch.set_num_threads(max(2, prev))
+    try:
+        blk, cfg = _block(torch.float32, E=8, K=2, H=128, inter=64)
+        g = torch.Generator().manual_seed(4)
+        x0 = torch.randn(4, 64, 128, generator=g)
+        gy = torch.randn(4, 64, 128, generator=g)
+        for impl in (ex.NAME_GROUPED, ex.NAME_LOOP):
+            a = _run(blk, cfg, impl, x0, gy)
+            b = _run(blk, cfg, impl, x0, gy)
+            for u, v in zip(a, b, strict=True):
+                assert torch.equal(u, v)
+    finally:
+        torch.set_num_threads(prev)
+
+
+def test_functional_matches_grouped_mm_kernel_fp32():
+    """Same per-pair products and the same top-k summation order as transformers' grouped_mm."""
+    blk, cfg = _block(torch.float32)
+    g = torch.Generator().manual_seed(5)
+    x0 = torch.randn(1, 40, 64, generator=g)
+    gy = torch.randn(1, 40, 64, generator=g)
+    ref = _run(blk, cfg, "grouped_mm", x0, gy)
+    got = _run(blk, cfg, ex.NAME_GROUPED, x0, gy)
+    torch.testing.assert_close(got[0], ref[0], rtol=1e-6, atol=1e-6)
+
+
+def test_routing_bookkeeping():
+    idx = torch.tensor([[3, 1], [1, 0], [3, 2]])
+    r = ex.build_routing(idx, 5)
+    flat = idx.reshape(-1)
+    assert flat[r.perm].tolist() == [0, 1, 1, 2, 3, 3]
+    assert r.perm.tolist() == [3, 1, 2, 5, 0, 4]  # stable: token order inside an expert
+    assert r.counts == [1, 2, 1, 2, 0]
+    assert r.offsets.tolist() == [1, 3, 4, 6, 6]
+    assert r.hit_experts == [0, 1, 2, 3]
+    assert torch.equal(r.perm[r.inv_perm], torch.arange(6))
+    assert r.token_idx.tolist() == [1, 0, 1, 2, 0, 2]
+
+
+def test_hit_expert_bytes():
+    gu = torch.zeros(4, 6, 3)
+    dn = torch.zeros(4, 3, 3)
+    idx = torch.tensor([[0, 2], [2, 0]])
+    assert ex.hit_expert_bytes(idx, gu, dn) == 2 * (18 + 9) * 4

@@ -1,0 +1,140 @@
+"""``npu-lora bench``: the A/B harness on the tiny model (fast), its statistics and its CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+
+import pytest
+from npu_lora.bench import harness as h
+from npu_lora.bench.limits import effective_bandwidth, fraction_of, hit_bytes, stream_bandwidth
+
+warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
+
+
+def test_variant_parse():
+    v = h.Variant.parse("hot+keep_graph@npu_lora_sorted")
+    assert (v.placement, v.keep_graph, v.experts_impl, v.is_peer) == (
+        "hot",
+        True,
+        "npu_lora_sorted",
+        False,
+    )
+    assert h.Variant.parse("host-only") == h.Variant("host-only", "host-only", False, None)
+    assert h.Variant.parse("peer@eager").is_peer
+    for bad in ("device", "hot+fast", "peer+keep_graph"):
+        with pytest.raises(ValueError):
+            h.Variant.parse(bad)
+
+
+def _rec(variant, rnd, step_s, **kw):
+    return {"kind": "step", "variant": variant, "round": rnd, "step_s": step_s, **kw}
+
+
+def test_summarize_paired_deltas():
+    recs = []
+    # a drifting machine: every round slower, B always 0.5 s faster than A within the round
+    for k in range(6):
+        recs += [_rec("A", k, 2.0 + k, host_bwd_s=1.0), _rec("B", k, 1.5 + k, host_bwd_s=0.5)]
+    s = h.summarize(recs, ["A", "B"], "A")
+    d = s["deltas"]["B"]
+    assert d["median_delta_s"] == pytest.approx(-0.5)
+    assert d["same_sign_rounds"] == 6 and d["rounds"] == 6
+    assert s["medians"]["A"]["step_s"] == pytest.approx(4.5)
+    assert s["deltas"]["A"]["median_delta_s"] == 0
+    table = h.render_table(s, ["A", "B"])
+    assert "| B | 4.000 |" in table and "-0.500 s (6/6)" in table
+
+
+def test_limits_small():
+    bw = stream_bandwidth(elems=1 << 20, repeats=3)
+    assert bw.copy_gbs > 0 and bw.triad_gbs > 0 and len(bw.copy_samples_gbs) == 3
+    import torch
+
+    assert hit_bytes(torch.tensor([0, 3, 0, 1]), 100) == 200
+    assert effective_bandwidth(2e9, 0.5) == pytest.approx(4.0)
+    assert fraction_of(6.0, 12.0) == pytest.approx(0.5)
+    assert effective_bandwidth(1.0, 0.0) == 0.0
+
+
+def test_bench_tiny_end_to_end(tmp_path):
+    """Table, JSONL and PNG are written; rounds alternate the order; all variants share weights."""
+    out = tmp_path / "bench"
+    cfg = h.BenchConfig(
+        preset="tiny-qwen3-moe",
+        seq_len=16,
+        rounds=3,
+        steps_per_round=2,
+        hot_warmup_steps=1,
+        variants=[
+            "host-only",
+            "host-only+keep_graph",
+            "hot+keep_graph",
+            "host-only+keep_graph@npu_lora_sorted",
+        ],
+        peers=True,
+        peer_impls=["grouped_mm"],
+        limits=False,
+        out=str(out),
+    )
+    summary = h.run_bench(cfg, log=lambda s: None)
+    assert (out / "bench.md").read_text().count("| host-only") >= 2
+    assert (out / "bench.png").stat().st_size > 1000
+    recs = [json.loads(line) for line in (out / "bench.jsonl").read_text().splitlines()]
+    kinds = {r["kind"] for r in recs}
+    assert {"meta", "step", "summary", "hot", "memory"} <= kinds
+    steps = [r for r in recs if r["kind"] == "step"]
+    names = [*cfg.variants, "peer@grouped_mm"]
+    assert len(steps) == len(names) * cfg.rounds * cfg.steps_per_round
+    for k in range(cfg.rounds):
+        seq = [r["variant"] for r in steps if r["round"] == k and r["step_in_round"] == 0]
+        assert seq == (names if k % 2 == 0 else names[::-1])
+    # same weights, same batches: every variant's loss for the same batch is the same
+    losses = {(r["variant"], r["step_in_round"]): r["loss"] for r in steps if r["round"] == 0}
+    for s in range(cfg.steps_per_round):
+        vals = [losses[(v, s)] for v in names]
+        assert max(vals) - min(vals) < 1e-4, vals
+    by = {r["variant"]: r for r in steps if r["round"] == 0 and r["step_in_round"] == 0}
+    assert by["host-only"]["recompute_s"] > 0 and by["host-only+keep_graph"]["recompute_s"] == 0
+    assert by["hot+keep_graph"]["device_calls_per_layer"] == 2
+    assert by["host-only"]["device_calls_per_layer"] == 1
+    assert by["hot+keep_graph"]["host_hit_bytes"] < by["host-only"]["host_hit_bytes"]
+    assert set(summary["medians"]) == set(names)
+    assert not math.isnan(summary["medians"]["peer@grouped_mm"]["step_s"])
+    assert any("peer@grouped_mm" in t for t in summary["targets"])
+
+
+def test_cli_bench(tmp_path):
+    from npu_lora.cli import main
+
+    out = tmp_path / "cli"
+    rc = main(
+        [
+            "bench",
+            "--seq-len",
+            "16",
+            "--rounds",
+            "2",
+            "--variants",
+            "host-only,host-only+keep_graph",
+            "--no-peers",
+            "--no-limits",
+            "--no-memory",
+            "--out",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    assert (
+        (out / "bench.md").exists()
+        and (out / "bench.png").exists()
+        and (out / "bench.jsonl").exists()
+    )
+
+
+def test_cli_bad_variant(tmp_path, capsys):
+    from npu_lora.cli import main
+
+    rc = main(["bench", "--variants", "warp-drive", "--no-limits", "--out", str(tmp_path)])
+    assert rc == 2

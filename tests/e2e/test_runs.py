@@ -1,0 +1,171 @@
+"""Runs end to end: real kubectl → emulator → real kopf operator (subprocess) → Job → local
+kubelet → `npu-lora run` (the tiny model) → status reports → `kubectl get mft` columns."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import Cluster, OperatorProcess, manifest, wait_until
+
+pytestmark = pytest.mark.e2e
+
+NUM = re.compile(r"^-?\d+(\.\d+)?(e-?\d+)?$")
+RUN_TIMEOUT = 240
+
+
+def _wait(pred: Any, timeout: float, what: str, op: OperatorProcess | None = None) -> Any:
+    try:
+        return wait_until(pred, timeout=timeout, interval=0.3)
+    except AssertionError:
+        extra = f"\noperator log:\n{op.log()}" if op is not None else ""
+        raise AssertionError(f"timed out waiting for {what}{extra}") from None
+
+
+def _step(cluster: Cluster, name: str) -> int:
+    return int(((cluster.status(name).get("progress") or {}).get("step")) or 0)
+
+
+def _worker_log(cluster: Cluster, name: str) -> str:
+    logs = sorted(Path(cluster.kubelet.root, "pods").glob(f"default_{name}-*/container.log"))
+    return "\n".join(p.read_text(errors="replace")[-3000:] for p in logs)
+
+
+def test_run_succeeds_across_operator_restart(cluster: Cluster, operator: OperatorProcess) -> None:
+    name = "e2e-run"
+    watch = cluster.kubectl.popen("get", "mft", "-w")
+    try:
+        cluster.apply(manifest(name, steps=10))
+        _wait(lambda: cluster.jobs(name), 30, "the Job", operator)
+        _wait(lambda: cluster.status(name).get("phase") == "Running", 60, "phase Running", operator)
+        _wait(lambda: _step(cluster, name) >= 1, 120, "the first step", operator)
+
+        row = cluster.row(name)
+        assert row["PHASE"] == "Running", row
+        for col in ("STEP", "LOSS", "S/STEP", "ATTN", "HOST-FWD", "HOST-BWD"):
+            assert NUM.match(row[col]), (col, row)
+
+        # per-run RBAC: only this run, only get/patch status + get
+        role = json.loads(cluster.kubectl("get", "role", f"{name}-worker", "-o", "json").stdout)
+        assert role["rules"] == [
+            {"apiGroups": ["npu-lora.io"], "resources": ["moefinetunes/status"],
+             "resourceNames": [name], "verbs": ["get", "patch"]},
+            {"apiGroups": ["npu-lora.io"], "resources": ["moefinetunes"],
+             "resourceNames": [name], "verbs": ["get"]},
+        ]
+        rb = json.loads(cluster.kubectl("get", "rolebinding", f"{name}-worker", "-o", "json").stdout)
+        assert rb["subjects"][0]["name"] == f"{name}-worker"
+        pod = cluster.pods(name)[0]
+        assert pod["spec"]["serviceAccountName"] == f"{name}-worker"
+
+        # the operator dies mid-run: the worker keeps training and reporting
+        operator.kill()
+        s1 = _step(cluster, name)
+        _wait(lambda: _step(cluster, name) > s1, 120, "progress without the operator")
+        operator.start()
+        _wait(
+            lambda: cluster.status(name).get("phase") in ("Succeeded", "Failed"),
+            RUN_TIMEOUT, "the end of the run", operator,
+        )
+        st = cluster.status(name)
+        assert st["phase"] == "Succeeded", (st, _worker_log(cluster, name))
+        # adopted, never duplicated
+        assert len(cluster.jobs(name)) == 1
+        assert len(cluster.pods(name)) == 1 and st["attempts"] == 1
+        conds = {c["type"]: c for c in st["conditions"]}
+        assert conds["Succeeded"]["status"] == "True" and conds["Running"]["status"] == "False"
+        assert st["progress"]["step"] == 10 and st["progress"]["totalSteps"] == 10
+        assert st["hot"]["experts"] > 0 and st["hot"]["selectedAtStep"] == 2
+        assert st["completionTime"] and st["startTime"] and st["jobName"] == name
+
+        row = cluster.row(name)
+        assert row["PHASE"] == "Succeeded" and row["STEP"] == "10", row
+        for col in ("LOSS", "S/STEP", "ATTN", "HOST-FWD", "HOST-BWD", "HOT"):
+            assert NUM.match(row[col]), (col, row)
+        wide = cluster.row(name, "-o", "wide")
+        assert wide["TOTAL"] == "10" and wide["NODE"] and NUM.match(wide["CALLS/LAYER"]), wide
+
+        run_dir = cluster.kubelet.pvc_dir("runs") / name
+        records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in records] == list(range(1, 11))
+        assert (run_dir / "summary.json").exists()
+        events = cluster.kubectl("get", "events", "--field-selector",
+                                 f"involvedObject.name={name}").stdout
+        assert "JobCreated" in events and "Completed" in events
+    finally:
+        watch.terminate()
+        out, _ = watch.communicate(timeout=10)
+    phases = [line.split()[1] for line in out.splitlines()[1:] if line.strip()]
+    assert "Running" in phases and phases[-1] == "Succeeded", out
+    assert phases.index("Running") < phases.index("Succeeded")
+
+
+def test_worker_failure_reported(cluster: Cluster, operator: OperatorProcess) -> None:
+    name = "e2e-fail"
+    obj = manifest(name, data={"path": "nsmc/missing.tsv", "volume": {"claimName": "data"}},
+                   backoffLimit=2)
+    (cluster.kubelet.pvc_dir("data")).mkdir(parents=True, exist_ok=True)
+    cluster.apply(obj)
+    _wait(lambda: cluster.status(name).get("phase") == "Failed", RUN_TIMEOUT, "phase Failed", operator)
+    st = cluster.status(name)
+    conds = {c["type"]: c for c in st["conditions"]}
+    assert conds["Failed"]["status"] == "True"
+    assert conds["Failed"]["reason"] == "WorkerError", st
+    assert "missing.tsv" in st["message"], st["message"]
+    assert "code 2" in st["message"] and st["podName"] in st["message"]
+    # the config error failed the Job at once (podFailurePolicy), no retries
+    assert len(cluster.pods(name)) == 1
+    described = cluster.kubectl("describe", "mft", name).stdout
+    assert "WorkerError" in described
+
+
+def test_suspend_and_resume(cluster: Cluster, operator: OperatorProcess) -> None:
+    name = "e2e-suspend"
+    cluster.apply(manifest(name, steps=12))
+    _wait(lambda: _step(cluster, name) >= 3, 150, "step 3", operator)
+    cluster.kubectl("patch", "mft", name, "--type", "merge", "-p", '{"spec":{"suspend":true}}')
+    _wait(lambda: cluster.status(name).get("phase") == "Suspended", 60, "phase Suspended", operator)
+    _wait(lambda: not [p for p in cluster.pods(name)
+                       if (p.get("status") or {}).get("phase") in ("Pending", "Running")],
+          30, "the worker pod gone", operator)
+    job = cluster.jobs(name)[0]
+    assert job["spec"]["suspend"] is True
+    assert cluster.row(name)["PHASE"] == "Suspended"
+    suspended_at = _step(cluster, name)
+    time.sleep(1.5)
+    assert _step(cluster, name) == suspended_at  # nothing trains while suspended
+
+    cluster.kubectl("patch", "mft", name, "--type", "merge", "-p", '{"spec":{"suspend":false}}')
+    _wait(lambda: cluster.status(name).get("phase") == "Running", 60, "phase Running again", operator)
+    _wait(lambda: cluster.status(name).get("phase") in ("Succeeded", "Failed"),
+          RUN_TIMEOUT, "the end of the run", operator)
+    st = cluster.status(name)
+    assert st["phase"] == "Succeeded", (st, _worker_log(cluster, name))
+    assert st["progress"]["step"] == 12
+    assert len(cluster.jobs(name)) == 1
+    # resumed from the checkpoint: every step recorded exactly once
+    run_dir = cluster.kubelet.pvc_dir("runs") / name
+    steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 13))
+
+
+def test_delete_mid_run_cascades(cluster: Cluster, operator: OperatorProcess) -> None:
+    name = "e2e-delete"
+    cluster.apply(manifest(name, steps=50))
+    _wait(lambda: _step(cluster, name) >= 1, 150, "the first step", operator)
+    pod_dir = next(Path(cluster.kubelet.root, "pods").glob(f"default_{name}-*"))
+    cluster.kubectl("delete", "mft", name, "--wait=true", timeout=60)
+    _wait(lambda: not cluster.jobs(name) and not cluster.pods(name), 60, "Job and Pod gone")
+    for kind in ("configmap", "role", "rolebinding", "serviceaccount"):
+        out = cluster.kubectl("get", kind, "-l", f"npu-lora.io/run={name}", "-o", "name").stdout
+        assert out.strip() == "", (kind, out)
+    # the worker process was stopped: its log stops growing
+    log = pod_dir / "container.log"
+    size = log.stat().st_size
+    time.sleep(2)
+    assert log.stat().st_size == size

@@ -1,0 +1,261 @@
+"""The CRD generated from the models: fresh on disk, structural, valid, printer columns, CEL."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from npu_lora.api import v1alpha1 as api
+from npu_lora_operator.crd import (
+    CRD_FILENAME,
+    build_crd,
+    crd_yaml,
+    default_crd_path,
+    is_stale,
+    openapi_schema,
+    write_crd,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+REGEN = f"npu-lora crd --write crds/{CRD_FILENAME}"
+
+
+def test_crds_dir_is_fresh() -> None:
+    path = ROOT / "crds" / CRD_FILENAME
+    assert path == default_crd_path()
+    assert not is_stale(path), f"{path} is stale; regenerate with: {REGEN}"
+
+
+def test_chart_copy_is_fresh_when_present() -> None:
+    path = ROOT / "charts" / "npu-lora-operator" / "crds" / CRD_FILENAME
+    if not path.exists():
+        pytest.skip("no chart copy yet")
+    assert not is_stale(path), (
+        f"{path} is stale; regenerate with: npu-lora crd --write {path.relative_to(ROOT)}"
+    )
+
+
+def test_cli_print_write_check(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "npu_lora.cli", "crd"], capture_output=True, text=True, check=True
+    )
+    assert out.stdout == crd_yaml()
+    target = tmp_path / "crd.yaml"
+    check = [sys.executable, "-m", "npu_lora.cli", "crd", "--check", str(target)]
+    r = subprocess.run(check, capture_output=True, text=True)
+    assert r.returncode == 1 and "npu-lora crd --write" in r.stderr
+    subprocess.run(
+        [sys.executable, "-m", "npu_lora.cli", "crd", "--write", str(target)], check=True
+    )
+    assert subprocess.run(check).returncode == 0
+    assert write_crd(target) is False  # unchanged
+
+
+def test_crd_shape() -> None:
+    crd = build_crd()
+    spec = crd["spec"]
+    assert crd["metadata"]["name"] == "moefinetunes.npu-lora.io"
+    assert spec["group"] == api.GROUP and spec["scope"] == "Namespaced"
+    assert spec["names"]["shortNames"] == ["mft"]
+    assert spec["names"]["kind"] == "MoEFinetune" and spec["names"]["plural"] == "moefinetunes"
+    assert spec["names"]["categories"]
+    (version,) = spec["versions"]
+    assert version["name"] == "v1alpha1" and version["served"] and version["storage"]
+    assert version["subresources"] == {"status": {}}
+
+
+def test_printer_columns() -> None:
+    cols = build_crd()["spec"]["versions"][0]["additionalPrinterColumns"]
+    by_name = {c["name"].upper(): c for c in cols}
+    default = [c["name"].upper() for c in cols if not c.get("priority")]
+    wide = [c["name"].upper() for c in cols if c.get("priority") == 1]
+    assert default == [
+        "PHASE", "STEP", "LOSS", "S/STEP", "ATTN", "HOST-FWD", "HOST-BWD", "HOT", "AGE",
+    ]
+    assert wide == ["TOTAL", "ETA", "NODE", "CALLS/LAYER"]
+    assert by_name["STEP"]["jsonPath"] == ".status.progress.step"
+    assert by_name["LOSS"]["jsonPath"] == ".status.lastStep.loss"
+    assert by_name["S/STEP"]["jsonPath"] == ".status.stepSecondsMedian"
+    assert by_name["ATTN"]["jsonPath"] == ".status.lastStep.attnHeadS"
+    assert by_name["HOST-FWD"]["jsonPath"] == ".status.lastStep.hostFwdS"
+    assert by_name["HOST-BWD"]["jsonPath"] == ".status.lastStep.hostBwdS"
+    assert by_name["HOT"]["jsonPath"] == ".status.hot.experts"
+    assert by_name["AGE"] == {**by_name["AGE"], "type": "date"}
+    assert by_name["CALLS/LAYER"]["jsonPath"] == ".status.lastStep.deviceCallsPerLayer"
+    assert by_name["NODE"]["jsonPath"] == ".status.nodeName"
+    # every column points at a field of the schema
+    schema = openapi_schema()
+    for c in cols:
+        node = schema
+        for part in c["jsonPath"].lstrip(".").split("."):
+            if part in ("metadata",):
+                node = None
+                break
+            node = node["properties"][part]
+        if node is not None:
+            assert node["type"] == c["type"], c
+
+
+def _walk(node: dict[str, Any], path: str = ""):
+    yield path, node
+    for k, sub in (node.get("properties") or {}).items():
+        yield from _walk(sub, f"{path}.{k}")
+    if isinstance(node.get("items"), dict):
+        yield from _walk(node["items"], f"{path}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        yield from _walk(node["additionalProperties"], f"{path}.*")
+
+
+def test_structural_schema() -> None:
+    schema = openapi_schema()
+    text = yaml.safe_dump(schema)
+    assert "$ref" not in text and "title" not in schema and "anyOf: [null" not in text
+    for path, node in _walk(schema):
+        assert "$ref" not in node and "allOf" not in node and "oneOf" not in node, path
+        assert node.get("additionalProperties") is not False, path
+        assert not ("properties" in node and "additionalProperties" in node), path
+        if node.get("x-kubernetes-int-or-string"):
+            assert "type" not in node, path
+            assert node["anyOf"] == [{"type": "integer"}, {"type": "string"}]
+            continue
+        assert node.get("type") in ("object", "array", "string", "integer", "number", "boolean"), path
+        if node["type"] == "array":
+            assert "items" in node, path
+        if path.count(".") >= 1 and path not in (".metadata",):
+            assert node.get("description") or path.endswith("[]") or path.endswith(".*"), path
+        if isinstance(node.get("exclusiveMinimum"), bool):
+            assert "minimum" in node, path
+
+
+def test_every_model_field_is_described() -> None:
+    schema = openapi_schema()
+    for path, node in _walk(schema):
+        if path and not path.endswith(("[]", ".*")):
+            assert node.get("description"), f"{path}: no description"
+
+
+def test_schema_details() -> None:
+    spec = openapi_schema()["properties"]["spec"]
+    p = spec["properties"]
+    assert p["lora"]["properties"]["r"] == {
+        "description": "LoRA rank.", "default": 16, "maximum": 1024, "minimum": 1, "type": "integer",
+    }
+    assert p["lora"]["default"] == {}  # nested defaults filled by the apiserver
+    assert p["lora"]["properties"]["targetModules"]["default"] == ["q_proj", "v_proj"]
+    assert p["moe"]["properties"]["placement"]["enum"] == ["host-only", "hot"]
+    hot = p["moe"]["properties"]["hotFraction"]
+    assert hot["minimum"] == 0 and hot["exclusiveMinimum"] is True and hot["maximum"] == 1
+    # Optional with a non-null default keeps null meaningful
+    assert p["training"]["properties"]["maxGradNorm"]["nullable"] is True
+    # Optional without a default: plain optional, no nullable
+    assert "nullable" not in p["model"]["properties"]["layers"]
+    assert p["podTemplate"]["properties"]["affinity"]["x-kubernetes-preserve-unknown-fields"]
+    tol = p["podTemplate"]["properties"]["tolerations"]["items"]
+    assert tol["x-kubernetes-preserve-unknown-fields"]
+    req = p["resources"]["properties"]["requests"]["additionalProperties"]
+    assert req["x-kubernetes-int-or-string"] is True
+    assert set(spec["required"]) == {"model", "data"}
+    rules = [v["rule"] for v in spec["x-kubernetes-validations"]]
+    assert any("oldSelf" in r for r in rules)  # the transition rule lives on spec
+    for path, node in _walk(openapi_schema()):
+        for v in node.get("x-kubernetes-validations") or []:
+            if "oldSelf" in v["rule"]:
+                assert path == ".spec", path
+    conds = openapi_schema()["properties"]["status"]["properties"]["conditions"]
+    assert conds["x-kubernetes-list-type"] == "map"
+    assert conds["x-kubernetes-list-map-keys"] == ["type"]
+
+
+def test_crd_validates_against_kubernetes_schema() -> None:
+    kv = pytest.importorskip("kubernetes_validate")
+    kv.validate(build_crd(), "1.32.0", strict=True)
+
+
+def test_cel_rules_compile() -> None:
+    celpy = pytest.importorskip("celpy")
+    env = celpy.Environment()
+    n = 0
+    for _, node in _walk(openapi_schema()):
+        for v in node.get("x-kubernetes-validations") or []:
+            env.compile(v["rule"])
+            assert v["message"]
+            n += 1
+    assert n >= 5
+
+
+# -- the schema as the apiserver applies it (the emulator's structural schema code) ---------
+
+schema_mod = pytest.importorskip("npu_lora_operator.sandbox.schema")
+
+
+def _admit(obj: dict[str, Any], old: dict[str, Any] | None = None) -> tuple[list[str], list[str]]:
+    schema = openapi_schema()
+    obj = copy.deepcopy(obj)
+    unknown = schema_mod.prune(obj, schema)
+    schema_mod.apply_defaults(obj, schema)
+    if old is not None:
+        old = copy.deepcopy(old)
+        schema_mod.prune(old, schema)
+        schema_mod.apply_defaults(old, schema)
+    causes = schema_mod.validate(obj, schema, old=old, has_old=old is not None)
+    return unknown, [str(getattr(c, "message", c)) + " " + str(getattr(c, "field", "")) for c in causes]
+
+
+def _example() -> dict[str, Any]:
+    return yaml.safe_load((ROOT / "examples" / "tiny-sandbox.yaml").read_text())
+
+
+def test_example_is_admitted_and_agrees_with_pydantic() -> None:
+    unknown, errors = _admit(_example())
+    assert unknown == [] and errors == []
+    from npu_lora.api.load import load_manifest
+
+    load_manifest(ROOT / "examples" / "tiny-sandbox.yaml")
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "needle"),
+    [
+        ("lora.r", 0, "spec.lora.r"),
+        ("lora.r", "eight", "spec.lora.r"),
+        ("moe.placement", "gpu", "spec.moe.placement"),
+        ("moe.hotFraction", 0, "spec.moe.hotFraction"),
+        ("training.steps", 0, "spec.training.steps"),
+        ("moe.warmupSteps", 100, "warmupSteps"),
+        ("device.backend", "tpu", "spec.device.backend"),
+    ],
+)
+def test_invalid_values_rejected(path: str, value: Any, needle: str) -> None:
+    obj = _example()
+    cur = obj["spec"]
+    *head, last = path.split(".")
+    for k in head:
+        cur = cur.setdefault(k, {})
+    cur[last] = value
+    _, errors = _admit(obj)
+    assert errors and any(needle in e for e in errors), errors
+
+
+def test_unknown_field_pruned() -> None:
+    obj = _example()
+    obj["spec"]["lora"]["rank"] = 8
+    unknown, _ = _admit(obj)
+    assert unknown == [".spec.lora.rank"] or any("lora.rank" in u for u in unknown)
+
+
+def test_immutable_training_transition_rule() -> None:
+    old = _example()
+    new = copy.deepcopy(old)
+    new["spec"]["training"]["steps"] = 99
+    _, errors = _admit(new, old)
+    assert any("immutable" in e for e in errors), errors
+    ok = copy.deepcopy(old)
+    ok["spec"]["suspend"] = True
+    ok["spec"]["reporting"]["everySteps"] = 5
+    assert _admit(ok, old)[1] == []

@@ -1,0 +1,219 @@
+"""The worker's StatusReporter: throttling, non-blocking, retries, only its status subtree."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from npu_lora.report.status import WORKER_KEYS, StatusReporter, last_step_status
+from npu_lora_operator.crd import build_crd
+
+
+def record(step: int, **kw: Any) -> dict[str, Any]:
+    return {
+        "step": step,
+        "loss": 6.123456789,
+        "step_s": 0.5 + 0.01 * step,
+        "attn_head_s": 0.123456,
+        "host_fwd_s": 0.2,
+        "host_bwd_s": 0.15,
+        "recompute_s": 0.0,
+        "device_calls_per_layer": 2.0,
+        "tokens": 128,
+        "hot_experts": 4,
+        "placement": "hot",
+        **kw,
+    }
+
+
+class FakeApi:
+    """Records patches; fails the first ``failures`` calls with the given exceptions."""
+
+    def __init__(self, failures: list[BaseException] | None = None, delay: float = 0.0):
+        self.failures = list(failures or [])
+        self.calls: list[dict[str, Any]] = []
+        self.ok: list[dict[str, Any]] = []
+        self.delay = delay
+        self.lock = threading.Lock()
+
+    def __call__(self, body: dict[str, Any]) -> None:
+        with self.lock:
+            self.calls.append(body)
+            exc = self.failures.pop(0) if self.failures else None
+        if self.delay:
+            time.sleep(self.delay)
+        if exc is not None:
+            raise exc
+        with self.lock:
+            self.ok.append(body)
+
+
+def test_last_step_status_maps_and_rounds() -> None:
+    out = last_step_status(record(3, loss=float("nan")))
+    assert out == {
+        "step": 3,
+        "stepS": 0.53,
+        "attnHeadS": 0.1235,
+        "hostFwdS": 0.2,
+        "hostBwdS": 0.15,
+        "recomputeS": 0.0,
+        "deviceCallsPerLayer": 2.0,
+        "tokens": 128,
+    }
+
+
+def test_throttling_every_steps_and_interval() -> None:
+    api = FakeApi()
+    clock = [0.0]
+    rep = StatusReporter(
+        "r1", total_steps=10, every_steps=2, min_interval_seconds=5, patch=api,
+        clock=lambda: clock[0],
+    )
+    rep.on_start(SimpleNamespace(total_steps=10, start_step=1))
+    submitted = []
+    for step in range(1, 11):
+        clock[0] += 1.0
+        before = rep._version
+        rep.on_step(record(step), None)
+        if rep._version != before:
+            submitted.append(step)
+    # every 2nd step, at least 5 s apart; the last step always
+    assert submitted == [6, 10]
+    rep.on_end({}, None)
+    statuses = [c["status"] for c in api.ok]
+    assert statuses[-1]["progress"]["step"] == 10
+    assert statuses[-1]["progress"]["totalSteps"] == 10
+    assert statuses[-1]["progress"]["percent"] == 100.0
+    assert statuses[-1]["lastStep"]["loss"] == 6.1235
+    assert set(statuses[-1]) <= set(WORKER_KEYS)
+
+
+def test_hot_and_checkpoint_and_median() -> None:
+    api = FakeApi()
+    rep = StatusReporter("r1", total_steps=6, warmup_steps=2, min_interval_seconds=0, patch=api)
+    rep.on_start(SimpleNamespace(total_steps=6, start_step=1))
+    for step in range(1, 7):
+        rep.on_step(record(step, step_s=10.0 if step <= 2 else 1.0), None)
+        if step == 2:
+            rep.on_hot_selected({"fraction": 0.25, "experts": 4, "selected_at_step": 2}, None)
+        if step == 4:
+            rep.on_checkpoint(4, "/mnt/output/r1/checkpoint", None)
+    rep.on_end({}, None)
+    last = api.ok[-1]["status"]
+    assert last["hot"] == {"fraction": 0.25, "experts": 4, "selectedAtStep": 2}
+    assert last["lastCheckpoint"]["step"] == 4
+    assert last["stepSecondsMedian"] == 1.0  # warm-up steps excluded
+    assert last["progress"]["etaSeconds"] == 0
+
+
+def test_failures_are_retried_and_never_raise() -> None:
+    failures: list[BaseException] = [
+        ApiException(status=409, reason="Conflict"),
+        ApiException(status=500, reason="Internal Server Error"),
+        ApiException(status=503, reason="Service Unavailable"),
+        ConnectionError("connection refused"),
+    ]
+    api = FakeApi(failures, delay=0.05)
+    rep = StatusReporter(
+        "r1", total_steps=5, min_interval_seconds=0, patch=api, retry_seconds=0.01,
+        max_retry_seconds=0.05,
+    )
+    rep.on_start(SimpleNamespace(total_steps=5, start_step=1))
+    for step in range(1, 6):
+        t0 = time.perf_counter()
+        rep.on_step(record(step), None)
+        assert time.perf_counter() - t0 < 0.02  # never blocks on the API
+    rep.on_end({}, None)
+    assert rep.failures == 4
+    # the latest state won and was written
+    assert api.ok[-1]["status"]["progress"]["step"] == 5
+
+
+def test_flush_gives_up_when_api_is_down() -> None:
+    api = FakeApi([ConnectionError("down")] * 10_000)
+    rep = StatusReporter("r1", total_steps=2, patch=api, retry_seconds=0.01, flush_timeout=0.5)
+    rep.on_start(SimpleNamespace(total_steps=2, start_step=1))
+    rep.on_step(record(1), None)
+    t0 = time.perf_counter()
+    rep.on_error("boom", 1, None)  # must not raise
+    assert time.perf_counter() - t0 < 3
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_real_client_network_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    kc = tmp_path / "kubeconfig"
+    kc.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: x\n"
+        f"clusters: [{{name: x, cluster: {{server: 'http://127.0.0.1:{_free_port()}'}}}}]\n"
+        "users: [{name: x, user: {token: t}}]\n"
+        "contexts: [{name: x, context: {cluster: x, user: x}}]\n"
+    )
+    monkeypatch.setenv("KUBECONFIG", str(kc))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    rep = StatusReporter("r1", total_steps=1, retry_seconds=0.05, flush_timeout=1.0)
+    rep.on_start(SimpleNamespace(total_steps=1, start_step=1))
+    rep.on_step(record(1), None)
+    assert rep.flush(1.0) is False
+    assert rep.failures >= 1
+    rep.close(0.2)
+
+
+def test_against_emulator_patches_only_worker_keys(
+    emulator: Any, kubeconfig: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    emulator.load_crd(build_crd())
+    emulator.create(
+        {
+            "apiVersion": "npu-lora.io/v1alpha1",
+            "kind": "MoEFinetune",
+            "metadata": {"name": "r1", "namespace": "default"},
+            "spec": {"model": {"preset": "tiny-qwen3-moe"}, "data": {"path": "example:nsmc-mini"},
+                     "training": {"steps": 3}, "moe": {"warmupSteps": 1}},
+        }
+    )
+    emulator.patch(
+        "npu-lora.io/v1alpha1", "MoEFinetune", "r1",
+        {"status": {"phase": "Running", "message": "operator"}},
+        namespace="default", subresource="status",
+    )
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.setenv("NPU_LORA_RESOURCE_NAME", "r1")
+    monkeypatch.setenv("NPU_LORA_RESOURCE_NAMESPACE", "default")
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    rep = StatusReporter.from_env(None, total_steps=3, min_interval_seconds=0)
+    rep.on_start(SimpleNamespace(total_steps=3, start_step=1))
+    for step in (1, 2, 3):
+        rep.on_step(record(step), None)
+    rep.on_hot_selected({"fraction": 0.25, "experts": 4, "selected_at_step": 1}, None)
+    rep.on_end({}, None)
+    assert rep.failures == 0
+    obj = emulator.get("npu-lora.io/v1alpha1", "MoEFinetune", "r1", namespace="default")
+    status = obj["status"]
+    assert status["phase"] == "Running" and status["message"] == "operator"  # untouched
+    assert status["progress"]["step"] == 3 and status["lastStep"]["hostFwdS"] == 0.2
+    assert status["hot"]["experts"] == 4
+
+
+def test_against_emulator_missing_object_is_not_fatal(
+    emulator: Any, kubeconfig: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    emulator.load_crd(build_crd())
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    rep = StatusReporter("gone", total_steps=1, retry_seconds=0.05, flush_timeout=0.5)
+    rep.on_start(SimpleNamespace(total_steps=1, start_step=1))
+    rep.on_step(record(1), None)
+    rep.on_end({}, None)  # 404s: logged, not raised
+    assert rep.failures >= 1

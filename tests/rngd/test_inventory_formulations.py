@@ -1,0 +1,99 @@
+"""Compile-friendly formulations (npu_lora.rngd.formulations) equal the stock ops on CPU, and
+remove the ops the tracer flags."""
+
+from __future__ import annotations
+
+import importlib.util
+from types import SimpleNamespace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from npu_lora.rngd.formulations import (  # noqa: E402
+    cross_entropy_int32,
+    register_rngd_attention,
+    softmax_rngd,
+)
+from npu_lora.rngd.inventory import capture, inventory  # noqa: E402
+
+HAVE_GRAPHS = importlib.util.find_spec("npu_lora.device.graphs") is not None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_softmax_rngd_matches_stock_forward_and_backward(dtype):
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(2, 3, 16, 16, generator=gen) * 4).to(dtype)
+    mask = torch.full((16, 16), torch.finfo(dtype).min).triu(1).to(dtype)
+    g = torch.randn(2, 3, 16, 16, generator=gen)
+
+    x1 = (x + mask).detach().requires_grad_()
+    y1 = torch.softmax(x1, dim=-1, dtype=torch.float32)
+    (gx1,) = torch.autograd.grad(y1, x1, g)
+    x2 = (x + mask).detach().requires_grad_()
+    y2 = softmax_rngd(x2, dim=-1, dtype=torch.float32)
+    (gx2,) = torch.autograd.grad(y2, x2, g)
+
+    assert torch.equal(y1, y2)  # same forward kernel
+    assert gx2.dtype == gx1.dtype == dtype
+    torch.testing.assert_close(gx2.float(), gx1.float(), atol=1e-6, rtol=1e-5)
+
+
+def test_softmax_rngd_backward_has_no_softmax_backward_data():
+    class Stock(torch.nn.Module):
+        def forward(self, x):
+            return torch.softmax(x, dim=-1, dtype=torch.float32)
+
+    class Rngd(torch.nn.Module):
+        def forward(self, x):
+            return softmax_rngd(x, dim=-1, dtype=torch.float32)
+
+    x = torch.randn(2, 8, 8, dtype=torch.bfloat16)
+    stock = inventory(SimpleNamespace(name="s", module=Stock(), example_inputs=(x,), trainable=[0]))
+    rngd = inventory(SimpleNamespace(name="r", module=Rngd(), example_inputs=(x,), trainable=[0]))
+    assert "aten._softmax_backward_data.default" in stock["backward"].ops
+    assert not stock["backward"].ok
+    assert "aten._softmax_backward_data.default" not in rngd["backward"].ops
+    assert rngd["forward"].ok and rngd["backward"].ok, rngd["backward"].summary()
+
+
+def test_cross_entropy_int32_matches_stock():
+    gen = torch.Generator().manual_seed(0)
+    z = torch.randn(3, 5, 50, generator=gen)
+    labels = torch.randint(0, 50, (3, 5), generator=gen)
+    ce = cross_entropy_int32(z, labels.to(torch.int32))
+    ref = torch.nn.functional.cross_entropy(z.reshape(-1, 50), labels.reshape(-1), reduction="none")
+    torch.testing.assert_close(ce.reshape(-1), ref)
+    w = torch.full((3, 5), 1 / 15)
+    torch.testing.assert_close(
+        cross_entropy_int32(z, labels.to(torch.int32), w),
+        torch.nn.functional.cross_entropy(z.reshape(-1, 50), labels.reshape(-1)),
+    )
+
+
+@pytest.mark.skipif(not HAVE_GRAPHS, reason="npu_lora/device/graphs.py does not exist yet")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_graph_with_rngd_softmax_passes_and_matches(dtype):
+    """graphs.py's attention block with the stock eager attention fails the inventory
+    (fp32 _softmax_backward_data); with ``rngd_eager`` it passes and computes the same outputs
+    and gradients."""
+    from npu_lora.device.graphs import device_graphs
+
+    def attention():
+        return next(g for g in device_graphs("tiny", 32, dtype=dtype) if g.name == "attention")
+
+    stock = attention()
+    assert not inventory(stock)["backward"].ok
+
+    rngd = attention()
+    rngd.module.self_attn.config._attn_implementation = register_rngd_attention()
+    invs = inventory(rngd)
+    assert invs["forward"].ok and invs["backward"].ok, invs["backward"].summary()
+
+    a, b = capture(stock, mode="eager"), capture(rngd, mode="eager")
+    assert a.wrt == b.wrt
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+    for x, y in zip(a.outputs, b.outputs, strict=True):
+        assert torch.equal(x, y)
+    for w in a.wrt:
+        torch.testing.assert_close(b.grads[w], a.grads[w], **tol, msg=w)

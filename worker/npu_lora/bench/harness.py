@@ -1,0 +1,745 @@
+"""A/B harness: HostMLP variants (and stock peers) interleaved in one process, on one model.
+
+Design (why it looks like this):
+
+- **One model, one set of weights.** The engine is built once (seed fixed); variants switch its
+  placement / keep_graph / experts kernel in place (``apply_variant``), so every variant runs
+  exactly the same weights on exactly the same batches. Peers (stock transformers + peft) run the
+  *same* peft model with the HostMLP wrappers swapped back to the stock MoE blocks
+  (``peer_step``), so they share the weights too and cost no extra memory.
+- **Warm-up excluded.** First the hot set is chosen as the engine does it (``warmupSteps``
+  host-only steps counting routing, then ``select_hot_experts``); then every variant runs
+  ``warmup`` unmeasured steps.
+- **Rounds, alternating order.** ``rounds`` rounds; each runs every variant for
+  ``steps_per_round`` steps; odd rounds run the variants in reverse order, so slow drifts of a
+  shared machine (thermal, neighbours, bandwidth) hit every variant from both sides.
+- **Paired statistics.** Per variant the median of every profile column; per round the delta of
+  each variant's mean step time against the baseline's in the *same round*; reported as the
+  median delta and how many rounds agree in sign with it.
+- No optimizer step: gradients are cleared after every step so every variant sees the same
+  weights and routing (the LoRA AdamW update is negligible next to a step).
+
+Outputs (``out`` directory): ``bench.jsonl`` (one record per measured step, plus ``kind`` =
+``meta`` / ``limits`` / ``memory`` / ``summary`` records), ``bench.md`` (the table),
+``bench.png`` (per-variant stacked timing breakdown).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+DEFAULT_VARIANTS = ("host-only", "host-only+keep_graph", "hot", "hot+keep_graph")
+DEFAULT_PEERS = ("peer@grouped_mm", "peer@eager")
+PROFILE_COLUMNS = (
+    "step_s",
+    "attn_head_s",
+    "host_fwd_s",
+    "host_bwd_s",
+    "recompute_s",
+    "hot_s",
+    "device_calls_per_layer",
+)
+
+
+# ----------------------------------------------------------------------------- configuration
+
+
+@dataclass(frozen=True)
+class Variant:
+    """``<placement>[+keep_graph][@<experts_impl>]`` or ``peer[@<experts_impl>]``."""
+
+    name: str
+    placement: str  # host-only | hot | peer
+    keep_graph: bool
+    experts_impl: str | None  # None: the bench default
+
+    @property
+    def is_peer(self) -> bool:
+        return self.placement == "peer"
+
+    @classmethod
+    def parse(cls, text: str) -> Variant:
+        name = text.strip()
+        base, _, impl = name.partition("@")
+        parts = base.split("+")
+        placement, flags = parts[0], set(parts[1:])
+        if placement not in ("host-only", "hot", "peer"):
+            raise ValueError(f"variant {name!r}: placement must be host-only, hot or peer")
+        unknown = flags - {"keep_graph"}
+        if unknown or (placement == "peer" and flags):
+            raise ValueError(f"variant {name!r}: unknown modifiers {sorted(flags)}")
+        return cls(name, placement, "keep_graph" in flags, impl or None)
+
+
+@dataclass
+class BenchConfig:
+    preset: str | None = "tiny-qwen3-moe"
+    config: str | None = None  # a MoEFinetune manifest / bare spec (overrides preset)
+    layers: int | None = None
+    seq_len: int = 128
+    batch: int = 1
+    hot_fraction: float = 0.25
+    hot_warmup_steps: int = 2  # host-only steps counting routing before the hot set is chosen
+    warmup: int = 1  # unmeasured steps per variant
+    steps_per_round: int = 1
+    rounds: int = 6
+    host_dtype: str = "float32"
+    backend: str = "cpu"
+    threads: int | None = None
+    experts_impl: str = "grouped_mm"
+    variants: list[str] = field(default_factory=lambda: list(DEFAULT_VARIANTS))
+    baseline: str | None = None  # default: the first variant
+    peers: bool = True
+    peer_impls: list[str] = field(default_factory=lambda: ["grouped_mm", "eager"])
+    limits: bool = True
+    memory: bool = True
+    answer_tokens: int = 8  # label positions per sequence (at its end)
+    seed: int = 0
+    out: str = "bench-out"
+    title: str | None = None
+
+
+# ----------------------------------------------------------------------------- machine facts
+
+
+def machine_facts() -> dict[str, Any]:
+    facts: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "loadavg": os.getloadavg(),
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    try:
+        import transformers
+
+        facts["transformers"] = transformers.__version__
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        for line in out.splitlines():
+            key, _, val = line.partition(":")
+            if key.strip() in ("Model name", "CPU(s)", "Flags"):
+                val = val.strip()
+                if key.strip() == "Flags":
+                    val = " ".join(f for f in val.split() if f.startswith(("amx", "avx512_bf16")))
+                facts[f"lscpu_{key.strip().replace('(s)', 's').replace(' ', '_').lower()}"] = val
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith(("MemTotal", "MemAvailable")):
+                    k, v = line.split(":")
+                    facts[k.lower()] = v.strip()
+    except OSError:
+        pass
+    return facts
+
+
+# ----------------------------------------------------------------------------- engine set-up
+
+
+def build_spec(cfg: BenchConfig, *, placement: str) -> Any:
+    """The ``MoEFinetuneSpec`` the engine is built from (manifest or preset + bench overrides)."""
+    from npu_lora.api.v1alpha1 import MoEFinetuneSpec
+
+    if cfg.config:
+        from npu_lora.api.load import load_manifest
+
+        base = load_manifest(cfg.config).spec.model_dump(
+            by_alias=True, exclude_none=True, mode="json"
+        )
+    else:
+        base = {
+            "model": {"preset": cfg.preset or "tiny-qwen3-moe"},
+            "data": {"path": "example:bench"},
+        }
+    if cfg.layers is not None:
+        base["model"]["layers"] = cfg.layers
+    base.setdefault("moe", {}).update(
+        placement=placement,
+        keepGraph=True,
+        hotFraction=cfg.hot_fraction,
+        warmupSteps=cfg.hot_warmup_steps,
+        hostDtype=cfg.host_dtype,
+    )
+    if cfg.threads:
+        base["moe"]["hostThreads"] = cfg.threads
+    base.setdefault("training", {}).update(seqLen=cfg.seq_len, batchSize=cfg.batch, seed=cfg.seed)
+    base.setdefault("device", {})["backend"] = cfg.backend
+    return MoEFinetuneSpec.model_validate(base)
+
+
+def make_batches(
+    n: int, *, batch: int, seq_len: int, vocab: int, answer_tokens: int, seed: int
+) -> list[dict]:
+    """``n`` fixed random batches; labels (= ids) on the last ``answer_tokens`` positions."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    a = max(1, min(answer_tokens, seq_len - 1))
+    for _ in range(n):
+        ids = torch.randint(0, vocab, (batch, seq_len), generator=g)
+        labels = torch.full_like(ids, -100)
+        labels[:, -a:] = ids[:, -a:]
+        out.append({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels})
+    return out
+
+
+class _CastBlock(torch.nn.Module):
+    """The stock MoE block with the host-dtype cast HostMLP also does (fp32 model, bf16 experts)."""
+
+    def __init__(self, block: torch.nn.Module, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.block = block
+        self.dtype = dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block(x.to(self.dtype)).to(x.dtype)
+
+
+def _set_experts_impl(engine: Any, impl: str) -> None:
+    from npu_lora.models.build import causal_lm
+
+    lm = causal_lm(engine.model)
+    if lm.config._experts_implementation != impl:
+        lm.set_experts_implementation(impl)
+    # the experts modules hold a reference to the (same) config; make sure
+    for m in engine.mlps:
+        cfg = getattr(m.experts, "config", None)
+        if cfg is not None and cfg._experts_implementation != impl:
+            cfg._experts_implementation_internal = impl
+
+
+class VariantRunner:
+    """Switches one engine between variants and runs one measured step of any of them."""
+
+    def __init__(self, engine: Any, cfg: BenchConfig, hot_layers: list[Any] | None) -> None:
+        self.engine = engine
+        self.cfg = cfg
+        self.hot_layers = hot_layers
+        self.params = engine.trainable_parameters()
+        from npu_lora.bench.limits import expert_bytes
+
+        self.expert_bytes = expert_bytes(engine.mlps[0].experts)
+
+    def apply(self, v: Variant) -> None:
+        eng = self.engine
+        _set_experts_impl(eng, v.experts_impl or self.cfg.experts_impl)
+        if v.is_peer:
+            return
+        if v.placement == "hot" and not self.hot_layers:
+            raise RuntimeError(f"variant {v.name}: no hot set was selected")
+        eng.keep_graph = v.keep_graph
+        eng.placement = v.placement
+        for i, m in enumerate(eng.mlps):
+            m.free_kept()
+            m.keep_graph = v.keep_graph
+            m.hot = self.hot_layers[i] if v.placement == "hot" and self.hot_layers else None
+
+    def _clear_grads(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def step(self, v: Variant, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+        if v.is_peer:
+            return self.peer_step(v, batch)
+        eng = self.engine
+        before = eng.counts_LE.clone()
+        t0 = time.perf_counter()
+        prof = eng.forward_backward(batch, loss_scale=1.0)
+        step_s = time.perf_counter() - t0
+        self._clear_grads()
+        rec = prof.to_dict() if hasattr(prof, "to_dict") else asdict(prof)
+        rec["step_s"] = step_s
+        hits = (eng.counts_LE - before) > 0  # [L, E] experts hit in this step's forward
+        if v.placement == "hot" and self.hot_layers:
+            for i, h in enumerate(self.hot_layers):
+                hits[i, list(h.experts)] = False  # hot experts are not read on the host
+        rec["host_hit_experts"] = int(hits.sum())
+        rec["host_hit_bytes"] = int(hits.sum()) * self.expert_bytes
+        return rec
+
+    def peer_step(self, v: Variant, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """Stock transformers + peft step on the same model: HostMLP swapped for the stock block,
+        logits only for the label positions (``logits_to_keep``: the same LM-head work as the
+        engine's head), mean CE over the label tokens, ``backward``."""
+        from npu_lora.models.build import decoder_layers
+
+        eng = self.engine
+        layers = decoder_layers(eng.model)
+        saved = [layer.mlp for layer in layers]
+        ids, labels = batch["input_ids"], batch["labels"]
+        tgt = torch.full_like(labels, -100)
+        tgt[:, :-1] = labels[:, 1:]
+        first = int((tgt != -100).int().argmax(dim=1).min())  # earliest position with a target
+        keep = ids.shape[1] - first
+        try:
+            for layer, m in zip(layers, saved, strict=True):
+                layer.mlp = _CastBlock(m._block, m.host_dtype)
+            t0 = time.perf_counter()
+            out = eng.model(
+                input_ids=ids, attention_mask=batch.get("attention_mask"), logits_to_keep=keep
+            )
+            logits = out.logits.float()  # [B, keep, V]
+            loss = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), tgt[:, first:].reshape(-1), ignore_index=-100
+            )
+            t1 = time.perf_counter()
+            loss.backward()
+            step_s = time.perf_counter() - t0
+            bwd_s = time.perf_counter() - t1
+        finally:
+            for layer, m in zip(layers, saved, strict=True):
+                layer.mlp = m
+        self._clear_grads()
+        return {
+            "loss": float(loss.detach()),
+            "step_s": step_s,
+            "fwd_s": t1 - t0,
+            "bwd_s": bwd_s,
+            "tokens": int(ids.numel()),
+            "placement": "peer",
+            "keep_graph": None,
+        }
+
+
+def measure_kept_graph_bytes(engine: Any, cfg: BenchConfig) -> dict[str, Any]:
+    """Bytes of the tensors one layer's kept graph holds (autograd saved tensors, unique storages,
+    parameters excluded), on a random block input of the real shape; vs the analytic
+    ``T·K·(D + 3I)`` host-dtype values of the docs. Not a process peak (the CPU has no allocator
+    statistics); it is what keep_graph keeps alive per layer until that layer's backward."""
+    m = engine.mlps[0]
+    D = int(engine.config.hidden_size)
+    intermediate = int(engine.config.moe_intermediate_size)
+    K = int(engine.config.num_experts_per_tok)
+    T = cfg.batch * cfg.seq_len
+    params = {p.data_ptr() for p in engine.model.parameters()}
+    params |= {p.data_ptr() for p in m.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        try:
+            st = t.untyped_storage()
+            ptr = st.data_ptr()
+            if ptr not in params and ptr not in seen:
+                seen[ptr] = st.nbytes()
+        except (RuntimeError, NotImplementedError):
+            pass
+        return t
+
+    x = torch.randn(cfg.batch, cfg.seq_len, D, generator=torch.Generator().manual_seed(cfg.seed))
+    params.add(x.untyped_storage().data_ptr())  # the block input is alive in the outer graph anyway
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = m.block_forward(x.requires_grad_(True), count=False)
+    del y
+    measured = sum(seen.values())
+    elem = torch.empty(0, dtype=m.host_dtype).element_size()
+    analytic = T * K * (D + 3 * intermediate) * elem
+    return {
+        "kind": "memory",
+        "experts_impl": engine.config._experts_implementation,
+        "layer_saved_bytes": int(measured),
+        "analytic_bytes": int(analytic),
+        "ratio": measured / analytic if analytic else math.nan,
+        "layers": engine.num_layers,
+        "all_layers_saved_bytes": int(measured) * engine.num_layers,
+    }
+
+
+# ----------------------------------------------------------------------------- statistics
+
+
+def _median(xs: Sequence[float]) -> float:
+    xs = [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
+    return statistics.median(xs) if xs else math.nan
+
+
+def _per_round(steps: list[dict], v: str, col: str) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for k in sorted({r["round"] for r in steps}):
+        xs = [r.get(col) for r in steps if r["variant"] == v and r["round"] == k]
+        xs = [x for x in xs if isinstance(x, int | float) and not math.isnan(x)]
+        if xs:
+            out[k] = statistics.fmean(xs)
+    return out
+
+
+def paired(records: list[dict], a: str, b: str, col: str = "step_s") -> dict[str, Any]:
+    """Per-round paired comparison of variant ``a`` against ``b`` on one column."""
+    steps = [r for r in records if r.get("kind") == "step"]
+    pa, pb = _per_round(steps, a, col), _per_round(steps, b, col)
+    common = [k for k in pa if k in pb]
+    ds = [pa[k] - pb[k] for k in common]
+    ratios = [pa[k] / pb[k] for k in common if pb[k]]
+    md = _median(ds)
+    same = sum(1 for d in ds if d != 0 and (d > 0) == (md > 0)) if ds else 0
+    return {
+        "median_delta": md,
+        "median_ratio": _median(ratios),
+        "same_sign_rounds": same,
+        "rounds": len(ds),
+        "deltas": ds,
+        "ratios": ratios,
+    }
+
+
+def summarize(records: list[dict], variants: list[str], baseline: str) -> dict[str, Any]:
+    """Per-variant medians of every column, and paired per-round deltas vs ``baseline``."""
+    steps = [r for r in records if r.get("kind") == "step"]
+    med: dict[str, dict[str, float]] = {}
+    for v in variants:
+        rs = [r for r in steps if r["variant"] == v]
+        cols = (*PROFILE_COLUMNS, "host_hit_bytes", "loss", "fwd_s", "bwd_s", "loadavg1")
+        med[v] = {c: _median([r.get(c) for r in rs]) for c in cols}
+        med[v]["n"] = len(rs)
+    deltas: dict[str, dict[str, Any]] = {}
+    for v in variants:
+        p = paired(records, v, baseline)
+        deltas[v] = {
+            "median_delta_s": p["median_delta"],
+            "median_ratio": p["median_ratio"],
+            "same_sign_rounds": p["same_sign_rounds"],
+            "rounds": p["rounds"],
+            "deltas_s": p["deltas"],
+        }
+    pairs: dict[str, dict[str, Any]] = {}
+    names = set(variants)
+    for a, b, col in (
+        ("host-only+keep_graph", "host-only", "host_bwd_s"),
+        ("hot+keep_graph", "hot", "host_bwd_s"),
+        *[("host-only+keep_graph", v, "step_s") for v in variants if v.startswith("peer")],
+        *[
+            (v, "host-only+keep_graph", "step_s")
+            for v in variants
+            if "@" in v and not v.startswith("peer")
+        ],
+        *[
+            (v, "host-only+keep_graph", "host_fwd_s")
+            for v in variants
+            if "@" in v and not v.startswith("peer")
+        ],
+        *[
+            (v, "host-only+keep_graph", "host_bwd_s")
+            for v in variants
+            if "@" in v and not v.startswith("peer")
+        ],
+    ):
+        if a in names and b in names:
+            pairs[f"{a} / {b} : {col}"] = paired(records, a, b, col)
+    return {"medians": med, "deltas": deltas, "baseline": baseline, "pairs": pairs}
+
+
+def _fmt(x: float | None, nd: int = 3) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "—"
+    return f"{x:.{nd}f}"
+
+
+def render_table(summary: dict[str, Any], variants: list[str]) -> str:
+    base = summary["baseline"]
+    lines = [
+        f"| variant | s/step | attn+head | HostMLP fwd | HostMLP bwd | recompute | calls/layer | Δ vs {base} (same-sign rounds) | ratio |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for v in variants:
+        m, d = summary["medians"][v], summary["deltas"][v]
+        delta = (
+            "—"
+            if v == base
+            else f"{d['median_delta_s']:+.3f} s ({d['same_sign_rounds']}/{d['rounds']})"
+        )
+        ratio = "1.00" if v == base else _fmt(d["median_ratio"], 2)
+        lines.append(
+            f"| {v} | {_fmt(m['step_s'])} | {_fmt(m['attn_head_s'])} | {_fmt(m['host_fwd_s'])} | "
+            f"{_fmt(m['host_bwd_s'])} | {_fmt(m['recompute_s'])} | {_fmt(m['device_calls_per_layer'], 1)} | {delta} | {ratio} |"
+        )
+    return "\n".join(lines)
+
+
+def derived_targets(summary: dict[str, Any], limits: dict | None, memory: dict | None) -> list[str]:
+    """The project's targets, evaluated on this run (paired per-round ratios), or 'not measured'."""
+    med = summary["medians"]
+    pairs = summary.get("pairs", {})
+    out = []
+
+    def get(v: str, c: str) -> float:
+        return med.get(v, {}).get(c, math.nan)
+
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "not met"
+
+    for key, p in pairs.items():
+        r, n, same = p["median_ratio"], p["rounds"], p["same_sign_rounds"]
+        if math.isnan(r):
+            continue
+        if key.endswith(": host_bwd_s") and "@" not in key:
+            out.append(
+                f"HostMLP bwd {key.split(' :')[0]} = {r:.2f} (paired median over {n} rounds, {same}/{n} same sign; target ≤ 0.60): {verdict(r <= 0.60)}"
+            )
+        elif "/ peer" in key:
+            out.append(
+                f"step {key.split(' :')[0]} = {r:.2f} (paired median over {n} rounds, {same}/{n} same sign; target ≤ 1.05): {verdict(r <= 1.05)}"
+            )
+        else:
+            out.append(f"{key} = {r:.2f} (paired median over {n} rounds, {same}/{n} same sign)")
+    if not any("peer" in k for k in pairs):
+        out.append("step vs stock transformers+peft: not measured (no peer variant in this run)")
+    if limits:
+        copy = limits.get("copy_gbs", math.nan)
+        for v in med:
+            if v.startswith("peer"):
+                continue
+            hot_s = get(v, "hot_s")
+            hb, fs = (
+                get(v, "host_hit_bytes"),
+                get(v, "host_fwd_s") - (0.0 if math.isnan(hot_s) else hot_s),
+            )
+            if hb and not math.isnan(hb) and not math.isnan(fs) and fs > 0:
+                bw = hb / fs / 1e9
+                out.append(
+                    f"host MoE fwd {v}: {bw:.1f} GB/s = {bw / copy:.0%} of copy {copy:.1f} GB/s (target ≥ 60%): "
+                    f"{verdict(bw / copy >= 0.6)} (bytes = hit experts' weights, all layers; time = host_fwd_s − hot_s, incl. router and dispatch)"
+                )
+    else:
+        out.append("host MoE fwd bandwidth fraction: not measured (--no-limits)")
+    if memory:
+        out.append(
+            f"keep_graph saved tensors per layer {memory['layer_saved_bytes'] / 2**20:.1f} MiB vs analytic "
+            f"T·K·(D+3I) {memory['analytic_bytes'] / 2**20:.1f} MiB = {memory['ratio']:.2f}× (target ≤ 1.5×; "
+            f"autograd saved-tensor bytes of one layer's kept graph with `{memory['experts_impl']}`, not a process peak): "
+            f"{verdict(memory['ratio'] <= 1.5)}"
+        )
+    else:
+        out.append("keep_graph memory: not measured (--no-memory)")
+    return out
+
+
+# ----------------------------------------------------------------------------- plot
+
+
+def plot(summary: dict[str, Any], variants: list[str], path: Path, title: str = "") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    med = summary["medians"]
+    parts = [
+        ("attn+head", lambda m: m["attn_head_s"]),
+        ("HostMLP fwd", lambda m: m["host_fwd_s"]),
+        ("HostMLP bwd (excl. recompute)", lambda m: m["host_bwd_s"] - m["recompute_s"]),
+        ("recompute", lambda m: m["recompute_s"]),
+    ]
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(variants) + 2), 4.5))
+    bottoms = [0.0] * len(variants)
+    for label, f in parts:
+        vals = []
+        for v in variants:
+            try:
+                x = f(med[v])
+            except (KeyError, TypeError):
+                x = math.nan
+            vals.append(0.0 if x is None or math.isnan(x) else max(x, 0.0))
+        ax.bar(variants, vals, bottom=bottoms, label=label)
+        bottoms = [b + x for b, x in zip(bottoms, vals, strict=True)]
+    other = [
+        max(med[v]["step_s"] - b, 0.0) if not math.isnan(med[v]["step_s"]) else 0.0
+        for v, b in zip(variants, bottoms, strict=True)
+    ]
+    ax.bar(
+        variants,
+        other,
+        bottom=bottoms,
+        label="other (step − parts; peers: whole step)",
+        color="lightgray",
+    )
+    for i, v in enumerate(variants):
+        ax.text(
+            i, med[v]["step_s"], f"{med[v]['step_s']:.2f}", ha="center", va="bottom", fontsize=8
+        )
+    ax.set_ylabel("seconds per step (median)")
+    ax.set_title(title or "npu-lora bench")
+    ax.tick_params(axis="x", labelrotation=20)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- run
+
+
+def run_bench(
+    cfg: BenchConfig, *, log: Callable[[str], None] = print, engine: Any = None
+) -> dict[str, Any]:
+    """Run the whole A/B benchmark; returns the summary (also written to ``cfg.out``)."""
+    from npu_lora.moe.experts import register
+
+    register()
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+
+    variants = [Variant.parse(v) for v in cfg.variants]
+    if cfg.peers:
+        have = {v.name for v in variants}
+        variants += [Variant.parse(f"peer@{i}") for i in cfg.peer_impls if f"peer@{i}" not in have]
+    names = [v.name for v in variants]
+    if len(set(names)) != len(names):
+        raise ValueError(f"duplicate variants: {names}")
+    baseline = cfg.baseline or names[0]
+    if baseline not in names:
+        raise ValueError(f"baseline {baseline!r} is not one of the variants {names}")
+    any_hot = any(v.placement == "hot" for v in variants)
+
+    jsonl = (out / "bench.jsonl").open("w")
+
+    def emit(rec: dict) -> None:
+        jsonl.write(json.dumps(rec, default=str) + "\n")
+        jsonl.flush()
+
+    meta = {
+        "kind": "meta",
+        "config": asdict(cfg),
+        "variants": names,
+        "baseline": baseline,
+        "machine": machine_facts(),
+    }
+    emit(meta)
+
+    limits = None
+    if cfg.limits:
+        from npu_lora.bench.limits import stream_bandwidth
+
+        bw = stream_bandwidth()
+        limits = {"kind": "limits", "when": "before", **bw.to_dict()}
+        emit(limits)
+        log(
+            f"bandwidth: copy {bw.copy_gbs:.1f} GB/s, triad {bw.triad_gbs:.1f} GB/s ({bw.threads} threads, load {bw.loadavg})"
+        )
+
+    if engine is None:
+        from npu_lora.engine import build_engine
+
+        spec = build_spec(cfg, placement="hot" if any_hot else "host-only")
+        t0 = time.perf_counter()
+        engine = build_engine(spec, experts_implementation=cfg.experts_impl)
+        log(
+            f"engine built in {time.perf_counter() - t0:.1f} s ({engine.num_layers} layers, backend {engine.backend.name})"
+        )
+    vocab = int(engine.config.vocab_size)
+    batches = make_batches(
+        max(cfg.steps_per_round, 1),
+        batch=cfg.batch,
+        seq_len=cfg.seq_len,
+        vocab=vocab,
+        answer_tokens=cfg.answer_tokens,
+        seed=cfg.seed,
+    )
+
+    # hot-set selection (part of the warm-up): host-only steps counting routing, then select
+    hot_layers = None
+    runner = VariantRunner(engine, cfg, None)
+    if any_hot:
+        runner.apply(Variant("warmup", "host-only", True, None))
+        for i in range(cfg.hot_warmup_steps):
+            engine.forward_backward(batches[i % len(batches)])
+            runner._clear_grads()
+        engine.placement = "hot"
+        info = engine.select_hot_experts(cfg.hot_warmup_steps)
+        hot_layers = [m.hot for m in engine.mlps]
+        runner.hot_layers = hot_layers
+        emit({"kind": "hot", "experts": info.get("experts"), "per_layer": info.get("per_layer")})
+        log(f"hot set: {info.get('experts')} experts over {engine.num_layers} layers")
+
+    memory = None
+    if cfg.memory:
+        runner.apply(Variant("memory", "host-only", True, None))
+        try:
+            memory = measure_kept_graph_bytes(engine, cfg)
+            emit(memory)
+        except Exception as e:  # diagnostics must not kill the benchmark
+            log(f"memory measurement failed: {e!r}")
+
+    for v in variants:  # per-variant warm-up (unmeasured)
+        runner.apply(v)
+        for i in range(cfg.warmup):
+            runner.step(v, batches[i % len(batches)])
+
+    records: list[dict] = []
+    for rnd in range(cfg.rounds):
+        order = variants if rnd % 2 == 0 else variants[::-1]
+        for pos, v in enumerate(order):
+            runner.apply(v)
+            for s in range(cfg.steps_per_round):
+                rec = runner.step(v, batches[s % len(batches)])
+                rec.update(
+                    kind="step",
+                    variant=v.name,
+                    round=rnd,
+                    order_pos=pos,
+                    step_in_round=s,
+                    loadavg=os.getloadavg(),
+                )
+                rec["loadavg1"] = rec["loadavg"][0]
+                rec["experts_impl"] = v.experts_impl or cfg.experts_impl
+                records.append(rec)
+                emit(rec)
+        log(
+            f"round {rnd + 1}/{cfg.rounds} ({'forward' if rnd % 2 == 0 else 'reverse'}): "
+            + ", ".join(f"{r['variant']} {r['step_s']:.2f}s" for r in records if r["round"] == rnd)
+            + f" | load {os.getloadavg()[0]:.1f}"
+        )
+
+    if cfg.limits:
+        from npu_lora.bench.limits import stream_bandwidth
+
+        bw2 = stream_bandwidth()
+        emit({"kind": "limits", "when": "after", **bw2.to_dict()})
+        assert limits is not None
+        limits["copy_gbs_after"] = bw2.copy_gbs
+        limits["triad_gbs_after"] = bw2.triad_gbs
+        # the reference for the fraction: the better (quieter) of the two measurements
+        limits["copy_gbs"] = max(limits["copy_gbs"], bw2.copy_gbs)
+
+    summary = summarize(records, names, baseline)
+    targets = derived_targets(summary, limits, memory)
+    summary["targets"] = targets
+    summary["limits"] = limits
+    summary["memory"] = memory
+    emit({"kind": "summary", **summary})
+    jsonl.close()
+
+    table = render_table(summary, names)
+    md = [f"# {cfg.title or 'npu-lora bench'}", "", table, ""]
+    if limits:
+        md.append(
+            f"Bandwidth (torch, {limits['threads']} threads): copy {limits['copy_gbs']:.1f} GB/s "
+            f"(before {limits['copy_samples_gbs'] and statistics.median(limits['copy_samples_gbs']):.1f}, after {limits.get('copy_gbs_after', math.nan):.1f}), "
+            f"triad {limits['triad_gbs']:.1f} GB/s."
+        )
+    md += ["", "Targets:", *[f"- {t}" for t in targets], ""]
+    (out / "bench.md").write_text("\n".join(md))
+    try:
+        plot(summary, names, out / "bench.png", title=cfg.title or "")
+    except Exception as e:  # pragma: no cover - plotting is a convenience
+        log(f"plot failed: {e!r}")
+    log("\n".join(md))
+    return summary

@@ -1,0 +1,126 @@
+"""``npu-lora bench``: A/B benchmark of HostMLP variants (and stock peers) in one process.
+
+Example (real Qwen3-30B-A3B widths, 2 layers, fp32 host, the host stands in for the device)::
+
+    npu-lora bench --preset qwen3-30b-a3b --layers 2 --seq-len 128 --rounds 6 --out experiments/raw/x
+
+Variants: ``<placement>[+keep_graph][@<experts_impl>]`` with placement ``host-only`` or ``hot``
+(``hot`` moves ``--hot-fraction`` of each layer's experts to the device after a host-only warm-up),
+and ``peer@<experts_impl>`` (stock transformers + peft on the same model; added by ``--peers``).
+Experts kernels: keys of transformers' ``ALL_EXPERTS_FUNCTIONS`` (``grouped_mm``, ``eager``,
+``batched_mm``) and ours (``npu_lora_sorted``, ``npu_lora_sorted_grouped``, ``npu_lora_sorted_loop``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    src = parser.add_mutually_exclusive_group()
+    src.add_argument(
+        "--preset",
+        choices=["tiny-qwen3-moe", "qwen3-30b-a3b"],
+        default=None,
+        help="model preset (default tiny-qwen3-moe unless --config)",
+    )
+    src.add_argument(
+        "--config", metavar="FILE.yaml", help="MoEFinetune manifest or bare spec (its model/lora)"
+    )
+    parser.add_argument("--layers", type=int, help="decoder layers (reduce depth of a big preset)")
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--hot-fraction", type=float, default=0.25)
+    parser.add_argument(
+        "--hot-warmup-steps",
+        type=int,
+        default=2,
+        help="host-only steps counting routing before the hot set",
+    )
+    parser.add_argument("--warmup", type=int, default=1, help="unmeasured steps per variant")
+    parser.add_argument("--steps-per-round", type=int, default=1)
+    parser.add_argument(
+        "--rounds", type=int, default=6, help="rounds; odd rounds run the variants in reverse"
+    )
+    parser.add_argument(
+        "--host-dtype", choices=["fp32", "bf16", "float32", "bfloat16"], default="fp32"
+    )
+    parser.add_argument("--backend", choices=["auto", "cpu", "cuda", "furiosa"], default="cpu")
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--experts-impl", default="grouped_mm", help="default host experts kernel")
+    parser.add_argument(
+        "--variants",
+        default="host-only,host-only+keep_graph,hot,hot+keep_graph",
+        help="comma-separated variants (see module doc)",
+    )
+    parser.add_argument(
+        "--baseline", help="variant the paired deltas are taken against (default: the first)"
+    )
+    parser.add_argument(
+        "--peers", action=argparse.BooleanOptionalAction, default=True, help="stock peers"
+    )
+    parser.add_argument(
+        "--peer-impls", default="grouped_mm,eager", help="experts kernels of the peers"
+    )
+    parser.add_argument(
+        "--limits", action=argparse.BooleanOptionalAction, default=True, help="STREAM bandwidth"
+    )
+    parser.add_argument(
+        "--memory",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="kept-graph saved bytes",
+    )
+    parser.add_argument("--answer-tokens", type=int, default=8, help="label positions per sequence")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--title")
+    parser.add_argument("--out", metavar="DIR", default="bench-out")
+
+
+def config_from_args(args: argparse.Namespace):
+    from npu_lora.bench.harness import BenchConfig
+
+    dtype = {"fp32": "float32", "bf16": "bfloat16"}.get(args.host_dtype, args.host_dtype)
+    return BenchConfig(
+        preset=args.preset or (None if args.config else "tiny-qwen3-moe"),
+        config=args.config,
+        layers=args.layers,
+        seq_len=args.seq_len,
+        batch=args.batch,
+        hot_fraction=args.hot_fraction,
+        hot_warmup_steps=args.hot_warmup_steps,
+        warmup=args.warmup,
+        steps_per_round=args.steps_per_round,
+        rounds=args.rounds,
+        host_dtype=dtype,
+        backend=args.backend,
+        threads=args.threads,
+        experts_impl=args.experts_impl,
+        variants=[v.strip() for v in args.variants.split(",") if v.strip()],
+        baseline=args.baseline,
+        peers=args.peers,
+        peer_impls=[v.strip() for v in args.peer_impls.split(",") if v.strip()],
+        limits=args.limits,
+        memory=args.memory,
+        answer_tokens=args.answer_tokens,
+        seed=args.seed,
+        out=args.out,
+        title=args.title,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from npu_lora.bench.harness import run_bench
+
+    try:
+        cfg = config_from_args(args)
+    except ValueError as e:
+        print(f"npu-lora bench: {e}", file=sys.stderr)
+        return 2
+    try:
+        run_bench(cfg, log=lambda s: print(s, flush=True))
+    except ValueError as e:
+        print(f"npu-lora bench: {e}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,188 @@
+"""``npu-lora run FILE.yaml``: train locally (or as the operator's Job) from a manifest or bare spec.
+
+Everything is validated before the run directory is touched (manifest and overrides, an
+existing run directory's config for resume, the data file, the tokenizer, the model): an invalid
+input exits with code 2 and writes nothing. Exit codes: 0 success, 2 invalid configuration or
+input (``EXIT_CONFIG_ERROR``), 3 non-finite loss (``EXIT_NONFINITE_LOSS``), 1 anything else,
+130 interrupted.
+
+Environment:
+- ``NPU_LORA_RESOURCE_NAME`` (set by the operator): also report to the MoEFinetune's status
+  (``npu_lora.report.status.StatusReporter``, when installed).
+- ``NPU_LORA_TERMINATION_LOG``: where to write the termination message (default
+  ``/dev/termination-log`` when writable).
+- ``NPU_LORA_DETERMINISTIC=1``: ``torch.use_deterministic_algorithms(True)`` (bitwise
+  reproducible runs and resumes on the CPU; slower).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import traceback
+import warnings
+from pathlib import Path
+from typing import Any
+
+from npu_lora.api.load import SpecError
+from npu_lora.api.v1alpha1 import EXIT_CONFIG_ERROR
+
+log = logging.getLogger("npu_lora.run")
+
+EXIT_ERROR = 1
+EXIT_INTERRUPTED = 130
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", metavar="FILE.yaml", help="MoEFinetune manifest or bare spec")
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        help="run directory (default: spec.output.path, else runs/<metadata.name>); an existing "
+        "run directory with the same training config is resumed from its last checkpoint",
+    )
+    parser.add_argument("--steps", type=int, metavar="N", help="override spec.training.steps")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="dotted.path=value",
+        help="override a spec field, e.g. --set training.learningRate=1e-3 (repeatable)",
+    )
+    parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    parser.add_argument("--no-plot", action="store_true", help="do not write step_times.png")
+
+
+# ---------------------------------------------------------------------------------------------
+# seams (tests replace these)
+
+
+def build_engine(spec: Any, vocab_size: int) -> Any:
+    """The engine for ``spec`` (``npu_lora.engine.build_engine``)."""
+    from npu_lora.engine import build_engine as _build
+
+    return _build(spec, vocab_size=vocab_size)
+
+
+def _status_reporter(ctx: Any) -> Any | None:
+    """``StatusReporter`` when the operator started us (``NPU_LORA_RESOURCE_NAME``)."""
+    if not os.environ.get("NPU_LORA_RESOURCE_NAME"):
+        return None
+    try:
+        from npu_lora.report.status import StatusReporter  # type: ignore[import-not-found]
+    except ImportError as e:
+        log.warning("status reporting disabled: %s", e)
+        return None
+    try:
+        if hasattr(StatusReporter, "from_env"):
+            return StatusReporter.from_env(ctx)
+        return StatusReporter(ctx)
+    except Exception as e:  # reporting never stops training
+        log.warning("status reporting disabled: %s", e)
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def resolve_out(args: argparse.Namespace, manifest: Any) -> Path:
+    if args.out:
+        return Path(args.out).expanduser()
+    out = manifest.spec.output
+    if out.path:
+        p = Path(out.path).expanduser()
+        if out.volume is not None and not p.is_absolute():
+            from npu_lora.data.tokenizer import volume_root
+
+            p = volume_root("output") / p
+        return p
+    return Path("runs") / (manifest.metadata.name or "run")
+
+
+def _fail(message: str, code: int, callbacks: Any = None, ctx: Any = None) -> int:
+    from npu_lora.train.termination import write_termination_message
+
+    print(f"npu-lora run: error: {message}", file=sys.stderr)
+    write_termination_message(f"exit {code}: {message}")
+    if callbacks is not None and ctx is not None:
+        callbacks.on_error(message, code, ctx)
+    return code
+
+
+def run(args: argparse.Namespace) -> int:
+    from npu_lora.api.load import load_manifest
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+    overrides = list(args.overrides or [])
+    if args.steps is not None:
+        if args.steps < 1:
+            return _fail(f"--steps: must be at least 1 (got {args.steps})", EXIT_CONFIG_ERROR)
+        overrides.append(f"training.steps={args.steps}")
+    try:
+        manifest = load_manifest(args.file, overrides)
+    except SpecError as e:
+        return _fail(str(e), EXIT_CONFIG_ERROR)
+
+    from npu_lora.train.callbacks import CallbackList, ProgressBar, RunContext
+
+    spec = manifest.spec
+    run_dir = resolve_out(args, manifest)
+    ctx = RunContext(manifest=manifest, run_dir=run_dir, total_steps=spec.training.steps)
+    callbacks = CallbackList([ProgressBar(disable=args.quiet)])
+    reporter = _status_reporter(ctx)
+    if reporter is not None:
+        callbacks.append(reporter)
+
+    try:
+        return _train(args, manifest, ctx, callbacks)
+    except SpecError as e:
+        return _fail(str(e), EXIT_CONFIG_ERROR, callbacks, ctx)
+    except KeyboardInterrupt:
+        return _fail("interrupted", EXIT_INTERRUPTED, callbacks, ctx)
+    except Exception as e:
+        traceback.print_exc()
+        return _fail(f"{type(e).__name__}: {e}", EXIT_ERROR, callbacks, ctx)
+
+
+def _train(args: argparse.Namespace, manifest: Any, ctx: Any, callbacks: Any) -> int:
+    spec = manifest.spec
+    # 1. validate everything that can be checked without writing
+    from npu_lora.train.rundir import plan_resume
+
+    plan = plan_resume(ctx.run_dir, manifest)
+    from npu_lora.data import prepare_data
+
+    dataset, tok = prepare_data(spec)
+
+    import torch
+
+    from npu_lora.train.loop import Trainer, seed_everything
+    from npu_lora.train.summary import timing_table
+    from npu_lora.train.termination import write_termination_message
+
+    if os.environ.get("NPU_LORA_DETERMINISTIC", "") not in ("", "0"):
+        torch.use_deterministic_algorithms(True)
+    seed_everything(spec.training.seed)
+    engine = build_engine(spec, len(tok))  # SpecError (bad model/backend) still writes nothing
+
+    # 2. train (creates / resumes the run directory)
+    if plan.checkpoint is not None and not args.quiet:
+        print(
+            f"resuming {ctx.run_dir} from the checkpoint at step {plan.checkpoint_step}",
+            file=sys.stderr,
+        )
+    trainer = Trainer(ctx, engine, dataset, plan=plan, callbacks=callbacks, plot=not args.no_plot)
+    result = trainer.run()
+    if result.exit_code != 0:
+        print(f"npu-lora run: error: {result.message}", file=sys.stderr)
+        write_termination_message(f"exit {result.exit_code}: {result.message}")
+        return result.exit_code
+    summary = result.summary or {}
+    print(timing_table(summary))
+    print(f"run directory: {ctx.run_dir}")
+    write_termination_message(summary)
+    return 0

@@ -1,0 +1,189 @@
+"""Readers for the training data formats: NSMC TSV and JSONL.
+
+Both return a list of :class:`Example`. A reader raises :class:`DataError` (a
+:class:`~npu_lora.api.load.SpecError`) naming the field (``spec.data.path``) and, for a
+malformed row, the file and line number.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Literal
+
+from npu_lora.api.load import SpecError
+
+#: ``example:<name>`` → file name inside ``npu_lora/data/examples``.
+EXAMPLES: dict[str, str] = {
+    "nsmc-mini": "nsmc-mini.tsv",
+    "jsonl-mini": "jsonl-mini.jsonl",
+}
+
+NSMC_HEADER = ("id", "document", "label")
+
+
+class DataError(SpecError):
+    """Invalid data file or data settings (exit code 2, like any other spec error)."""
+
+
+@dataclass(frozen=True)
+class Example:
+    """One training example.
+
+    ``kind == "text"``: ``text`` is trained on in full. ``kind == "classify"``: ``text`` is the
+    document, ``label`` the class (0/1), the template and answer words make the prompt.
+    ``kind == "prompt"``: ``text`` is the prompt, ``completion`` the answer (loss on it only).
+    """
+
+    kind: Literal["text", "classify", "prompt"]
+    text: str
+    label: int | None = None
+    completion: str | None = None
+    source: str = ""  # "file:line", for error messages
+
+
+def resolve_data_path(path: str, *, base: Path | None = None) -> Path:
+    """Resolve ``spec.data.path``: ``example:<name>`` → the packaged file; else a file path."""
+    if path.startswith("example:"):
+        name = path.removeprefix("example:")
+        if name not in EXAMPLES:
+            allowed = ", ".join(f"example:{n}" for n in EXAMPLES)
+            raise DataError(
+                f"spec.data.path: unknown example dataset {path!r} (allowed: {allowed})"
+            )
+        ref = resources.files("npu_lora.data") / "examples" / EXAMPLES[name]
+        p = Path(str(ref))
+        if not p.is_file():
+            raise DataError(
+                f"spec.data.path: the packaged example {path!r} is missing ({p}); "
+                "regenerate it with scripts/make_example_data.py"
+            )
+        return p
+    p = Path(path).expanduser()
+    if base is not None and not p.is_absolute():
+        p = base / p
+    if not p.exists():
+        raise DataError(f"spec.data.path: no such file: {p}")
+    if not p.is_file():
+        raise DataError(f"spec.data.path: not a regular file: {p}")
+    return p
+
+
+def detect_format(path: Path, fmt: str) -> Literal["nsmc", "jsonl"]:
+    """``format: auto`` → by extension (.jsonl/.json → jsonl, anything else → nsmc)."""
+    if fmt == "auto":
+        return "jsonl" if path.suffix.lower() in (".jsonl", ".json") else "nsmc"
+    if fmt not in ("nsmc", "jsonl"):
+        raise DataError(f"spec.data.format: unsupported {fmt!r} (allowed: auto, nsmc, jsonl)")
+    return fmt  # type: ignore[return-value]
+
+
+def _open_text(path: Path):
+    try:
+        return path.open("r", encoding="utf-8", newline="")
+    except OSError as e:
+        raise DataError(f"spec.data.path: cannot read {path}: {e.strerror}") from None
+
+
+def read_nsmc(path: Path, *, limit: int | None = None) -> list[Example]:
+    """NSMC TSV: header ``id<TAB>document<TAB>label``, no quoting, label 0/1.
+
+    ``limit`` stops after that many rows (used to validate the first rows cheaply).
+    """
+    out: list[Example] = []
+    with _open_text(path) as f:
+        reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE, strict=False)
+        try:
+            for row in reader:
+                line = reader.line_num
+                where = f"{path}:{line}"
+                if line == 1:
+                    if tuple(c.strip().lstrip("\ufeff") for c in row) != NSMC_HEADER:
+                        raise DataError(
+                            f"spec.data.path: {where}: expected the NSMC header "
+                            f"'id<TAB>document<TAB>label', got {row!r} "
+                            "(set spec.data.format: jsonl for a JSONL file)"
+                        )
+                    continue
+                if not row or row == [""]:
+                    continue
+                if len(row) != 3:
+                    raise DataError(
+                        f"spec.data.path: {where}: expected 3 tab-separated fields "
+                        f"(id, document, label), got {len(row)}"
+                    )
+                label_text = row[2].strip()
+                if label_text not in ("0", "1"):
+                    raise DataError(
+                        f"spec.data.path: {where}: label must be 0 or 1, got {row[2]!r}"
+                    )
+                out.append(Example("classify", row[1], label=int(label_text), source=where))
+                if limit is not None and len(out) >= limit:
+                    break
+        except UnicodeDecodeError as e:
+            raise DataError(
+                f"spec.data.path: {path}: not UTF-8 text near line {reader.line_num + 1}: {e.reason}"
+            ) from None
+        except csv.Error as e:
+            raise DataError(f"spec.data.path: {path}:{reader.line_num}: {e}") from None
+    if reader.line_num == 0:
+        raise DataError(f"spec.data.path: {path}: empty file (expected an NSMC header line)")
+    return out
+
+
+def read_jsonl(path: Path, *, limit: int | None = None) -> list[Example]:
+    """JSONL: one object a line, ``{"text": str}`` or ``{"prompt": str, "completion": str}``."""
+    out: list[Example] = []
+    with _open_text(path) as f:
+        lineno = 0
+        try:
+            for lineno, raw in enumerate(f, start=1):
+                line = raw.strip()
+                if not line:
+                    continue
+                where = f"{path}:{lineno}"
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DataError(f"spec.data.path: {where}: not valid JSON: {e.msg}") from None
+                if not isinstance(obj, dict):
+                    raise DataError(f"spec.data.path: {where}: expected a JSON object")
+                if "prompt" in obj or "completion" in obj:
+                    p, c = obj.get("prompt"), obj.get("completion")
+                    if not isinstance(p, str) or not isinstance(c, str) or not c:
+                        raise DataError(
+                            f"spec.data.path: {where}: 'prompt' and 'completion' must both be "
+                            "strings (completion non-empty)"
+                        )
+                    out.append(Example("prompt", p, completion=c, source=where))
+                elif "text" in obj:
+                    t = obj["text"]
+                    if not isinstance(t, str) or not t:
+                        raise DataError(
+                            f"spec.data.path: {where}: 'text' must be a non-empty string"
+                        )
+                    out.append(Example("text", t, source=where))
+                else:
+                    raise DataError(
+                        f"spec.data.path: {where}: expected a 'text' field or 'prompt' + "
+                        f"'completion' fields, got keys {sorted(obj)}"
+                    )
+                if limit is not None and len(out) >= limit:
+                    break
+        except UnicodeDecodeError as e:
+            raise DataError(
+                f"spec.data.path: {path}: not UTF-8 text near line {lineno + 1}: {e.reason}"
+            ) from None
+    return out
+
+
+def read_examples(
+    path: Path, fmt: Literal["nsmc", "jsonl"], *, limit: int | None = None
+) -> list[Example]:
+    examples = read_nsmc(path, limit=limit) if fmt == "nsmc" else read_jsonl(path, limit=limit)
+    if not examples:
+        raise DataError(f"spec.data.path: {path}: no examples (the file has no data rows)")
+    return examples

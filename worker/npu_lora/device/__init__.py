@@ -1,0 +1,1 @@
+"""Device-side modules (compile-friendly); see ``npu_lora.device.graphs``."""

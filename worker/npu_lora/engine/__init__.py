@@ -1,0 +1,28 @@
+"""The hybrid training engine: device attention/head + host MoE (HostMLP) + hot experts.
+
+Public interface (stable; the training loop codes against it)::
+
+    from npu_lora.engine import build_engine, HybridEngine, StepProfile
+
+    engine = build_engine(spec, vocab_size=tokenizer_vocab_size)   # spec: MoEFinetuneSpec
+    params = engine.trainable_parameters()                          # -> list[nn.Parameter]
+    opt = torch.optim.AdamW(params, lr=...)
+    engine.select_hot_experts(0)                 # before training (no-op unless warmupSteps=0)
+    for step in range(1, steps + 1):
+        for batch in micro_batches:              # CPU tensors, see forward_backward
+            prof = engine.forward_backward(batch, loss_scale=1 / grad_accumulation)
+        opt.step(); opt.zero_grad(set_to_none=True)
+        engine.after_optimizer_step()
+        info = engine.select_hot_experts(step)   # {} unless the hot set was chosen now
+    engine.save_adapter(run_dir / "adapter")
+
+Label convention (Hugging Face): ``labels`` has the same shape as ``input_ids``; it equals
+``input_ids`` at the answer positions and ``-100`` elsewhere; the engine shifts internally:
+the logits at position ``t`` predict ``labels[t + 1]``. The loss is the mean cross-entropy over
+all (shifted) label positions of the micro-batch.
+"""
+
+from npu_lora.engine.hybrid import HybridEngine, build_engine
+from npu_lora.engine.profile import HostTimes, StepProfile
+
+__all__ = ["HostTimes", "HybridEngine", "StepProfile", "build_engine"]

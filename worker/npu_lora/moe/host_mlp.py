@@ -1,0 +1,246 @@
+"""HostMLP: a decoder layer's whole MoE block (router + experts) on the host, as one autograd node.
+
+Legend (shape suffixes)::
+
+    B batch   S sequence   T = B*S tokens   D hidden size   E experts of the layer
+
+``HostMLP`` replaces ``layer.mlp`` (the HF decoder layer code is unchanged). It owns the block's
+``gate`` and ``experts`` under the same attribute names, so parameter names and state dicts do
+not change. Its forward moves the block input to the host (``backend.to_host``), casts it to the
+host dtype, runs ``HostMLPFunction`` and moves the output back (``backend.to_device``).
+
+``HostMLPFunction`` (``torch.autograd.Function``), with ``f`` = the block forward (the stock block,
+or ``hot_cold_forward`` once hot experts exist) and ``θ`` = the block's trainable parameters
+(expert weights under full fine-tuning, else none):
+
+forward(x, θ) -> y = f(x; θ)
+  - ``keep_graph=True``: runs ``f`` with grad enabled on ``x̂ = x.detach().requires_grad_()``
+    and keeps ``(x, x̂, y)`` and the graph of ``f`` in the layer's single slot ``_kept``.
+    Memory: the block's saved activations (router probs, gathered inputs, gate/up activations:
+    ≈ T·K·(D + 3I) values in the host dtype for ``grouped_mm``) until this layer's backward.
+    The slot holds at most one graph: a new forward of the layer replaces (frees) an abandoned
+    one, and backward empties it.
+  - ``keep_graph=False``: runs ``f`` under ``no_grad``; saves only ``x`` (already alive in the
+    outer graph).
+
+backward(dy) -> (dx, dθ):  dx = (∂y/∂x)ᵀ dy,  dθ = (∂y/∂θ)ᵀ dy
+  - reuses the kept graph when the slot holds this forward's graph (token identity) *and* the
+    backward's saved input is the very tensor the graph was built on (``is`` + version check);
+    otherwise (keep_graph off, or the graph was replaced) it recomputes ``y = f(x̂)`` with grad
+    enabled (timed as ``recompute_s``; the hot-expert device call runs again and is counted);
+  - then ``torch.autograd.grad(y, [x̂, *θ], dy)``. Choice: the parameter gradients are *returned*
+    through the Function (θ are Function inputs) instead of ``y.backward(dy)`` accumulating into
+    ``.grad`` inside backward: the outer autograd engine then accumulates them (AccumulateGrad),
+    so hooks, ``torch.autograd.grad(loss, params)`` and gradient accumulation behave exactly as
+    with the stock block, and the result is bitwise equal to it.
+
+Timings (``time.perf_counter``, device work synchronised inside ``Backend.call``), accumulated
+into the shared ``HostTimes``: ``host_fwd_s`` (forward incl. transfers and the hot device call),
+``host_bwd_s`` (whole backward incl. recompute), ``recompute_s``; ``hot_s`` the hot device calls.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from npu_lora.backends.base import Backend
+from npu_lora.moe.hot import HotLayer, hot_cold_forward
+
+
+@dataclass
+class HostTimes:
+    """Accumulator that HostMLP adds its wall times to (seconds, ``time.perf_counter``)."""
+
+    host_fwd_s: float = 0.0
+    host_bwd_s: float = 0.0  # includes recompute_s
+    recompute_s: float = 0.0
+    hot_s: float = 0.0  # part of host_fwd_s + host_bwd_s spent in forward-direction hot-expert device calls
+
+    def reset(self) -> None:
+        self.host_fwd_s = self.host_bwd_s = self.recompute_s = self.hot_s = 0.0
+
+
+@dataclass
+class _Kept:
+    token: object
+    x: torch.Tensor  # the Function's input (identity check)
+    version: int
+    x_hat: torch.Tensor  # detached leaf the graph starts from
+    y: torch.Tensor  # graph output
+
+
+class HostMLPFunction(torch.autograd.Function):
+    """See the module docstring for the forward/backward formulas and what is saved."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, mlp: HostMLP, *params: torch.Tensor) -> torch.Tensor:
+        ctx.mlp = mlp
+        ctx.save_for_backward(x)
+        t0 = time.perf_counter()
+        if mlp.keep_graph:
+            with torch.enable_grad():
+                x_hat = x.detach().requires_grad_(True)
+                y = mlp.block_forward(x_hat, count=True)
+            ctx.token = object()
+            mlp._kept = _Kept(ctx.token, x, x._version, x_hat, y)  # frees an abandoned graph
+            out = y.detach()
+        else:
+            ctx.token = None
+            with torch.no_grad():
+                out = mlp.block_forward(x, count=True)
+        mlp.times.host_fwd_s += time.perf_counter() - t0
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        mlp: HostMLP = ctx.mlp
+        (x,) = ctx.saved_tensors
+        t0 = time.perf_counter()
+        kept = mlp._kept
+        if kept is not None and kept.token is ctx.token:
+            mlp._kept = None  # free the slot as soon as this layer's backward runs
+        reuse = (
+            kept is not None and kept.token is ctx.token and kept.x is x and kept.version == x._version
+        )
+        if reuse:
+            x_hat, y = kept.x_hat, kept.y
+            mlp.reused += 1
+        else:
+            t1 = time.perf_counter()
+            with torch.enable_grad():
+                x_hat = x.detach().requires_grad_(True)
+                y = mlp.block_forward(x_hat, count=False)
+            mlp.times.recompute_s += time.perf_counter() - t1
+            mlp.recomputed += 1
+        del kept
+        params = mlp.trainable_params()
+        grads = torch.autograd.grad(y, [x_hat, *params], grad_y, allow_unused=True)
+        mlp.backend.synchronize()
+        mlp.times.host_bwd_s += time.perf_counter() - t0
+        return (grads[0], None, *grads[1:])
+
+
+class HostMLP(nn.Module):
+    """Drop-in replacement of a Qwen3-MoE ``layer.mlp`` running on the host.
+
+    Args:
+        block: the stock MoE block (``gate`` → ``(logits, weights, indices)``, ``experts(x, idx, w)``).
+        layer: decoder layer index (for device-call counting and routing counts).
+        backend: the device seam (``to_host``/``to_device``/``call``).
+        keep_graph: keep the block's graph from forward to backward (see module doc).
+        times: shared timing accumulator (one per engine).
+        counts_LE: shared ``[L, E] int64`` routing counts (forward passes only, not recomputes;
+            every token including padding: all of them are computed).
+        host_dtype: dtype of the block's weights and compute (input/output are cast).
+    """
+
+    def __init__(
+        self,
+        block: nn.Module,
+        *,
+        layer: int,
+        backend: Backend,
+        keep_graph: bool = True,
+        times: HostTimes | None = None,
+        counts_LE: torch.Tensor | None = None,
+        host_dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.gate = block.gate
+        self.experts = block.experts
+        object.__setattr__(self, "_block", block)  # stock forward; shares gate/experts
+        self.layer = layer
+        self.backend = backend
+        self.keep_graph = keep_graph
+        self.times = times if times is not None else HostTimes()
+        self.counts_LE = counts_LE
+        self.host_dtype = host_dtype or block.experts.gate_up_proj.dtype
+        self.hot: HotLayer | None = None
+        self._kept: _Kept | None = None
+        self._count = False
+        self.reused = 0
+        self.recomputed = 0
+        self.gate.register_forward_hook(self._count_hook)
+
+    def _count_hook(self, _mod: nn.Module, _inp: Any, out: Any) -> None:
+        if self._count and self.counts_LE is not None:
+            idx = out[2].reshape(-1).detach().cpu()
+            self.counts_LE[self.layer] += torch.bincount(idx, minlength=self.counts_LE.shape[1])
+
+    def trainable_params(self) -> list[nn.Parameter]:
+        return [p for p in self.parameters() if p.requires_grad]
+
+    def block_forward(self, x_BSD: torch.Tensor, *, count: bool) -> torch.Tensor:
+        """``f``: the MoE block on the host in the host dtype (stock block, or hot + cold)."""
+        B, S, D = x_BSD.shape
+        x = x_BSD.to(self.host_dtype)
+        self._count = count
+        try:
+            if self.hot is None:
+                y = self._block(x)
+            else:
+                y = hot_cold_forward(
+                    x.reshape(B * S, D),
+                    self.gate,
+                    self.experts,
+                    self.hot,
+                    self.backend,
+                    self.layer,
+                    on_device_s=self._add_hot_s,
+                ).view(B, S, D)
+        finally:
+            self._count = False
+        return y.to(x_BSD.dtype)
+
+    def _add_hot_s(self, s: float) -> None:
+        self.times.hot_s += s
+
+    def free_kept(self) -> None:
+        self._kept = None
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        t0 = time.perf_counter()
+        x = self.backend.to_host(hidden_states)
+        self.times.host_fwd_s += time.perf_counter() - t0
+        if torch.is_grad_enabled():
+            y = HostMLPFunction.apply(x, self, *self.trainable_params())
+        else:
+            t1 = time.perf_counter()
+            y = self.block_forward(x, count=True)
+            self.times.host_fwd_s += time.perf_counter() - t1
+        t2 = time.perf_counter()
+        out = self.backend.to_device(y)
+        self.backend.synchronize()
+        self.times.host_fwd_s += time.perf_counter() - t2
+        return out
+
+
+def install_host_mlp(
+    model: nn.Module,
+    backend: Backend,
+    *,
+    keep_graph: bool = True,
+    times: HostTimes | None = None,
+    counts_LE: torch.Tensor | None = None,
+) -> list[HostMLP]:
+    """Replace every decoder layer's ``mlp`` with a ``HostMLP`` (shared ``times``/``counts``)."""
+    from npu_lora.models.build import decoder_layers
+
+    layers = decoder_layers(model)
+    times = times if times is not None else HostTimes()
+    if counts_LE is None:
+        E = layers[0].mlp.experts.gate_up_proj.shape[0]
+        counts_LE = torch.zeros(len(layers), E, dtype=torch.int64)
+    out = []
+    for i, layer in enumerate(layers):
+        mlp = layer.mlp
+        if not isinstance(mlp, HostMLP):
+            mlp = HostMLP(mlp, layer=i, backend=backend, keep_graph=keep_graph, times=times, counts_LE=counts_LE)
+            layer.mlp = mlp
+        out.append(mlp)
+    return out

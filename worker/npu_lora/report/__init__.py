@@ -1,0 +1,1 @@
+"""Reporting of a running worker to its MoEFinetune (``status``), without torch."""

@@ -1,0 +1,394 @@
+"""The worker's status reporter: merge-patches its own MoEFinetune's ``/status`` while training.
+
+Added by ``npu-lora run`` when ``NPU_LORA_RESOURCE_NAME`` is set (the operator sets it, with
+``NPU_LORA_RESOURCE_NAMESPACE``). The worker owns these keys of ``status`` and writes nothing
+else: ``progress``, ``lastStep``, ``stepSecondsMedian``, ``hot``, ``lastCheckpoint``.
+
+- API access: the in-cluster service account (the operator's per-run Role allows exactly
+  ``get``/``patch`` on this run's ``moefinetunes/status``), or ``$KUBECONFIG`` outside a pod.
+- Throttling by ``spec.reporting``: a step is reported when ``step % everySteps == 0`` and at
+  least ``minIntervalSeconds`` passed since the last report; the last step always is. The hot-set
+  selection is reported at once. Held-back state goes out with the next report or at the end.
+- Non-blocking: patches are sent by a background thread; ``on_step`` only records the state.
+  Each patch carries the whole worker subtree, so only the latest state matters: a failed patch
+  (network error, 409, 5xx, ...) is logged and retried after a back-off unless a newer state
+  replaced it. Reporting never raises into the training loop.
+- ``on_end``/``on_error`` flush: they wait (bounded, ``flush_timeout``) for the last state to be
+  written.
+
+Imports only the ``kubernetes`` package (lazily) and the standard library: no torch.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import math
+import os
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+try:  # the training loop's callback interface (torch-free module)
+    from npu_lora.train.callbacks import TrainCallback
+except ImportError:  # pragma: no cover - the trainer package missing or broken
+
+    class TrainCallback:  # type: ignore[no-redef]
+        """Fallback with the same interface as ``npu_lora.train.callbacks.TrainCallback``."""
+
+        def on_start(self, ctx: Any) -> None: ...
+        def on_step(self, record: dict[str, Any], ctx: Any) -> None: ...
+        def on_hot_selected(self, info: dict[str, Any], ctx: Any) -> None: ...
+        def on_checkpoint(self, step: int, path: str, ctx: Any) -> None: ...
+        def on_end(self, summary: dict[str, Any], ctx: Any) -> None: ...
+        def on_error(self, message: str, exit_code: int, ctx: Any) -> None: ...
+
+
+log = logging.getLogger(__name__)
+
+GROUP = "npu-lora.io"
+VERSION = "v1alpha1"
+PLURAL = "moefinetunes"
+ENV_NAME = "NPU_LORA_RESOURCE_NAME"
+ENV_NAMESPACE = "NPU_LORA_RESOURCE_NAMESPACE"
+MERGE_PATCH = "application/merge-patch+json"
+WORKER_KEYS = ("progress", "lastStep", "stepSecondsMedian", "hot", "lastCheckpoint")
+
+#: metrics.jsonl record key → status.lastStep key
+_RECORD_KEYS = {
+    "step": "step",
+    "loss": "loss",
+    "step_s": "stepS",
+    "attn_head_s": "attnHeadS",
+    "host_fwd_s": "hostFwdS",
+    "host_bwd_s": "hostBwdS",
+    "recompute_s": "recomputeS",
+    "device_calls_per_layer": "deviceCallsPerLayer",
+    "tokens": "tokens",
+}
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _sig(x: Any, digits: int = 4) -> float | None:
+    """Round to ``digits`` significant digits (readable ``kubectl get`` columns); None if not
+    a finite number."""
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    if not math.isfinite(v):
+        return None
+    if v == 0:
+        return 0.0
+    return float(f"{v:.{digits}g}")
+
+
+def last_step_status(record: dict[str, Any]) -> dict[str, Any]:
+    """The ``status.lastStep`` object of a metrics record (camelCase, rounded, finite only)."""
+    out: dict[str, Any] = {}
+    for src, dst in _RECORD_KEYS.items():
+        if src not in record or record[src] is None:
+            continue
+        if dst in ("step", "tokens"):
+            try:
+                out[dst] = int(record[src])
+            except (TypeError, ValueError):
+                continue
+        else:
+            v = _sig(record[src], 5 if dst == "loss" else 4)
+            if v is not None:
+                out[dst] = v
+    return out
+
+
+def default_api_patch(name: str, namespace: str) -> Callable[[dict[str, Any]], Any]:
+    """A function that merge-patches ``/status`` of the run (in-cluster config or kubeconfig)."""
+    from kubernetes import client, config
+
+    kubeconfig = os.environ.get("KUBECONFIG")
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and not kubeconfig:
+        cfg = client.Configuration()
+        config.load_incluster_config(client_configuration=cfg)
+        api_client = client.ApiClient(cfg)
+    else:
+        api_client = config.new_client_from_config(config_file=kubeconfig)
+    api = client.CustomObjectsApi(api_client)
+
+    def patch(body: dict[str, Any]) -> Any:
+        return api.patch_namespaced_custom_object_status(
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            name,
+            body,
+            _content_type=MERGE_PATCH,
+            _request_timeout=(5, 15),
+        )
+
+    return patch
+
+
+class StatusReporter(TrainCallback):
+    """Report training progress to ``status`` of MoEFinetune ``namespace/name``."""
+
+    def __init__(
+        self,
+        name: str,
+        namespace: str = "default",
+        *,
+        total_steps: int = 0,
+        every_steps: int = 1,
+        min_interval_seconds: float = 5.0,
+        warmup_steps: int = 0,
+        patch: Callable[[dict[str, Any]], Any] | None = None,
+        retry_seconds: float = 2.0,
+        max_retry_seconds: float = 30.0,
+        flush_timeout: float = 20.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.name = name
+        self.namespace = namespace
+        self.total_steps = int(total_steps)
+        self.every_steps = max(1, int(every_steps))
+        self.min_interval = max(0.0, float(min_interval_seconds))
+        self.warmup_steps = max(0, int(warmup_steps))
+        self.retry_seconds = retry_seconds
+        self.max_retry_seconds = max_retry_seconds
+        self.flush_timeout = flush_timeout
+        self.clock = clock
+        self._patch_fn = patch
+        self._state: dict[str, Any] = {}
+        self._step_times: list[tuple[int, float]] = []
+        self._last_sent_at: float | None = None
+        self._dirty = False
+        # sender thread
+        self._cv = threading.Condition()
+        self._pending: dict[str, Any] | None = None
+        self._version = 0  # bumps with each submitted state
+        self._written = 0  # last version written successfully
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self.sent: int = 0
+        self.failures: int = 0
+
+    # -- construction ------------------------------------------------------------------------
+
+    @classmethod
+    def from_env(cls, ctx: Any = None, **kwargs: Any) -> StatusReporter:
+        """From ``NPU_LORA_RESOURCE_NAME``/``_NAMESPACE`` and the run's ``spec.reporting``."""
+        name = os.environ.get(ENV_NAME) or getattr(ctx, "name", None)
+        if not name:
+            raise ValueError(f"{ENV_NAME} is not set")
+        namespace = os.environ.get(ENV_NAMESPACE) or getattr(ctx, "namespace", None) or "default"
+        opts: dict[str, Any] = {}
+        spec = getattr(ctx, "spec", None)
+        if spec is not None:
+            opts["total_steps"] = getattr(ctx, "total_steps", spec.training.steps)
+            opts["every_steps"] = spec.reporting.every_steps
+            opts["min_interval_seconds"] = spec.reporting.min_interval_seconds
+            if spec.moe.placement == "hot":
+                opts["warmup_steps"] = spec.moe.warmup_steps
+        opts.update(kwargs)
+        return cls(name, namespace, **opts)
+
+    # -- the sender --------------------------------------------------------------------------
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name=f"status-reporter-{self.name}", daemon=True
+            )
+            self._thread.start()
+
+    def _submit(self) -> None:
+        body = {"status": {k: v for k, v in self._state.items() if v is not None}}
+        with self._cv:
+            self._version += 1
+            self._pending = body
+            self._cv.notify_all()
+        self._last_sent_at = self.clock()
+        self._dirty = False
+        self._ensure_thread()
+
+    def _do_patch(self, body: dict[str, Any]) -> None:
+        if self._patch_fn is None:
+            self._patch_fn = default_api_patch(self.name, self.namespace)
+        self._patch_fn(body)
+
+    def _run(self) -> None:
+        delay = self.retry_seconds
+        while True:
+            with self._cv:
+                while self._pending is None and not self._stop:
+                    self._cv.wait()
+                if self._pending is None and self._stop:
+                    return
+                body, version = self._pending, self._version
+                self._pending = None
+            try:
+                self._do_patch(body)  # type: ignore[arg-type]
+            except Exception as e:  # network, 409, 5xx, auth: never fatal
+                self.failures += 1
+                log.warning(
+                    "status report for %s/%s failed (will retry): %s",
+                    self.namespace,
+                    self.name,
+                    _brief(e),
+                )
+                with self._cv:
+                    if self._pending is None:  # no newer state: retry this one
+                        self._pending = body
+                    if self._stop and self._flush_deadline_passed():
+                        return
+                    self._cv.wait(delay)
+                delay = min(delay * 2, self.max_retry_seconds)
+                continue
+            delay = self.retry_seconds
+            with self._cv:
+                self.sent += 1
+                self._written = max(self._written, version)
+                self._cv.notify_all()
+
+    _flush_deadline: float | None = None
+
+    def _flush_deadline_passed(self) -> bool:
+        return self._flush_deadline is not None and time.monotonic() >= self._flush_deadline
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Send the latest state and wait until it is written (True) or ``timeout`` passes."""
+        if self._dirty or self._version == 0:
+            self._submit()
+        timeout = self.flush_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            target = self._version
+            while self._written < target:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    log.warning(
+                        "status report for %s/%s: gave up flushing after %.0fs",
+                        self.namespace,
+                        self.name,
+                        timeout,
+                    )
+                    return False
+                self._cv.notify_all()
+                self._cv.wait(min(left, 0.5))
+        return True
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Flush, then stop the sender thread."""
+        ok = self.flush(timeout)
+        with self._cv:
+            self._stop = True
+            self._flush_deadline = time.monotonic()
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(2)
+        return ok
+
+    # -- state -------------------------------------------------------------------------------
+
+    def _median(self) -> float | None:
+        times = [s for step, s in self._step_times if step > self.warmup_steps]
+        if not times:
+            # no step after the warm-up yet: all but the first (compile/first-touch) step
+            times = [s for _, s in self._step_times[1:]] or [s for _, s in self._step_times]
+        if not times:
+            return None
+        return statistics.median(times)
+
+    def _progress(self, step: int) -> dict[str, Any]:
+        total = self.total_steps or step
+        out: dict[str, Any] = {
+            "step": int(step),
+            "totalSteps": int(total),
+            "percent": round(100.0 * step / total, 1) if total else 0.0,
+            "lastUpdateTime": now_iso(),
+        }
+        median = self._median()
+        if median is not None and total:
+            out["etaSeconds"] = _sig(max(0, total - step) * median, 3)
+        return out
+
+    # -- TrainCallback -----------------------------------------------------------------------
+
+    def on_start(self, ctx: Any) -> None:
+        if getattr(ctx, "total_steps", None):
+            self.total_steps = int(ctx.total_steps)
+        start = int(getattr(ctx, "start_step", 1) or 1)
+        self._state["progress"] = self._progress(start - 1)
+        checkpoint_step = getattr(ctx, "checkpoint_step", None)
+        if checkpoint_step:
+            self._state["lastCheckpoint"] = {
+                "step": int(checkpoint_step),
+                "path": str(getattr(ctx, "run_dir", "")) + "/checkpoint",
+                "time": now_iso(),
+            }
+        if getattr(ctx, "hot", None):
+            self._set_hot(ctx.hot)
+        self._submit()
+
+    def on_step(self, record: dict[str, Any], ctx: Any) -> None:
+        step = int(record.get("step", 0))
+        step_s = record.get("step_s")
+        if isinstance(step_s, int | float) and math.isfinite(step_s):
+            self._step_times.append((step, float(step_s)))
+        self._state["lastStep"] = last_step_status(record)
+        self._state["progress"] = self._progress(step)
+        median = self._median()
+        if median is not None:
+            self._state["stepSecondsMedian"] = _sig(median)
+        self._dirty = True
+        last = self.total_steps and step >= self.total_steps
+        due = step % self.every_steps == 0 and (
+            self._last_sent_at is None or self.clock() - self._last_sent_at >= self.min_interval
+        )
+        if last or due:
+            self._submit()
+
+    def _set_hot(self, info: dict[str, Any]) -> None:
+        hot: dict[str, Any] = {}
+        if info.get("fraction") is not None:
+            hot["fraction"] = float(info["fraction"])
+        if info.get("experts") is not None:
+            hot["experts"] = int(info["experts"])
+        if info.get("selected_at_step") is not None:
+            hot["selectedAtStep"] = int(info["selected_at_step"])
+        if len(hot) == 3:
+            self._state["hot"] = hot
+
+    def on_hot_selected(self, info: dict[str, Any], ctx: Any) -> None:
+        self._set_hot(info)
+        self._submit()
+
+    def on_checkpoint(self, step: int, path: str, ctx: Any) -> None:
+        self._state["lastCheckpoint"] = {"step": int(step), "path": str(path), "time": now_iso()}
+        self._dirty = True
+
+    def on_end(self, summary: dict[str, Any], ctx: Any) -> None:
+        median = summary.get("median") if isinstance(summary, dict) else None
+        if isinstance(median, dict) and _sig(median.get("step_s")) is not None:
+            self._state["stepSecondsMedian"] = _sig(median.get("step_s"))
+        self._dirty = True
+        self.close()
+
+    def on_error(self, message: str, exit_code: int, ctx: Any) -> None:
+        # the operator reports the failure (phase, reason, message); make sure the last
+        # progress is there
+        self._dirty = True
+        self.close(min(self.flush_timeout, 10.0))
+
+
+def _brief(e: BaseException) -> str:
+    status = getattr(e, "status", None)
+    reason = getattr(e, "reason", None)
+    if status:
+        return f"HTTP {status} {reason or ''}".strip()
+    return f"{type(e).__name__}: {e}"

@@ -1,0 +1,168 @@
+"""Callbacks of the training loop.
+
+The operator's status reporter (``npu_lora.report.status.StatusReporter``) and the CLI's progress
+bar implement :class:`TrainCallback`. A callback that raises is logged and otherwise ignored:
+reporting never stops training.
+
+Order of calls in a run::
+
+    on_start(ctx)
+    for each step: on_step(record, ctx)       # after the record is in metrics.jsonl
+                   on_hot_selected(info, ctx) # once, after step == moe.warmupSteps (placement hot)
+                   on_checkpoint(step, path, ctx)
+    on_end(summary, ctx)                      # success (summary.json written)
+    on_error(message, exit_code, ctx)         # instead of on_end on failure
+
+``record`` is the metrics.jsonl record (``step, loss, step_s, attn_head_s, host_fwd_s,
+host_bwd_s, recompute_s, device_calls_per_layer, tokens, hot_experts, keep_graph, placement,
+lr, grad_norm, time`` ...); ``info`` is ``{fraction, experts, selected_at_step, per_layer}``;
+``summary`` is summary.json's content.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from npu_lora.api.v1alpha1 import MoEFinetune, MoEFinetuneSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunContext:
+    """What a callback may want to know about the run (read-only by convention)."""
+
+    manifest: MoEFinetune
+    run_dir: Path
+    total_steps: int
+    start_step: int = 1  # first step this process runs (> 1 after a resume)
+    resumed_from: int | None = None  # checkpoint step resumed from
+    checkpoint_step: int | None = None  # last checkpoint written or loaded
+    hot: dict[str, Any] | None = None  # hot-set info once selected
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def spec(self) -> MoEFinetuneSpec:
+        return self.manifest.spec
+
+    @property
+    def name(self) -> str | None:
+        return self.manifest.metadata.name
+
+    @property
+    def namespace(self) -> str | None:
+        return self.manifest.metadata.namespace
+
+
+class TrainCallback:
+    """Base class: override what you need; every method is a no-op here."""
+
+    def on_start(self, ctx: RunContext) -> None:
+        pass
+
+    def on_step(self, record: dict[str, Any], ctx: RunContext) -> None:
+        pass
+
+    def on_hot_selected(self, info: dict[str, Any], ctx: RunContext) -> None:
+        pass
+
+    def on_checkpoint(self, step: int, path: str, ctx: RunContext) -> None:
+        pass
+
+    def on_end(self, summary: dict[str, Any], ctx: RunContext) -> None:
+        pass
+
+    def on_error(self, message: str, exit_code: int, ctx: RunContext) -> None:
+        pass
+
+
+class CallbackList(TrainCallback):
+    """Dispatch to several callbacks; a failing callback is logged, never raised."""
+
+    def __init__(self, callbacks: list[TrainCallback] | None = None) -> None:
+        self.callbacks = list(callbacks or [])
+
+    def append(self, cb: TrainCallback) -> None:
+        self.callbacks.append(cb)
+
+    def _call(self, method: str, *args: Any) -> None:
+        for cb in self.callbacks:
+            try:
+                getattr(cb, method)(*args)
+            except Exception as e:  # reporting must never stop training
+                log.warning("callback %s.%s failed: %s", type(cb).__name__, method, e)
+
+    def on_start(self, ctx: RunContext) -> None:
+        self._call("on_start", ctx)
+
+    def on_step(self, record: dict[str, Any], ctx: RunContext) -> None:
+        self._call("on_step", record, ctx)
+
+    def on_hot_selected(self, info: dict[str, Any], ctx: RunContext) -> None:
+        self._call("on_hot_selected", info, ctx)
+
+    def on_checkpoint(self, step: int, path: str, ctx: RunContext) -> None:
+        self._call("on_checkpoint", step, path, ctx)
+
+    def on_end(self, summary: dict[str, Any], ctx: RunContext) -> None:
+        self._call("on_end", summary, ctx)
+
+    def on_error(self, message: str, exit_code: int, ctx: RunContext) -> None:
+        self._call("on_error", message, exit_code, ctx)
+
+
+class ProgressBar(TrainCallback):
+    """tqdm bar on stderr with the live loss and seconds per step."""
+
+    def __init__(self, *, disable: bool = False) -> None:
+        self.disable = disable
+        self.bar: Any = None
+
+    def on_start(self, ctx: RunContext) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(
+            total=ctx.total_steps,
+            initial=ctx.start_step - 1,
+            desc=ctx.name or "train",
+            unit="step",
+            file=sys.stderr,
+            dynamic_ncols=True,
+            disable=self.disable,
+        )
+
+    def on_step(self, record: dict[str, Any], ctx: RunContext) -> None:
+        if self.bar is None:
+            return
+        loss = record.get("loss")
+        self.bar.set_postfix(
+            loss="nan" if loss is None else f"{loss:.4f}",
+            s_step=f"{record.get('step_s', 0.0):.3f}",
+            hot=record.get("hot_experts", 0),
+            refresh=False,
+        )
+        self.bar.update(1)
+
+    def on_hot_selected(self, info: dict[str, Any], ctx: RunContext) -> None:
+        if self.bar is not None and not self.disable:
+            self.bar.write(
+                f"hot experts selected after step {info.get('selected_at_step')}: "
+                f"{info.get('experts')} experts ({info.get('fraction')} of each layer)",
+                file=sys.stderr,
+            )
+
+    def _close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def on_end(self, summary: dict[str, Any], ctx: RunContext) -> None:
+        self._close()
+
+    def on_error(self, message: str, exit_code: int, ctx: RunContext) -> None:
+        self._close()

@@ -1,0 +1,239 @@
+"""Atomic checkpoints: ``checkpoint/`` in the run directory.
+
+Contents (``FORMAT`` 1)::
+
+    params.pt      {"names": [...], "tensors": [...]}: engine.trainable_parameters() in order
+                   (LoRA weights, + the expert weights when lora.trainExperts)
+    optimizer.pt   AdamW state_dict
+    rng.pt         torch / python (/ cuda) RNG states
+    routing.pt     engine.routing_counts() ([L, E] int64) when available
+    hot.json       engine.hot_state() (null before the hot set is chosen)
+    state.json     {"format", "step", "time", ...}: written last; a directory without it is
+                   incomplete
+
+Writing: everything goes to ``checkpoint.tmp-<pid>/`` (each file fsynced), then the previous
+checkpoint is renamed to ``checkpoint.old-<pid>``, the new one renamed to ``checkpoint``, the
+parent directory fsynced and the old one deleted. At any instant a complete checkpoint exists
+(``checkpoint/``, or ``checkpoint.old-*`` if the process died between the two renames);
+:func:`find_checkpoint` picks the newest complete one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+FORMAT = 1
+NAME = "checkpoint"
+
+
+def fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+def _torch_save(obj: Any, path: Path) -> None:
+    import torch
+
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _write_json(obj: Any, path: Path) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=1, default=str)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def rng_state() -> dict[str, Any]:
+    import torch
+
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    import torch
+
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def param_names(engine: Any, params: list[Any]) -> list[str]:
+    by_id = (
+        {id(p): n for n, p in engine.model.named_parameters()} if hasattr(engine, "model") else {}
+    )
+    return [by_id.get(id(p), f"param{i}") for i, p in enumerate(params)]
+
+
+def _state_of(ckpt: Path) -> dict[str, Any] | None:
+    try:
+        st = json.loads((ckpt / "state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if (
+        not isinstance(st, dict)
+        or st.get("format") != FORMAT
+        or not isinstance(st.get("step"), int)
+    ):
+        return None
+    return st
+
+
+def find_checkpoint(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The newest complete checkpoint in ``run_dir`` and its state.json, or None."""
+    cands: list[tuple[int, int, Path, dict[str, Any]]] = []
+    for prio, pattern in ((1, NAME), (0, f"{NAME}.old-*")):
+        for p in sorted(run_dir.glob(pattern)):
+            st = _state_of(p) if p.is_dir() else None
+            if st is not None:
+                cands.append((st["step"], prio, p, st))
+    if not cands:
+        return None
+    _step, _, path, st = max(cands, key=lambda c: (c[0], c[1]))
+    return path, st
+
+
+def clean_stale(run_dir: Path) -> None:
+    """Remove leftovers of interrupted writes (``checkpoint.tmp-*``; ``checkpoint.old-*`` once
+    ``checkpoint/`` is complete; a crash between the renames: promote the old one back)."""
+    for p in run_dir.glob(f"{NAME}.tmp-*"):
+        shutil.rmtree(p, ignore_errors=True)
+    main = run_dir / NAME
+    olds = sorted(run_dir.glob(f"{NAME}.old-*"))
+    if not olds:
+        return
+    if _state_of(main) is None:
+        best = find_checkpoint(run_dir)
+        if best is not None and best[0] != main:
+            if main.exists():
+                shutil.rmtree(main, ignore_errors=True)
+            os.replace(best[0], main)
+            fsync_dir(run_dir)
+    for p in run_dir.glob(f"{NAME}.old-*"):
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def save_checkpoint(
+    run_dir: Path,
+    step: int,
+    engine: Any,
+    optimizer: Any,
+    *,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Write the checkpoint of ``step`` atomically; returns ``run_dir / "checkpoint"``."""
+    import torch
+
+    tmp = run_dir / f"{NAME}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    params = list(engine.trainable_parameters())
+    _torch_save(
+        {
+            "names": param_names(engine, params),
+            "tensors": [p.detach().to("cpu", copy=True) for p in params],
+        },
+        tmp / "params.pt",
+    )
+    _torch_save(optimizer.state_dict(), tmp / "optimizer.pt")
+    _torch_save(rng_state(), tmp / "rng.pt")
+    routing = None
+    with contextlib.suppress(NotImplementedError, AttributeError):
+        routing = engine.routing_counts()
+    if isinstance(routing, torch.Tensor):
+        _torch_save(routing.detach().cpu(), tmp / "routing.pt")
+    _write_json(engine.hot_state(), tmp / "hot.json")
+    _write_json(
+        {
+            "format": FORMAT,
+            "step": step,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "num_params": len(params),
+            **(extra or {}),
+        },
+        tmp / "state.json",
+    )
+    fsync_dir(tmp)
+
+    final = run_dir / NAME
+    old = run_dir / f"{NAME}.old-{os.getpid()}"
+    if final.exists():
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(final, old)
+    os.replace(tmp, final)
+    fsync_dir(run_dir)
+    if old.exists():
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_checkpoint(path: Path, engine: Any, optimizer: Any) -> dict[str, Any]:
+    """Restore parameters, optimizer, RNG, routing counts and hot set; returns state.json."""
+    import torch
+
+    from npu_lora.api.load import SpecError
+
+    state = _state_of(path)
+    if state is None:
+        raise SpecError(f"{path}: not a complete checkpoint (state.json missing or invalid)")
+    saved = torch.load(path / "params.pt", map_location="cpu", weights_only=True)
+    params = list(engine.trainable_parameters())
+    if len(saved["tensors"]) != len(params):
+        raise SpecError(
+            f"{path}: the checkpoint has {len(saved['tensors'])} trainable tensors, this model "
+            f"{len(params)} (was the model, lora or moe config changed?)"
+        )
+    with torch.no_grad():
+        for name, p, t in zip(saved["names"], params, saved["tensors"], strict=True):
+            if tuple(p.shape) != tuple(t.shape):
+                raise SpecError(
+                    f"{path}: {name}: shape {tuple(t.shape)} in the checkpoint, "
+                    f"{tuple(p.shape)} in the model"
+                )
+            p.copy_(t.to(device=p.device, dtype=p.dtype))
+    optimizer.load_state_dict(
+        torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False)
+    )
+    routing_path = path / "routing.pt"
+    if routing_path.exists():
+        # Routing counts matter when the checkpoint predates the hot-set choice: the resumed
+        # run must choose the same hot set as an uninterrupted one.
+        counts = torch.load(routing_path, map_location="cpu", weights_only=True)
+        if hasattr(engine, "load_routing_counts"):
+            engine.load_routing_counts(counts)
+        elif isinstance(getattr(engine, "counts_LE", None), torch.Tensor):  # HybridEngine today
+            engine.counts_LE.copy_(counts)
+    hot = json.loads((path / "hot.json").read_text(encoding="utf-8"))
+    if hot is not None:
+        engine.load_hot_state(hot)
+    set_rng_state(torch.load(path / "rng.pt", map_location="cpu", weights_only=False))
+    return state

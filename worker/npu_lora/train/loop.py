@@ -1,0 +1,301 @@
+"""The training loop: AdamW, gradient accumulation, clipping, hot-expert selection, checkpoints.
+
+Per optimizer step ``s`` (1-based)::
+
+    for m in range(gradAccumulation): engine.forward_backward(batch(s, m), loss_scale=1/accum)
+    clip_grad_norm_(trainable, maxGradNorm); opt.step(); opt.zero_grad(); engine.after_optimizer_step()
+    record → metrics.jsonl (flushed + fsynced) → callbacks.on_step
+    engine.select_hot_experts(s)      # picks the hot set once s == warmupSteps (placement hot)
+    checkpoint every checkpoint.everySteps steps and at the end
+
+The record of a step sums the micro-batches' timings, device calls and tokens; ``loss`` is their
+mean (unscaled). A non-finite loss or gradient norm writes that step's record (``loss`` null when
+not finite, ``nonfinite`` says which) and stops with :class:`NonFiniteLoss` before the optimizer
+touches the weights.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from npu_lora.api.v1alpha1 import EXIT_NONFINITE_LOSS
+from npu_lora.train import rundir
+from npu_lora.train.callbacks import CallbackList, RunContext, TrainCallback
+from npu_lora.train.checkpoint import clean_stale, fsync_dir, load_checkpoint, save_checkpoint
+from npu_lora.train.summary import build_summary, plot_step_times
+
+_SUM_FIELDS = (
+    "attn_head_s",
+    "host_fwd_s",
+    "host_bwd_s",
+    "recompute_s",
+    "hot_s",
+    "device_calls_per_layer",
+)
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss (or gradient norm) became NaN/inf; exit code 3."""
+
+    exit_code = EXIT_NONFINITE_LOSS
+
+
+@dataclass
+class TrainResult:
+    exit_code: int
+    summary: dict[str, Any] | None
+    message: str = ""
+
+
+def seed_everything(seed: int) -> None:
+    import torch
+
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
+
+
+def _profile_dict(prof: Any) -> dict[str, Any]:
+    if hasattr(prof, "to_dict"):
+        return dict(prof.to_dict())
+    if isinstance(prof, dict):
+        return dict(prof)
+    return dict(vars(prof))
+
+
+def _finite(x: float) -> bool:
+    return isinstance(x, int | float) and math.isfinite(x)
+
+
+class Trainer:
+    """Runs (or resumes) one run in ``ctx.run_dir`` with an already built engine and dataset."""
+
+    def __init__(
+        self,
+        ctx: RunContext,
+        engine: Any,
+        dataset: Any,
+        *,
+        plan: rundir.ResumePlan | None = None,
+        callbacks: list[TrainCallback] | CallbackList | None = None,
+        plot: bool = True,
+    ) -> None:
+        self.ctx = ctx
+        self.spec = ctx.spec
+        self.engine = engine
+        self.dataset = dataset
+        self.plan = plan or rundir.ResumePlan(exists=False)
+        self.callbacks = (
+            callbacks if isinstance(callbacks, CallbackList) else CallbackList(callbacks)
+        )
+        self.plot = plot
+        self.records: list[dict[str, Any]] = []
+        self.hot_info: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------------------------------
+    def _make_optimizer(self) -> Any:
+        import torch
+
+        t = self.spec.training
+        params = list(self.engine.trainable_parameters())
+        if not params:
+            raise RuntimeError("the engine has no trainable parameters")
+        return torch.optim.AdamW(params, lr=t.learning_rate, weight_decay=t.weight_decay)
+
+    def _prepare_dir(self) -> int:
+        """Create/resume the run directory; returns the last completed step (0: fresh)."""
+        run_dir = self.ctx.run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+        clean_stale(run_dir)
+        start = self.plan.checkpoint_step if self.plan.checkpoint is not None else 0
+        self.records = rundir.truncate_metrics(run_dir / rundir.METRICS, start)
+        rundir.write_text_atomic(run_dir / rundir.CONFIG, rundir.manifest_yaml(self.ctx.manifest))
+        return start
+
+    def _save_adapter(self) -> Path:
+        run_dir = self.ctx.run_dir
+        final = run_dir / rundir.ADAPTER
+        tmp = run_dir / f".{rundir.ADAPTER}.tmp"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        self.engine.save_adapter(tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+        fsync_dir(run_dir)
+        return final
+
+    def _checkpoint(self, step: int, opt: Any) -> None:
+        path = save_checkpoint(
+            self.ctx.run_dir,
+            step,
+            self.engine,
+            opt,
+            extra={"hot": self.hot_info, "name": self.ctx.name},
+        )
+        self.ctx.checkpoint_step = step
+        self.callbacks.on_checkpoint(step, str(path), self.ctx)
+
+    def _step(self, step: int, opt: Any) -> dict[str, Any]:
+        import torch
+
+        t = self.spec.training
+        accum = t.grad_accumulation
+        t0 = time.perf_counter()
+        agg: dict[str, Any] = dict.fromkeys(_SUM_FIELDS, 0.0)
+        losses: list[float] = []
+        tokens = 0
+        last: dict[str, Any] = {}
+        for m in range(accum):
+            batch = self.dataset.batch(step, m, t.batch_size, accum)
+            last = _profile_dict(self.engine.forward_backward(batch, loss_scale=1.0 / accum))
+            losses.append(float(last["loss"]))
+            tokens += int(last.get("tokens") or 0)
+            for k in _SUM_FIELDS:
+                agg[k] += float(last.get(k) or 0.0)
+        loss = sum(losses) / len(losses)
+        params = [p for p in opt.param_groups[0]["params"]]
+        grad_norm: float | None = None
+        nonfinite = None
+        t_opt = time.perf_counter()
+        if not _finite(loss):
+            nonfinite = "loss"
+        else:
+            max_norm = t.max_grad_norm if t.max_grad_norm is not None else float("inf")
+            gn = torch.nn.utils.clip_grad_norm_(params, max_norm)
+            grad_norm = float(gn)
+            if not _finite(grad_norm):
+                nonfinite = "grad_norm"
+            else:
+                opt.step()
+                self.engine.after_optimizer_step()
+        opt.zero_grad(set_to_none=True)
+        t1 = time.perf_counter()
+        rec: dict[str, Any] = {
+            "step": step,
+            "loss": loss if _finite(loss) else None,
+            "step_s": t1 - t0,
+            "attn_head_s": agg["attn_head_s"],
+            "host_fwd_s": agg["host_fwd_s"],
+            "host_bwd_s": agg["host_bwd_s"],
+            "recompute_s": agg["recompute_s"],
+            "device_calls_per_layer": agg["device_calls_per_layer"],
+            "tokens": tokens,
+            "hot_experts": int(last.get("hot_experts") or 0),
+            "keep_graph": bool(last.get("keep_graph", self.spec.moe.keep_graph)),
+            "placement": str(last.get("placement", self.spec.moe.placement)),
+            "lr": opt.param_groups[0]["lr"],
+            "grad_norm": grad_norm if grad_norm is None or _finite(grad_norm) else None,
+            "time": _iso(time.time()),
+            "hot_s": agg["hot_s"],
+            "opt_s": t1 - t_opt,
+            "micro_batches": accum,
+        }
+        if nonfinite:
+            rec["nonfinite"] = nonfinite
+            rec["nonfinite_value"] = repr(loss if nonfinite == "loss" else grad_norm)
+        return rec
+
+    # ------------------------------------------------------------------------------------------
+    def run(self) -> TrainResult:
+        ctx, spec = self.ctx, self.spec
+        t_start = time.perf_counter()
+        opt = self._make_optimizer()
+        done = self._prepare_dir()
+        if self.plan.checkpoint is not None:
+            state = load_checkpoint(self.ctx.run_dir / "checkpoint", self.engine, opt)
+            done = int(state["step"])
+            ctx.resumed_from = done
+            ctx.checkpoint_step = done
+            self.hot_info = state.get("hot")
+            ctx.hot = self.hot_info
+        ctx.start_step = done + 1
+        total = ctx.total_steps
+        hot_mode = spec.moe.placement == "hot"
+        self.callbacks.on_start(ctx)
+        metrics = rundir.MetricsWriter(ctx.run_dir / rundir.METRICS)
+        try:
+            if hot_mode and done == 0:
+                self._maybe_select_hot(0)
+            for step in range(done + 1, total + 1):
+                rec = self._step(step, opt)
+                metrics.write(rec)
+                self.records.append(rec)
+                self.callbacks.on_step(rec, ctx)
+                if "nonfinite" in rec:
+                    what = "loss" if rec["nonfinite"] == "loss" else "gradient norm"
+                    raise NonFiniteLoss(
+                        f"non-finite {what} ({rec['nonfinite_value']}) at step {step}; the "
+                        f"step's record is in {ctx.run_dir / rundir.METRICS}. Lower "
+                        "spec.training.learningRate or set spec.training.maxGradNorm."
+                    )
+                if hot_mode:
+                    self._maybe_select_hot(step)
+                every = spec.checkpoint.every_steps
+                if step % every == 0 or step == total:
+                    self._checkpoint(step, opt)
+        except NonFiniteLoss as e:
+            metrics.close()
+            summary = self._finish(t_start, status="failed", error=str(e), plot=True)
+            self.callbacks.on_error(str(e), e.exit_code, ctx)
+            return TrainResult(e.exit_code, summary, str(e))
+        finally:
+            metrics.close()
+        if ctx.checkpoint_step != total:  # a rerun of a finished run: make sure the end is saved
+            self._checkpoint(total, opt)
+        self._save_adapter()
+        summary = self._finish(t_start, status="succeeded")
+        self.callbacks.on_end(summary, ctx)
+        return TrainResult(0, summary)
+
+    def _maybe_select_hot(self, step: int) -> None:
+        info = self.engine.select_hot_experts(step)
+        if info:
+            self.hot_info = {k: v for k, v in dict(info).items() if k != "per_layer"}
+            self.hot_info.setdefault("selected_at_step", step)
+            self.ctx.hot = self.hot_info
+            self.callbacks.on_hot_selected(dict(info), self.ctx)
+
+    def _finish(
+        self, t_start: float, *, status: str, error: str | None = None, plot: bool = True
+    ) -> dict[str, Any]:
+        ctx, spec = self.ctx, self.spec
+        extra: dict[str, Any] = {
+            "run_dir": str(ctx.run_dir),
+            "resumed_from": ctx.resumed_from,
+            "data": getattr(getattr(self.dataset, "stats", None), "to_dict", dict)(),
+        }
+        if error:
+            extra["error"] = error
+        summary = build_summary(
+            self.records,
+            name=ctx.name,
+            total_steps=ctx.total_steps,
+            warmup_steps=spec.moe.warmup_steps,
+            hot=self.hot_info,
+            status=status,
+            wall_s=time.perf_counter() - t_start,
+            engine=self.engine,
+            extra=extra,
+        )
+        import json
+
+        rundir.write_text_atomic(
+            ctx.run_dir / rundir.SUMMARY,
+            json.dumps(summary, indent=2, ensure_ascii=False, default=str) + "\n",
+        )
+        if self.plot and plot:
+            try:
+                plot_step_times(self.records, ctx.run_dir / rundir.PLOT)
+            except Exception as e:  # a plot never fails a run
+                summary["plot_error"] = str(e)
+        return summary

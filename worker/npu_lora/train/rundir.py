@@ -1,0 +1,182 @@
+"""The run directory: config.yaml, metrics.jsonl, resume checks.
+
+Layout::
+
+    config.yaml      the resolved manifest (defaults filled in)
+    metrics.jsonl    one profile record per step, appended, flushed and fsynced per step
+    checkpoint/      see npu_lora.train.checkpoint
+    adapter/         peft save_pretrained, at the end
+    summary.json     medians after warm-up, losses, throughput, versions, machine
+    step_times.png   stacked per-step time breakdown
+
+Resume: a directory with a config.yaml is resumed when its training-relevant fields equal the
+new run's (``spec.model``, ``spec.data``, ``spec.lora``, ``spec.moe`` and ``spec.training`` except
+``steps``; a longer run may continue a shorter one). metrics.jsonl is cut to the records with
+``step <= checkpoint step`` (steps after the checkpoint are run again and recorded again).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from npu_lora.api.load import SpecError, load_manifest
+from npu_lora.train.checkpoint import find_checkpoint, fsync_dir
+
+if TYPE_CHECKING:
+    from npu_lora.api.v1alpha1 import MoEFinetune
+
+CONFIG = "config.yaml"
+METRICS = "metrics.jsonl"
+SUMMARY = "summary.json"
+PLOT = "step_times.png"
+ADAPTER = "adapter"
+
+#: Spec sections whose change makes a checkpoint unusable (``training.steps`` excepted).
+TRAINING_FIELDS = ("model", "data", "lora", "moe", "training")
+RESUME_EXEMPT = {"training.steps"}
+
+
+def manifest_yaml(manifest: MoEFinetune) -> str:
+    doc = manifest.to_api()
+    doc.pop("status", None)
+    return yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)
+
+
+def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(obj, dict):
+        out: dict[str, Any] = {}
+        for k, v in obj.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: obj}
+
+
+def config_differences(old: MoEFinetune, new: MoEFinetune) -> list[str]:
+    """Training-relevant fields that differ, as ``spec.x.y: old → new`` lines."""
+    diffs = []
+    for section in TRAINING_FIELDS:
+        a = _flatten(getattr(old.spec, section).model_dump(mode="json", by_alias=True), section)
+        b = _flatten(getattr(new.spec, section).model_dump(mode="json", by_alias=True), section)
+        for key in sorted(set(a) | set(b)):
+            if key in RESUME_EXEMPT:
+                continue
+            if a.get(key) != b.get(key):
+                diffs.append(f"spec.{key}: {a.get(key)!r} (saved) → {b.get(key)!r} (now)")
+    return diffs
+
+
+@dataclass
+class ResumePlan:
+    """What to do with an existing run directory (decided before anything is written)."""
+
+    exists: bool  # run_dir has a config.yaml
+    checkpoint: Path | None = None
+    checkpoint_step: int = 0
+
+
+def plan_resume(run_dir: Path, manifest: MoEFinetune) -> ResumePlan:
+    """Check an existing run directory; raise SpecError if it cannot be resumed. Writes nothing."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise SpecError(f"--out: {run_dir} exists and is not a directory")
+    cfg = run_dir / CONFIG
+    if not cfg.is_file():
+        if run_dir.is_dir() and any(run_dir.iterdir()):
+            leftovers = sorted(p.name for p in run_dir.iterdir())[:5]
+            if any(n in (METRICS, "checkpoint", ADAPTER) for n in leftovers):
+                raise SpecError(
+                    f"--out: {run_dir} holds run files but no {CONFIG}; "
+                    "choose another directory or delete it"
+                )
+        return ResumePlan(exists=False)
+    try:
+        old = load_manifest(cfg)
+    except SpecError as e:
+        raise SpecError(f"--out: cannot resume {run_dir}: its {CONFIG} is invalid: {e}") from None
+    diffs = config_differences(old, manifest)
+    if diffs:
+        raise SpecError(
+            f"--out: cannot resume {run_dir}: the training configuration differs from its "
+            f"{CONFIG}:\n  " + "\n  ".join(diffs) + "\nUse another output directory (--out), "
+            "or delete this one to start over."
+        )
+    found = find_checkpoint(run_dir)
+    if found is None:
+        return ResumePlan(exists=True)
+    path, state = found
+    step = int(state["step"])
+    if step > manifest.spec.training.steps:
+        raise SpecError(
+            f"spec.training.steps: {manifest.spec.training.steps} is less than the step of the "
+            f"checkpoint in {run_dir} ({step}); set at least {step}"
+        )
+    return ResumePlan(exists=True, checkpoint=path, checkpoint_step=step)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """Records of metrics.jsonl; a torn last line (killed mid-write) is skipped."""
+    out: list[dict[str, Any]] = []
+    if not path.is_file():
+        return out
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("step"), int):
+            out.append(rec)
+    return out
+
+
+def truncate_metrics(path: Path, max_step: int) -> list[dict[str, Any]]:
+    """Keep the records with ``step <= max_step`` (first occurrence of each); atomic rewrite."""
+    kept: dict[int, dict[str, Any]] = {}
+    for rec in read_metrics(path):
+        if rec["step"] <= max_step and rec["step"] not in kept:
+            kept[rec["step"]] = rec
+    records = [kept[s] for s in sorted(kept)]
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+    if path.exists() or records:
+        write_text_atomic(path, text)
+    return records
+
+
+class MetricsWriter:
+    """Append one JSON line per step; flush + fsync each (a killed run loses no written step)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._f = open(path, "a", encoding="utf-8")  # noqa: SIM115
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._f.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self._f.close()
+
+    def __enter__(self) -> MetricsWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,224 @@
+"""summary.json, the timing table and step_times.png, from the metrics records."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import platform
+import socket
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+#: Timing/count columns summarised by their median after warm-up (table order).
+TIMING_COLUMNS = (
+    "step_s",
+    "attn_head_s",
+    "host_fwd_s",
+    "host_bwd_s",
+    "recompute_s",
+    "device_calls_per_layer",
+)
+TABLE_LABELS = {"device_calls_per_layer": "device calls/layer"}
+
+
+def after_warmup(records: list[dict[str, Any]], warmup_steps: int) -> list[dict[str, Any]]:
+    """Records with ``step > warmup_steps`` (all of them if that leaves none)."""
+    post = [r for r in records if r.get("step", 0) > warmup_steps]
+    return post or list(records)
+
+
+def medians(records: list[dict[str, Any]]) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for col in (*TIMING_COLUMNS, "opt_s", "hot_s"):
+        vals = [float(r[col]) for r in records if isinstance(r.get(col), int | float)]
+        out[col] = statistics.median(vals) if vals else None
+    return out
+
+
+def versions() -> dict[str, str]:
+    from importlib import metadata
+
+    out = {"python": platform.python_version()}
+    for pkg in ("npu-lora", "torch", "transformers", "peft", "tokenizers", "furiosa-torch"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            out[pkg] = metadata.version(pkg)
+    return out
+
+
+def machine(engine: Any = None) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+    }
+    with contextlib.suppress(AttributeError, OSError):
+        info["cpu_affinity"] = len(os.sched_getaffinity(0))
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    info["cpu_model"] = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as f:
+            kb = int(f.readline().split()[1])
+            info["mem_gib"] = round(kb / 2**20, 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    if "torch" in sys.modules:
+        import torch
+
+        info["torch_threads"] = torch.get_num_threads()
+    backend = getattr(engine, "backend", None)
+    if backend is not None:
+        info["backend"] = getattr(backend, "name", type(backend).__name__)
+        dev = getattr(backend, "device", None)
+        if dev is not None:
+            info["device"] = str(dev)
+    return info
+
+
+def build_summary(
+    records: list[dict[str, Any]],
+    *,
+    name: str | None,
+    total_steps: int,
+    warmup_steps: int,
+    hot: dict[str, Any] | None,
+    status: str,
+    wall_s: float | None = None,
+    engine: Any = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    post = after_warmup(records, warmup_steps)
+    losses = [r.get("loss") for r in records]
+    finite = [x for x in losses if isinstance(x, int | float) and math.isfinite(x)]
+    step_s = sum(float(r.get("step_s") or 0.0) for r in post)
+    tokens = sum(int(r.get("tokens") or 0) for r in post)
+    hot_info = None
+    if hot:
+        hot_info = {k: hot[k] for k in ("fraction", "experts", "selected_at_step") if k in hot}
+    summary: dict[str, Any] = {
+        "status": status,
+        "name": name,
+        "steps": records[-1]["step"] if records else 0,
+        "total_steps": total_steps,
+        "first_loss": finite[0] if finite else None,
+        "final_loss": losses[-1] if losses and isinstance(losses[-1], int | float) else None,
+        "min_loss": min(finite) if finite else None,
+        "median": medians(post),
+        "median_over_steps": [post[0]["step"], post[-1]["step"]] if post else None,
+        "tokens_per_s": (tokens / step_s) if step_s > 0 else None,
+        "tokens": sum(int(r.get("tokens") or 0) for r in records),
+        "hot": hot_info,
+        "keep_graph": records[-1].get("keep_graph") if records else None,
+        "placement": records[-1].get("placement") if records else None,
+        "wall_s": wall_s,
+        "versions": versions(),
+        "machine": machine(engine),
+    }
+    summary.update(extra or {})
+    return summary
+
+
+def timing_table(summary: dict[str, Any]) -> str:
+    med = summary.get("median") or {}
+    span = summary.get("median_over_steps")
+    head = "median per step"
+    if span:
+        head += f" (steps {span[0]}–{span[1]}, after warm-up)"
+    lines = [head]
+    for col in TIMING_COLUMNS:
+        v = med.get(col)
+        label = TABLE_LABELS.get(col, col)
+        if v is None:
+            lines.append(f"  {label:<20} {'-':>10}")
+        elif col == "device_calls_per_layer":
+            lines.append(f"  {label:<20} {v:>10.2f}")
+        else:
+            lines.append(f"  {label:<20} {v:>10.4f}")
+    fl, ll = summary.get("first_loss"), summary.get("final_loss")
+    if fl is not None and ll is not None:
+        lines.append(f"  {'loss':<20} {fl:.4f} → {ll:.4f} ({summary.get('steps')} steps)")
+    tps = summary.get("tokens_per_s")
+    if tps:
+        lines.append(f"  {'tokens/s':<20} {tps:>10.1f}")
+    hot = summary.get("hot")
+    if hot:
+        lines.append(
+            f"  {'hot experts':<20} {hot.get('experts')} (fraction {hot.get('fraction')}, "
+            f"after step {hot.get('selected_at_step')})"
+        )
+    return "\n".join(lines)
+
+
+def plot_step_times(records: list[dict[str, Any]], path: Path) -> Path | None:
+    """Stacked bars per step: attn_head, host_fwd, host_bwd − recompute, recompute, other."""
+    if not records:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    steps = [r["step"] for r in records]
+
+    def col(name: str) -> list[float]:
+        return [float(r.get(name) or 0.0) for r in records]
+
+    attn, hfwd, hbwd, rec, tot = (
+        col("attn_head_s"),
+        col("host_fwd_s"),
+        col("host_bwd_s"),
+        col("recompute_s"),
+        col("step_s"),
+    )
+    bwd_only = [max(b - r, 0.0) for b, r in zip(hbwd, rec, strict=True)]
+    other = [max(t - a - f - b, 0.0) for t, a, f, b in zip(tot, attn, hfwd, hbwd, strict=True)]
+    parts = [
+        ("attn/head (device)", attn, "#4c72b0"),
+        ("host MoE fwd", hfwd, "#dd8452"),
+        ("host MoE bwd", bwd_only, "#c44e52"),
+        ("recompute", rec, "#8172b3"),
+        ("other (optimizer, data, ...)", other, "#bbbbbb"),
+    ]
+    fig, (ax, ax2) = plt.subplots(
+        2,
+        1,
+        figsize=(max(6.0, min(16.0, 0.12 * len(steps) + 4)), 6),
+        sharex=True,
+        gridspec_kw={"height_ratios": [3, 1]},
+    )
+    bottom = [0.0] * len(steps)
+    for label, vals, color in parts:
+        ax.bar(steps, vals, bottom=bottom, width=0.9, label=label, color=color, linewidth=0)
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    hot_steps = [r["step"] for r in records if r.get("hot_experts")]
+    if hot_steps:
+        ax.axvline(hot_steps[0] - 0.5, color="k", linestyle="--", linewidth=1)
+        ax.text(hot_steps[0] - 0.4, max(tot) * 0.95 if tot else 0, " hot experts on", fontsize=8)
+    ax.set_ylabel("seconds")
+    ax.set_title("step time breakdown")
+    ax.legend(fontsize=8, loc="upper right")
+    losses = [r.get("loss") for r in records]
+    ax2.plot(
+        steps,
+        [x if isinstance(x, int | float) else float("nan") for x in losses],
+        "-",
+        color="#333333",
+        linewidth=1,
+    )
+    ax2.set_ylabel("loss")
+    ax2.set_xlabel("step")
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path
