@@ -81,7 +81,9 @@ def build_settings(settings: kopf.OperatorSettings | None = None) -> kopf.Operat
     s.peering.standalone = True
     s.peering.mandatory = False
     s.posting.reporting_component = "npu-lora-operator"
-    s.posting.level = logging.INFO
+    # kopf would post its own INFO logs ("Handler ... succeeded") as Events on every Job/Pod
+    # event; the handlers post meaningful Events themselves
+    s.posting.level = logging.WARNING
     s.execution.max_workers = 16
     s.networking.request_timeout = 60
     s.watching.server_timeout = 300
@@ -89,6 +91,24 @@ def build_settings(settings: kopf.OperatorSettings | None = None) -> kopf.Operat
     # every namespace/CRD the operator needs is named explicitly: no scanning of namespaces
     s.scanning.disabled = True
     return s
+
+
+class _QuietEventHandlers(logging.Filter):
+    """Drop kopf's "Handler 'job_event' succeeded." lines (one per Job/Pod event)."""
+
+    _PREFIXES = ("Handler 'job_event' succeeded", "Handler 'pod_event' succeeded")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.INFO:
+            return True
+        return not record.getMessage().startswith(self._PREFIXES)
+
+
+def quiet_kopf_logs() -> None:
+    """Install :class:`_QuietEventHandlers` on kopf's per-object logger (idempotent)."""
+    logger = logging.getLogger("kopf.objects")
+    if not any(isinstance(f, _QuietEventHandlers) for f in logger.filters):
+        logger.addFilter(_QuietEventHandlers())
 
 
 @kopf.on.login(registry=registry)

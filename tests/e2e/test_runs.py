@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from .conftest import Cluster, OperatorProcess, manifest, wait_until
+from e2e_harness import Cluster, OperatorProcess, manifest, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -40,10 +39,14 @@ def test_run_succeeds_across_operator_restart(cluster: Cluster, operator: Operat
     name = "e2e-run"
     watch = cluster.kubectl.popen("get", "mft", "-w")
     try:
-        cluster.apply(manifest(name, steps=10))
+        cluster.apply(manifest(name, steps=40))
         _wait(lambda: cluster.jobs(name), 30, "the Job", operator)
         _wait(lambda: cluster.status(name).get("phase") == "Running", 60, "phase Running", operator)
         _wait(lambda: _step(cluster, name) >= 1, 120, "the first step", operator)
+
+        # the operator dies mid-run: the worker keeps training and reporting
+        operator.kill()
+        s1 = _step(cluster, name)
 
         row = cluster.row(name)
         assert row["PHASE"] == "Running", row
@@ -53,24 +56,33 @@ def test_run_succeeds_across_operator_restart(cluster: Cluster, operator: Operat
         # per-run RBAC: only this run, only get/patch status + get
         role = json.loads(cluster.kubectl("get", "role", f"{name}-worker", "-o", "json").stdout)
         assert role["rules"] == [
-            {"apiGroups": ["npu-lora.io"], "resources": ["moefinetunes/status"],
-             "resourceNames": [name], "verbs": ["get", "patch"]},
-            {"apiGroups": ["npu-lora.io"], "resources": ["moefinetunes"],
-             "resourceNames": [name], "verbs": ["get"]},
+            {
+                "apiGroups": ["npu-lora.io"],
+                "resources": ["moefinetunes/status"],
+                "resourceNames": [name],
+                "verbs": ["get", "patch"],
+            },
+            {
+                "apiGroups": ["npu-lora.io"],
+                "resources": ["moefinetunes"],
+                "resourceNames": [name],
+                "verbs": ["get"],
+            },
         ]
-        rb = json.loads(cluster.kubectl("get", "rolebinding", f"{name}-worker", "-o", "json").stdout)
+        rb = json.loads(
+            cluster.kubectl("get", "rolebinding", f"{name}-worker", "-o", "json").stdout
+        )
         assert rb["subjects"][0]["name"] == f"{name}-worker"
         pod = cluster.pods(name)[0]
         assert pod["spec"]["serviceAccountName"] == f"{name}-worker"
 
-        # the operator dies mid-run: the worker keeps training and reporting
-        operator.kill()
-        s1 = _step(cluster, name)
         _wait(lambda: _step(cluster, name) > s1, 120, "progress without the operator")
         operator.start()
         _wait(
             lambda: cluster.status(name).get("phase") in ("Succeeded", "Failed"),
-            RUN_TIMEOUT, "the end of the run", operator,
+            RUN_TIMEOUT,
+            "the end of the run",
+            operator,
         )
         st = cluster.status(name)
         assert st["phase"] == "Succeeded", (st, _worker_log(cluster, name))
@@ -79,23 +91,24 @@ def test_run_succeeds_across_operator_restart(cluster: Cluster, operator: Operat
         assert len(cluster.pods(name)) == 1 and st["attempts"] == 1
         conds = {c["type"]: c for c in st["conditions"]}
         assert conds["Succeeded"]["status"] == "True" and conds["Running"]["status"] == "False"
-        assert st["progress"]["step"] == 10 and st["progress"]["totalSteps"] == 10
+        assert st["progress"]["step"] == 40 and st["progress"]["totalSteps"] == 40
         assert st["hot"]["experts"] > 0 and st["hot"]["selectedAtStep"] == 2
         assert st["completionTime"] and st["startTime"] and st["jobName"] == name
 
         row = cluster.row(name)
-        assert row["PHASE"] == "Succeeded" and row["STEP"] == "10", row
+        assert row["PHASE"] == "Succeeded" and row["STEP"] == "40", row
         for col in ("LOSS", "S/STEP", "ATTN", "HOST-FWD", "HOST-BWD", "HOT"):
             assert NUM.match(row[col]), (col, row)
         wide = cluster.row(name, "-o", "wide")
-        assert wide["TOTAL"] == "10" and wide["NODE"] and NUM.match(wide["CALLS/LAYER"]), wide
+        assert wide["TOTAL"] == "40" and wide["NODE"] and NUM.match(wide["CALLS/LAYER"]), wide
 
         run_dir = cluster.kubelet.pvc_dir("runs") / name
         records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        assert [r["step"] for r in records] == list(range(1, 11))
+        assert [r["step"] for r in records] == list(range(1, 41))
         assert (run_dir / "summary.json").exists()
-        events = cluster.kubectl("get", "events", "--field-selector",
-                                 f"involvedObject.name={name}").stdout
+        events = cluster.kubectl(
+            "get", "events", "--field-selector", f"involvedObject.name={name}"
+        ).stdout
         assert "JobCreated" in events and "Completed" in events
     finally:
         watch.terminate()
@@ -107,11 +120,14 @@ def test_run_succeeds_across_operator_restart(cluster: Cluster, operator: Operat
 
 def test_worker_failure_reported(cluster: Cluster, operator: OperatorProcess) -> None:
     name = "e2e-fail"
-    obj = manifest(name, data={"path": "nsmc/missing.tsv", "volume": {"claimName": "data"}},
-                   backoffLimit=2)
+    obj = manifest(
+        name, data={"path": "nsmc/missing.tsv", "volume": {"claimName": "data"}}, backoffLimit=2
+    )
     (cluster.kubelet.pvc_dir("data")).mkdir(parents=True, exist_ok=True)
     cluster.apply(obj)
-    _wait(lambda: cluster.status(name).get("phase") == "Failed", RUN_TIMEOUT, "phase Failed", operator)
+    _wait(
+        lambda: cluster.status(name).get("phase") == "Failed", RUN_TIMEOUT, "phase Failed", operator
+    )
     st = cluster.status(name)
     conds = {c["type"]: c for c in st["conditions"]}
     assert conds["Failed"]["status"] == "True"
@@ -126,13 +142,22 @@ def test_worker_failure_reported(cluster: Cluster, operator: OperatorProcess) ->
 
 def test_suspend_and_resume(cluster: Cluster, operator: OperatorProcess) -> None:
     name = "e2e-suspend"
-    cluster.apply(manifest(name, steps=12))
+    cluster.apply(manifest(name, steps=80, checkpoint={"everySteps": 5}))
     _wait(lambda: _step(cluster, name) >= 3, 150, "step 3", operator)
     cluster.kubectl("patch", "mft", name, "--type", "merge", "-p", '{"spec":{"suspend":true}}')
     _wait(lambda: cluster.status(name).get("phase") == "Suspended", 60, "phase Suspended", operator)
-    _wait(lambda: not [p for p in cluster.pods(name)
-                       if (p.get("status") or {}).get("phase") in ("Pending", "Running")],
-          30, "the worker pod gone", operator)
+    _wait(
+        lambda: (
+            not [
+                p
+                for p in cluster.pods(name)
+                if (p.get("status") or {}).get("phase") in ("Pending", "Running")
+            ]
+        ),
+        30,
+        "the worker pod gone",
+        operator,
+    )
     job = cluster.jobs(name)[0]
     assert job["spec"]["suspend"] is True
     assert cluster.row(name)["PHASE"] == "Suspended"
@@ -141,22 +166,28 @@ def test_suspend_and_resume(cluster: Cluster, operator: OperatorProcess) -> None
     assert _step(cluster, name) == suspended_at  # nothing trains while suspended
 
     cluster.kubectl("patch", "mft", name, "--type", "merge", "-p", '{"spec":{"suspend":false}}')
-    _wait(lambda: cluster.status(name).get("phase") == "Running", 60, "phase Running again", operator)
-    _wait(lambda: cluster.status(name).get("phase") in ("Succeeded", "Failed"),
-          RUN_TIMEOUT, "the end of the run", operator)
+    _wait(
+        lambda: cluster.status(name).get("phase") == "Running", 60, "phase Running again", operator
+    )
+    _wait(
+        lambda: cluster.status(name).get("phase") in ("Succeeded", "Failed"),
+        RUN_TIMEOUT,
+        "the end of the run",
+        operator,
+    )
     st = cluster.status(name)
     assert st["phase"] == "Succeeded", (st, _worker_log(cluster, name))
-    assert st["progress"]["step"] == 12
+    assert st["progress"]["step"] == 80
     assert len(cluster.jobs(name)) == 1
     # resumed from the checkpoint: every step recorded exactly once
     run_dir = cluster.kubelet.pvc_dir("runs") / name
     steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert steps == list(range(1, 13))
+    assert steps == list(range(1, 81))
 
 
 def test_delete_mid_run_cascades(cluster: Cluster, operator: OperatorProcess) -> None:
     name = "e2e-delete"
-    cluster.apply(manifest(name, steps=50))
+    cluster.apply(manifest(name, steps=2000))
     _wait(lambda: _step(cluster, name) >= 1, 150, "the first step", operator)
     pod_dir = next(Path(cluster.kubelet.root, "pods").glob(f"default_{name}-*"))
     cluster.kubectl("delete", "mft", name, "--wait=true", timeout=60)

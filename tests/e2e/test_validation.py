@@ -7,8 +7,7 @@ import copy
 from typing import Any
 
 import pytest
-
-from .conftest import Cluster, manifest, to_yaml
+from e2e_harness import Cluster, manifest, to_yaml
 
 pytestmark = pytest.mark.e2e
 
@@ -85,7 +84,13 @@ def test_immutable_fields_and_mutable_ones(cluster: Cluster) -> None:
     assert now["spec"]["reporting"]["everySteps"] == 5 and now["spec"]["suspend"] is True
     # kubectl patch of an immutable field is rejected as well
     r = cluster.kubectl(
-        "patch", "mft", "edit", "--type", "merge", "-p", '{"spec":{"training":{"seqLen":64}}}',
+        "patch",
+        "mft",
+        "edit",
+        "--type",
+        "merge",
+        "-p",
+        '{"spec":{"training":{"seqLen":64}}}',
         check=False,
     )
     assert r.returncode != 0 and "immutable" in r.stderr

@@ -6,7 +6,6 @@ import warnings
 
 import pytest
 import torch
-
 from npu_lora.api.v1alpha1 import MoEFinetuneSpec
 
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")

@@ -7,7 +7,6 @@ import sys
 
 import pytest
 import torch
-
 from npu_lora.backends import CpuBackend, get_backend
 
 
@@ -60,7 +59,10 @@ def test_only_backends_furiosa_imports_furiosa():
         for p in root.rglob("*.py")
         if p.name != "furiosa.py"
         and any(
-            line.lstrip().startswith(("import furiosa", "from furiosa")) for line in p.read_text().splitlines()
+            line.lstrip().startswith(("import furiosa", "from furiosa"))
+            for line in p.read_text().splitlines()
         )
     ]
-    assert offenders == [] or all(not o.startswith(("engine", "moe", "models", "device", "backends")) for o in offenders)
+    assert offenders == [] or all(
+        not o.startswith(("engine", "moe", "models", "device", "backends")) for o in offenders
+    )

@@ -4,23 +4,28 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers.masking_utils import create_causal_mask
-
 from npu_lora.device.graphs import causal_mask, device_graphs, label_gather
 from npu_lora.models import preset_config
+from transformers.masking_utils import create_causal_mask
 
 
 def _flat(out):
     return list(out) if isinstance(out, tuple | list) else [out]
 
 
-@pytest.mark.parametrize("graph", device_graphs("tiny", seq_len=32, buckets=(8, 32)), ids=lambda g: g.name)
+@pytest.mark.parametrize(
+    "graph", device_graphs("tiny", seq_len=32, buckets=(8, 32)), ids=lambda g: g.name
+)
 def test_device_graph_equals_stock(graph):
     names = {"embed", "attention", "head", "hot_experts_b8", "hot_experts_b32"}
     assert graph.name in names and graph.reference is not None
     assert all(t.dtype != torch.int64 for t in graph.example_inputs)  # int32 on the device
-    ins = [t.clone().requires_grad_(i in graph.grad_inputs) for i, t in enumerate(graph.example_inputs)]
-    refs = [t.clone().requires_grad_(i in graph.grad_inputs) for i, t in enumerate(graph.example_inputs)]
+    ins = [
+        t.clone().requires_grad_(i in graph.grad_inputs) for i, t in enumerate(graph.example_inputs)
+    ]
+    refs = [
+        t.clone().requires_grad_(i in graph.grad_inputs) for i, t in enumerate(graph.example_inputs)
+    ]
     out = _flat(graph.module(*ins))
     ref = _flat(graph.reference(*refs))
     for a, b in zip(out, ref, strict=True):
@@ -37,7 +42,10 @@ def test_causal_mask_equals_transformers():
     cfg._attn_implementation = "eager"
     am = torch.tensor([[1, 1, 1, 0, 0], [0, 1, 1, 1, 1], [1, 1, 1, 1, 1]])
     ref = create_causal_mask(
-        config=cfg, inputs_embeds=torch.zeros(3, 5, 8), attention_mask=am, cache=None,
+        config=cfg,
+        inputs_embeds=torch.zeros(3, 5, 8),
+        attention_mask=am,
+        cache=None,
         position_ids=torch.arange(5)[None],
     )
     assert torch.equal(causal_mask(am, 3, 5, torch.float32), ref)

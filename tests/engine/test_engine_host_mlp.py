@@ -7,7 +7,6 @@ import gc
 
 import pytest
 import torch
-
 from npu_lora.api.v1alpha1 import LoraSpec, ModelSpec
 from npu_lora.backends import CpuBackend
 from npu_lora.engine import build_engine
@@ -19,7 +18,11 @@ def _block_grads(mlp, x, g):
     x = x.detach().clone().requires_grad_(True)
     y = mlp(x)
     y.backward(g)
-    return y.detach(), x.grad, [p.grad.clone() for p in (mlp.experts.gate_up_proj, mlp.experts.down_proj)]
+    return (
+        y.detach(),
+        x.grad,
+        [p.grad.clone() for p in (mlp.experts.gate_up_proj, mlp.experts.down_proj)],
+    )
 
 
 @pytest.mark.parametrize("impl", ["grouped_mm", "eager"])
@@ -27,7 +30,10 @@ def test_host_mlp_keep_graph_equals_recompute(deterministic, impl):
     """Block-level: input grads AND full fine-tune expert grads bitwise equal between
     keep_graph, recompute and the unwrapped stock block."""
     model, _ = build_model(
-        ModelSpec(preset="tiny-qwen3-moe"), LoraSpec(train_experts=True), seed=0, experts_implementation=impl
+        ModelSpec(preset="tiny-qwen3-moe"),
+        LoraSpec(train_experts=True),
+        seed=0,
+        experts_implementation=impl,
     )
     stock = moe_blocks(model)[0]
     g = torch.Generator().manual_seed(3)
@@ -36,7 +42,11 @@ def test_host_mlp_keep_graph_equals_recompute(deterministic, impl):
     results = {}
     for name in ("stock", "keep", "recompute"):
         block = copy.deepcopy(stock)
-        mlp = block if name == "stock" else HostMLP(block, layer=0, backend=CpuBackend(), keep_graph=name == "keep")
+        mlp = (
+            block
+            if name == "stock"
+            else HostMLP(block, layer=0, backend=CpuBackend(), keep_graph=name == "keep")
+        )
         results[name] = _block_grads(mlp, x, gy)
         if name == "keep":
             assert mlp.reused == 1 and mlp.recomputed == 0 and mlp._kept is None
@@ -62,7 +72,9 @@ def test_engine_lora_and_expert_grads_keep_vs_recompute(deterministic, tiny):
         assert (prof.recompute_s > 0) is (not keep)
         grads[keep] = {n: p.grad.clone() for n, p in eng.named_trainable_parameters()}
     assert grads[True].keys() == grads[False].keys()
-    assert any("lora_A" in n for n in grads[True]) and any("experts.down_proj" in n for n in grads[True])
+    assert any("lora_A" in n for n in grads[True]) and any(
+        "experts.down_proj" in n for n in grads[True]
+    )
     for n in grads[True]:
         assert torch.equal(grads[True][n], grads[False][n]), n
 
@@ -96,7 +108,7 @@ def _live_tensors() -> int:
         try:
             if torch.is_tensor(obj):
                 n += 1
-        except Exception:  # noqa: S112
+        except Exception:
             continue
     return n
 

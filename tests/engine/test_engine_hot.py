@@ -6,10 +6,16 @@ import copy
 
 import pytest
 import torch
-
 from npu_lora.backends import CpuBackend
 from npu_lora.engine import build_engine
-from npu_lora.moe import HostMLP, default_buckets, hot_count, make_hot_layer, pick_bucket, select_hot
+from npu_lora.moe import (
+    HostMLP,
+    default_buckets,
+    hot_count,
+    make_hot_layer,
+    pick_bucket,
+    select_hot,
+)
 
 # fp32, CPU backend: the hot path is bmm, the host-only path grouped_mm; the per-pair products and
 # the top-k summation order are the same, only GEMM reduction order may differ. Measured on the
@@ -45,7 +51,9 @@ def test_hot_cold_equals_host_only(tiny, fraction):
     ref = HostMLP(copy.deepcopy(block), layer=0, backend=backend)
     hot = HostMLP(copy.deepcopy(block), layer=0, backend=backend)
     ids = select_hot(torch.arange(8)[None].flip(1), fraction)[0]  # prefer low expert ids
-    hot.hot = make_hot_layer(hot.experts, ids, backend, buckets=(8, 16, 32, 64), device_dtype=torch.float32)
+    hot.hot = make_hot_layer(
+        hot.experts, ids, backend, buckets=(8, 16, 32, 64), device_dtype=torch.float32
+    )
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 32, 64, generator=g)
     gy = torch.randn(2, 32, 64, generator=g)
@@ -112,4 +120,7 @@ def test_hot_state_roundtrip(tiny):
     assert eng2.hot_state() == state
     assert [m.hot.experts for m in eng2.mlps] == info["per_layer"]
     eng2.load_hot_state(None)
-    assert eng2.hot_state() is None and eng2.forward_backward(tiny.batch()).device_calls_per_layer == 1.0
+    assert (
+        eng2.hot_state() is None
+        and eng2.forward_backward(tiny.batch()).device_calls_per_layer == 1.0
+    )

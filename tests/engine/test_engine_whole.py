@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-
 from npu_lora.api.v1alpha1 import LoraSpec, ModelSpec
 from npu_lora.engine import StepProfile, build_engine
 from npu_lora.models import build_model, decoder_layers, load_base_model
@@ -50,7 +49,9 @@ def test_loss_scale_and_accumulation(tiny):
         torch.testing.assert_close(a, p.grad, rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("moe", [{"placement": "hot", "warmupSteps": 2, "keepGraph": False}, {"hostDtype": "bfloat16"}])
+@pytest.mark.parametrize(
+    "moe", [{"placement": "hot", "warmupSteps": 2, "keepGraph": False}, {"hostDtype": "bfloat16"}]
+)
 def test_adamw_reduces_loss(tiny, moe):
     spec = tiny.spec(moe=moe, training={"learningRate": 1e-2})
     eng = build_engine(spec)
@@ -79,7 +80,9 @@ def test_save_adapter_and_state_dict(tiny, tmp_path):
     from safetensors.torch import load_file
 
     experts = load_file(str(tmp_path / "adapter" / "experts.safetensors"))
-    assert set(experts) == {f"model.layers.{i}.mlp.experts.{n}" for i in range(2) for n in ("gate_up_proj", "down_proj")}
+    assert set(experts) == {
+        f"model.layers.{i}.mlp.experts.{n}" for i in range(2) for n in ("gate_up_proj", "down_proj")
+    }
     sd = eng.adapter_state_dict()
     eng2 = build_engine(tiny.spec(lora={"trainExperts": True, "r": 4}, training={"seed": 1}))
     eng2.load_adapter_state_dict(sd)
@@ -102,3 +105,42 @@ def test_vocab_grows_and_local_sharded_dir_with_layer_override(tmp_path):
             continue
         assert torch.equal(got[name], p), name
     assert model.get_base_model().config._attn_implementation == "eager"
+
+
+def test_local_dir_per_expert_checkpoint(tmp_path):
+    """A checkpoint in the original Qwen3-MoE layout (one tensor per expert and projection,
+    sharded with an index) loads into the fused 3-D experts (transformers' conversion), and
+    ``layers`` keeps only the first N layers."""
+    from safetensors.torch import save_file
+
+    base = load_base_model(ModelSpec(preset="tiny-qwen3-moe"), seed=0)
+    sd = base.state_dict()
+    legacy = {}
+    for k, v in sd.items():
+        if k.endswith("experts.gate_up_proj"):
+            pre, inter = k[: -len("gate_up_proj")], v.shape[1] // 2
+            for e in range(v.shape[0]):
+                legacy[f"{pre}{e}.gate_proj.weight"] = v[e, :inter].clone()
+                legacy[f"{pre}{e}.up_proj.weight"] = v[e, inter:].clone()
+        elif k.endswith("experts.down_proj"):
+            for e in range(v.shape[0]):
+                legacy[f"{k[: -len('down_proj')]}{e}.down_proj.weight"] = v[e].clone()
+        else:
+            legacy[k] = v.clone()
+    d = tmp_path / "qwen3-legacy"
+    base.config.save_pretrained(str(d))
+    keys = sorted(legacy)
+    weight_map = {}
+    for i, part in enumerate((keys[: len(keys) // 2], keys[len(keys) // 2 :])):
+        fname = f"model-0000{i + 1}-of-00002.safetensors"
+        save_file(
+            {k: legacy[k].contiguous() for k in part}, str(d / fname), metadata={"format": "pt"}
+        )
+        weight_map.update(dict.fromkeys(part, fname))
+    (d / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map})
+    )
+    model = load_base_model(ModelSpec(path=str(d), layers=1), seed=3)
+    got = model.state_dict()
+    assert model.config.num_hidden_layers == 1
+    assert all(torch.equal(got[k], sd[k]) for k in got)

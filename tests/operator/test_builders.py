@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 import yaml
-
 from npu_lora.api.load import load_manifest
 from npu_lora_operator import builders as b
 from npu_lora_operator.settings import OperatorConfig, parse_command
@@ -230,8 +229,13 @@ def test_worker_command_and_image() -> None:
     body = run(image="mine:2", output={"path": "/abs/dir"})
     c = b.build_job(body, cfg)["spec"]["template"]["spec"]["containers"][0]
     assert c["command"] == [
-        "python", "-m", "npu_lora.cli", "run", "/etc/npu-lora/config.yaml",
-        "--out", "/mnt/output/abs/dir",
+        "python",
+        "-m",
+        "npu_lora.cli",
+        "run",
+        "/etc/npu-lora/config.yaml",
+        "--out",
+        "/mnt/output/abs/dir",
     ]
     assert c["image"] == "mine:2"
     assert parse_command("npu-lora --flag") == ["npu-lora", "--flag"]
@@ -341,8 +345,14 @@ def test_long_names_fit_limits() -> None:
 
 
 def test_reserved_env_cannot_be_overridden() -> None:
-    body = run(podTemplate={"env": [{"name": "NPU_LORA_RESOURCE_NAME", "value": "other"},
-                                    {"name": "HOME", "value": "/home/me"}]})
+    body = run(
+        podTemplate={
+            "env": [
+                {"name": "NPU_LORA_RESOURCE_NAME", "value": "other"},
+                {"name": "HOME", "value": "/home/me"},
+            ]
+        }
+    )
     env = b.build_job(body, CFG)["spec"]["template"]["spec"]["containers"][0]["env"]
     names = [e["name"] for e in env]
     assert names.count("NPU_LORA_RESOURCE_NAME") == 1
@@ -351,7 +361,9 @@ def test_reserved_env_cannot_be_overridden() -> None:
 
 
 def test_builders_do_not_mutate_input() -> None:
-    body = run(model={"path": "m", "volume": {"claimName": "x"}}, output={"volume": {"hostPath": "/o"}})
+    body = run(
+        model={"path": "m", "volume": {"claimName": "x"}}, output={"volume": {"hostPath": "/o"}}
+    )
     before = copy.deepcopy(body)
     b.build_children(body, CFG)
     assert body == before

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 import yaml
-
 from npu_lora.api import v1alpha1 as api
 from npu_lora_operator.crd import (
     CRD_FILENAME,
@@ -76,7 +75,15 @@ def test_printer_columns() -> None:
     default = [c["name"].upper() for c in cols if not c.get("priority")]
     wide = [c["name"].upper() for c in cols if c.get("priority") == 1]
     assert default == [
-        "PHASE", "STEP", "LOSS", "S/STEP", "ATTN", "HOST-FWD", "HOST-BWD", "HOT", "AGE",
+        "PHASE",
+        "STEP",
+        "LOSS",
+        "S/STEP",
+        "ATTN",
+        "HOST-FWD",
+        "HOST-BWD",
+        "HOT",
+        "AGE",
     ]
     assert wide == ["TOTAL", "ETA", "NODE", "CALLS/LAYER"]
     assert by_name["STEP"]["jsonPath"] == ".status.progress.step"
@@ -124,7 +131,9 @@ def test_structural_schema() -> None:
             assert "type" not in node, path
             assert node["anyOf"] == [{"type": "integer"}, {"type": "string"}]
             continue
-        assert node.get("type") in ("object", "array", "string", "integer", "number", "boolean"), path
+        assert node.get("type") in ("object", "array", "string", "integer", "number", "boolean"), (
+            path
+        )
         if node["type"] == "array":
             assert "items" in node, path
         if path.count(".") >= 1 and path not in (".metadata",):
@@ -144,7 +153,11 @@ def test_schema_details() -> None:
     spec = openapi_schema()["properties"]["spec"]
     p = spec["properties"]
     assert p["lora"]["properties"]["r"] == {
-        "description": "LoRA rank.", "default": 16, "maximum": 1024, "minimum": 1, "type": "integer",
+        "description": "LoRA rank.",
+        "default": 16,
+        "maximum": 1024,
+        "minimum": 1,
+        "type": "integer",
     }
     assert p["lora"]["default"] == {}  # nested defaults filled by the apiserver
     assert p["lora"]["properties"]["targetModules"]["default"] == ["q_proj", "v_proj"]
@@ -204,7 +217,9 @@ def _admit(obj: dict[str, Any], old: dict[str, Any] | None = None) -> tuple[list
         schema_mod.prune(old, schema)
         schema_mod.apply_defaults(old, schema)
     causes = schema_mod.validate(obj, schema, old=old, has_old=old is not None)
-    return unknown, [str(getattr(c, "message", c)) + " " + str(getattr(c, "field", "")) for c in causes]
+    return unknown, [
+        str(getattr(c, "message", c)) + " " + str(getattr(c, "field", "")) for c in causes
+    ]
 
 
 def _example() -> dict[str, Any]:

@@ -27,8 +27,7 @@ print('ok', len(mods))
 
 def test_operator_imports_without_torch() -> None:
     mods = sorted(
-        m.name
-        for m in pkgutil.walk_packages(npu_lora_operator.__path__, "npu_lora_operator.")
+        m.name for m in pkgutil.walk_packages(npu_lora_operator.__path__, "npu_lora_operator.")
     )
     mods += ["npu_lora_operator", "npu_lora.report.status", "npu_lora.api", "npu_lora.api.load"]
     assert "npu_lora_operator.handlers" in mods and "npu_lora_operator.sandbox.emulator" in mods

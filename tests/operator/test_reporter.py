@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 from kubernetes.client.exceptions import ApiException
-
 from npu_lora.report.status import WORKER_KEYS, StatusReporter, last_step_status
 from npu_lora_operator.crd import build_crd
 
@@ -73,7 +72,11 @@ def test_throttling_every_steps_and_interval() -> None:
     api = FakeApi()
     clock = [0.0]
     rep = StatusReporter(
-        "r1", total_steps=10, every_steps=2, min_interval_seconds=5, patch=api,
+        "r1",
+        total_steps=10,
+        every_steps=2,
+        min_interval_seconds=5,
+        patch=api,
         clock=lambda: clock[0],
     )
     rep.on_start(SimpleNamespace(total_steps=10, start_step=1))
@@ -122,7 +125,11 @@ def test_failures_are_retried_and_never_raise() -> None:
     ]
     api = FakeApi(failures, delay=0.05)
     rep = StatusReporter(
-        "r1", total_steps=5, min_interval_seconds=0, patch=api, retry_seconds=0.01,
+        "r1",
+        total_steps=5,
+        min_interval_seconds=0,
+        patch=api,
+        retry_seconds=0.01,
         max_retry_seconds=0.05,
     )
     rep.on_start(SimpleNamespace(total_steps=5, start_step=1))
@@ -179,14 +186,21 @@ def test_against_emulator_patches_only_worker_keys(
             "apiVersion": "npu-lora.io/v1alpha1",
             "kind": "MoEFinetune",
             "metadata": {"name": "r1", "namespace": "default"},
-            "spec": {"model": {"preset": "tiny-qwen3-moe"}, "data": {"path": "example:nsmc-mini"},
-                     "training": {"steps": 3}, "moe": {"warmupSteps": 1}},
+            "spec": {
+                "model": {"preset": "tiny-qwen3-moe"},
+                "data": {"path": "example:nsmc-mini"},
+                "training": {"steps": 3},
+                "moe": {"warmupSteps": 1},
+            },
         }
     )
     emulator.patch(
-        "npu-lora.io/v1alpha1", "MoEFinetune", "r1",
+        "npu-lora.io/v1alpha1",
+        "MoEFinetune",
+        "r1",
         {"status": {"phase": "Running", "message": "operator"}},
-        namespace="default", subresource="status",
+        namespace="default",
+        subresource="status",
     )
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
     monkeypatch.setenv("NPU_LORA_RESOURCE_NAME", "r1")

@@ -61,8 +61,12 @@ def test_running() -> None:
 
 
 def test_succeeded() -> None:
-    j = job(("SuccessCriteriaMet", "CompletionsReached"), ("Complete", "CompletionsReached"),
-            succeeded=1, completionTime="2026-01-01T00:05:00Z")
+    j = job(
+        ("SuccessCriteriaMet", "CompletionsReached"),
+        ("Complete", "CompletionsReached"),
+        succeeded=1,
+        completionTime="2026-01-01T00:05:00Z",
+    )
     s = st.compute_status(mft(), j, [pod(phase="Succeeded")], now=NOW)
     assert s["phase"] == "Succeeded" and conds(s)["Succeeded"] == ("True", "Completed")
     assert conds(s)["Running"] == ("False", "Completed")
@@ -72,8 +76,13 @@ def test_succeeded() -> None:
 def test_worker_error_exit_code_and_message() -> None:
     p = pod(
         phase="Failed",
-        state={"terminated": {"exitCode": 2, "reason": "Error",
-                              "message": "exit 2: data file /mnt/data/x.tsv: no such file"}},
+        state={
+            "terminated": {
+                "exitCode": 2,
+                "reason": "Error",
+                "message": "exit 2: data file /mnt/data/x.tsv: no such file",
+            }
+        },
     )
     j = job(("FailureTarget", "PodFailurePolicy"), ("Failed", "PodFailurePolicy"), failed=1)
     s = st.compute_status(mft(), j, [p], now=NOW)
@@ -87,8 +96,18 @@ def test_worker_error_exit_code_and_message() -> None:
 
 def test_backoff_limit_exceeded() -> None:
     pods = [
-        pod("r1-a", "Failed", "2026-01-01T00:00:01Z", state={"terminated": {"exitCode": 1, "message": "boom1"}}),
-        pod("r1-b", "Failed", "2026-01-01T00:00:02Z", state={"terminated": {"exitCode": 1, "message": "boom2"}}),
+        pod(
+            "r1-a",
+            "Failed",
+            "2026-01-01T00:00:01Z",
+            state={"terminated": {"exitCode": 1, "message": "boom1"}},
+        ),
+        pod(
+            "r1-b",
+            "Failed",
+            "2026-01-01T00:00:02Z",
+            state={"terminated": {"exitCode": 1, "message": "boom2"}},
+        ),
     ]
     j = job(("Failed", "BackoffLimitExceeded"), failed=2)
     s = st.compute_status(mft(), j, pods, now=NOW)
@@ -111,12 +130,21 @@ def test_retrying_after_failed_pod() -> None:
 
 
 def test_image_pull_backoff_and_unschedulable() -> None:
-    p = pod(phase="Pending", state={"waiting": {"reason": "ImagePullBackOff", "message": "no such image"}})
+    p = pod(
+        phase="Pending",
+        state={"waiting": {"reason": "ImagePullBackOff", "message": "no such image"}},
+    )
     s = st.compute_status(mft(), job(active=1), [p], now=NOW)
     assert s["phase"] == "Pending" and conds(s)["Queued"] == ("True", "ImagePullBackOff")
     p = pod(phase="Pending")
-    p["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                                  "message": "0/1 nodes: Insufficient furiosa.ai/rngd"}]
+    p["status"]["conditions"] = [
+        {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": "0/1 nodes: Insufficient furiosa.ai/rngd",
+        }
+    ]
     s = st.compute_status(mft(), job(), [p], now=NOW)
     assert conds(s)["Queued"] == ("True", "Unschedulable") and "rngd" in s["message"]
 
@@ -137,8 +165,9 @@ def test_transition_time_kept_while_status_unchanged() -> None:
     again = st.compute_status(mft(**first), job(active=1), [pod()], now="2026-01-01T01:00:00Z")
     assert first["conditions"] == again["conditions"]
     assert not st.status_changed(first, again)
-    done = st.compute_status(mft(**first), job(("Complete", "x")), [pod(phase="Succeeded")],
-                             now="2026-01-01T02:00:00Z")
+    done = st.compute_status(
+        mft(**first), job(("Complete", "x")), [pod(phase="Succeeded")], now="2026-01-01T02:00:00Z"
+    )
     c = {x["type"]: x for x in done["conditions"]}
     assert c["Succeeded"]["lastTransitionTime"] == "2026-01-01T02:00:00Z"
     assert c["Queued"]["lastTransitionTime"] == "2026-01-01T00:00:00Z"  # stayed False

@@ -234,3 +234,20 @@ def bad_device_graphs(
 ) -> list[StandInGraph]:
     """``bad_graphs`` behind the ``device_graphs`` signature (for ``rngd-check --source``)."""
     return bad_graphs()
+
+
+def graphs_with_rngd_attention(
+    widths: str = "tiny",
+    seq_len: int = 128,
+    buckets: Sequence[int] | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> list[Any]:
+    """graphs.py's attention block with the compile-friendly softmax
+    (``npu_lora.rngd.formulations``): the proposed fix for its fp32 ``_softmax_backward_data``."""
+    from npu_lora.device.graphs import device_graphs
+    from npu_lora.rngd.formulations import register_rngd_attention
+
+    attn = next(g for g in device_graphs(widths, seq_len, buckets, dtype) if g.name == "attention")
+    attn.module.self_attn.config._attn_implementation = register_rngd_attention()
+    attn.name = "attention_rngd_softmax"
+    return [attn]

@@ -5,6 +5,7 @@ main venv and on furiosa's pinned torch 2.10 in the RNGD venv."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 
 import pytest
@@ -34,6 +35,7 @@ KNOWN_FAILURES: dict[tuple[str, str], tuple[str, str]] = {
 }
 
 
+@functools.cache
 def _graphs(dtype):
     from npu_lora.device.graphs import device_graphs
 

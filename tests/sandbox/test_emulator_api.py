@@ -148,6 +148,12 @@ def test_put_conflict_status_subresource_and_generation(
     replaced = batch.replace_namespaced_job("j", "default", fresh)
     assert replaced.spec.suspend is True and replaced.metadata.generation == 3
     assert int(replaced.metadata.resource_version) > int(fresh.metadata.resource_version)
+    # The pod template is immutable (scheduling directives only while suspended and never started).
+    with pytest.raises(ApiException) as exc:
+        batch.patch_namespaced_job(
+            "j", "default", {"spec": {"template": {"spec": {"restartPolicy": "OnFailure"}}}}
+        )
+    assert exc.value.status == 422 and "spec.template: Invalid value" in exc.value.body
     # A no-op write keeps the resourceVersion.
     again = batch.patch_namespaced_job("j", "default", {"spec": {"suspend": True}})
     assert again.metadata.resource_version == replaced.metadata.resource_version

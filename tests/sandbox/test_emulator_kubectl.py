@@ -194,3 +194,40 @@ def test_namespaces_and_builtin_tables(kubectl: Any, emulator: ApiEmulator) -> N
     assert "team" in kubectl("get", "ns").stdout
     kubectl("delete", "ns", "team")
     assert emulator.get("v1", "ConfigMap", "settings", "team") is None
+
+
+RBAC = """apiVersion: v1
+kind: ServiceAccount
+metadata: {name: run-sa}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: run-role}
+rules:
+- apiGroups: [example.com]
+  resources: [widgets/status]
+  verbs: [get, patch]
+  resourceNames: [w1]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: run-binding}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: run-role}
+subjects:
+- {kind: ServiceAccount, name: run-sa, namespace: default}
+"""
+
+
+def test_rbac_can_i(kubectl: Any, crd: None) -> None:
+    kubectl("apply", "-f", "-", input=RBAC)
+    sa = "--as=system:serviceaccount:default:run-sa"
+
+    def can(*args: str) -> str:
+        return kubectl("auth", "can-i", *args, sa, check=False).stdout.strip()
+
+    assert can("patch", "widgets.example.com/w1", "--subresource=status") == "yes"
+    assert can("patch", "widgets.example.com/w2", "--subresource=status") == "no"
+    assert can("patch", "widgets.example.com/w1") == "no"
+    assert can("get", "widgets.example.com/w1", "--subresource=status", "-n", "other") == "no"
+    assert can("delete", "pods") == "no"
+    assert kubectl("auth", "can-i", "delete", "pods").stdout.strip() == "yes"  # the sandbox admin

@@ -337,3 +337,29 @@ def test_ttl_after_finished_and_stable_status(
     emulator.create(job("short", "pass", ttlSecondsAfterFinished=0))
     wait_for(lambda: emulator.get("batch/v1", "Job", "short", "default") is None, timeout=20)
     wait_for(lambda: not pods_of(emulator, "short"), timeout=10)
+
+
+def test_deleted_running_pod_counts_as_failure_and_is_replaced(
+    emulator: ApiEmulator, kubelet: LocalKubelet, wait_for: Any
+) -> None:
+    emulator.create(job("repl", "import time; time.sleep(60)", backoffLimit=3))
+    first = wait_for(
+        lambda: [p for p in pods_of(emulator, "repl") if p["status"].get("phase") == "Running"],
+        timeout=20,
+    )[0]
+    emulator.delete("v1", "Pod", first["metadata"]["name"], "default")
+    second = wait_for(
+        lambda: [
+            p for p in pods_of(emulator, "repl") if p["metadata"]["uid"] != first["metadata"]["uid"]
+        ],
+        timeout=20,
+    )[0]
+    assert second["metadata"]["name"] != first["metadata"]["name"]
+    assert emulator.get("batch/v1", "Job", "repl", "default")["status"]["failed"] == 1
+    emulator.patch(
+        "batch/v1", "Job", "repl", {"spec": {"activeDeadlineSeconds": 0}}, namespace="default"
+    )
+    assert (
+        wait_for(lambda: finished(emulator, "repl"), timeout=20)["Failed"]["reason"]
+        == "DeadlineExceeded"
+    )

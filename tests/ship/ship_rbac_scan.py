@@ -67,6 +67,38 @@ KOPF_CHANGING = {"create", "update", "delete", "resume", "field", "daemon", "tim
 KOPF_NO_RESOURCE = {"startup", "cleanup", "login", "probe", "subhandler", "register"}
 KOPF_WEBHOOKS = {"validate", "mutate"}
 KOPF_TOP_LEVEL = ("daemon", "timer", "index")  # kopf.daemon, kopf.timer, kopf.index
+#: method names too common to suspect an unrecognised REST-wrapper receiver (dict, list, set ...)
+COMMON_METHODS = frozenset(
+    [
+        "get",
+        "pop",
+        "update",
+        "items",
+        "keys",
+        "values",
+        "append",
+        "extend",
+        "copy",
+        "setdefault",
+        "clear",
+        "remove",
+        "insert",
+        "index",
+        "count",
+        "sort",
+        "reverse",
+        "add",
+        "discard",
+        "join",
+        "split",
+        "format",
+        "encode",
+        "decode",
+        "read",
+        "write",
+        "close",
+    ]
+)
 
 HTTP_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch"}
 
@@ -181,6 +213,8 @@ class Derivation:
     #: permission → where it comes from ("file:line: why")
     sources: dict[Perm, list[str]] = field(default_factory=dict)
     unresolved: list[str] = field(default_factory=list)
+    #: calls named like a REST-wrapper method on a receiver whose type is not inferred
+    unknown_receivers: list[str] = field(default_factory=list)
     modules: list[str] = field(default_factory=list)
     entry_module: str | None = None
     entry_found: bool = False
@@ -672,6 +706,17 @@ class _Scanner:
         classes = self._receiver_classes(node.value) or set()
         classes = {c for c in classes if c in self.program.wrappers}
         if not classes:
+            names = set().union(*self.program.wrapper_methods.values()) | {"request"}
+            root = (_dotted(node.value) or "").split(".")[0]
+            if (
+                node.attr in names - COMMON_METHODS
+                and _dotted(node.value) not in ("self", "cls")  # the wrapper's own calls
+                and root not in self.scope.imports  # a module's function (kopf.on.create ...)
+            ):
+                self.d.unknown_receivers.append(
+                    f"{self.where(node)}: {ast.unparse(parent)[:80]} (receiver type unknown: "
+                    "annotate it with the wrapper class if it is one)"
+                )
             return False
         where = self.where(node)
         for cls_name in sorted(classes):
@@ -955,6 +1000,7 @@ class Program:
         self.modules: dict[str, tuple[Path, ast.Module, ModuleScope]] = {}
         self.wrappers: dict[str, type] = {}  # class name → class object
         self.wrapper_methods: dict[str, set[str]] = {}
+        self.wrapper_modules: set[str] = set()
         self._parents: dict[str, dict[ast.AST, ast.AST]] = {}
         self._calls: dict[str, list[ast.Call]] = {}
         self._callers: dict[tuple[str, str, int], list[tuple[str, ast.Call]]] = {}
@@ -1001,6 +1047,7 @@ class Program:
                     continue
                 cls = getattr(importlib.import_module(name), node.name)
                 self.wrappers[node.name] = cls
+                self.wrapper_modules.add(name)
                 self.wrapper_methods[node.name] = {
                     f.name
                     for f in node.body

@@ -369,5 +369,12 @@ def test_operator_cli_accepts_the_rendered_args(values):
     assert args.log_level == values.get("logLevel", "INFO")
 
 
+def test_operator_reads_the_worker_image_the_chart_sets():
+    settings = pytest.importorskip("npu_lora_operator.settings")
+    env = {e["name"]: e.get("value") for e in _container(_deployment(NON_DEFAULT))["env"]}
+    config = settings.OperatorConfig.from_env(env)
+    assert config.worker_image == "registry.example.com/ml/npu-lora-worker:0.1.0-rc1"
+
+
 def test_default_namespace_constant():
     assert NAMESPACE == "npu-lora"

@@ -80,6 +80,14 @@ def test_operator_has_no_torch_and_worker_has_furiosa():
     assert "PIP_CONSTRAINT" in worker
 
 
+def test_image_user_matches_the_job_builder_and_the_chart():
+    assert re.search(r"useradd --uid 1000 --gid 1000", DOCKERFILE.read_text())
+    settings = pytest.importorskip("npu_lora_operator.settings")
+    assert settings.OperatorConfig().run_as_user == 1000
+    values = (REPO / "charts" / "npu-lora-operator" / "values.yaml").read_text()
+    assert "runAsUser: 1000" in values
+
+
 def test_no_pip_cache():
     text = DOCKERFILE.read_text()
     assert "PIP_NO_CACHE_DIR=1" in text

@@ -69,3 +69,21 @@ def test_qwen3_example_memory_covers_the_bf16_experts():
     request, limit = _gib(str(res.requests["memory"])), _gib(str(res.limits["memory"]))
     assert bf16_gib < request <= limit
     assert request < params * 4 / 2**30, "bf16 host experts: no need for the fp32 footprint"
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_example_passes_the_crd_schema_like_an_apiserver(path):
+    """Pruning (no unknown field), defaulting and validation with CEL, against the chart's CRD,
+    with the API emulator's implementation of what kube-apiserver does."""
+    schema_mod = pytest.importorskip("npu_lora_operator.sandbox.schema")
+    crd_path = REPO / "charts" / "npu-lora-operator" / "crds" / "npu-lora.io_moefinetunes.yaml"
+    crd = next(d for d in yaml.safe_load_all(crd_path.read_text()) if d)
+    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1"]
+    schema = version["schema"]["openAPIV3Schema"]
+    obj = yaml.safe_load(path.read_text())
+    obj.setdefault("metadata", {}).setdefault("namespace", "default")
+    pruned = schema_mod.prune(obj, schema)
+    assert pruned == [], f"fields the apiserver would drop: {pruned}"
+    schema_mod.apply_defaults(obj, schema)
+    causes = schema_mod.validate(obj, schema)
+    assert causes == [], [str(c) for c in causes]

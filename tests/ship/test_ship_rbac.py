@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 from chart_util import NAMESPACE, by_kind, objects, render
 
+pytest.importorskip("helm_python")
 pytest.importorskip("kopf")
 pytest.importorskip("kubernetes")
 
@@ -90,6 +91,11 @@ def _explain(perms: set[scan.Perm], d: scan.Derivation) -> str:
 def test_derivation_resolves_everything(derivation):
     assert derivation.unresolved == [], "\n".join(derivation.unresolved)
     assert derivation.modules, "no operator module found"
+
+
+def test_no_call_escapes_the_scanner(derivation):
+    """Calls named like the operator's REST-wrapper methods all go to a recognised wrapper."""
+    assert derivation.unknown_receivers == [], "\n".join(derivation.unknown_receivers)
 
 
 def test_derivation_scans_the_operator_entry_point(derivation):
@@ -243,6 +249,23 @@ def test_scanner_maps_client_calls_kopf_handlers_and_granted_rules(tmp_path):
         ("", "namespaces", "list"),
         ("", "namespaces", "watch"),
     }
+
+
+def test_scanner_flags_wrapper_calls_on_unknown_receivers(tmp_path):
+    src = """
+class Raw:
+    def request(self, method, p, body=None):
+        return self.api.call_api(method, p)
+
+    def merge_patch(self, p):
+        return self.request("PATCH", p)
+
+
+def handler(thing):
+    thing.merge_patch("/api/v1/namespaces/ns/pods/x")
+"""
+    d = scan.derive_source(src, tmp_path / "fake_receiver_operator.py")
+    assert len(d.unknown_receivers) == 1 and "thing.merge_patch" in d.unknown_receivers[0]
 
 
 def test_scanner_reports_what_it_cannot_resolve(tmp_path):

@@ -19,9 +19,9 @@ from safetensors.torch import load_file
 from npu_lora.train.checkpoint import clean_stale, find_checkpoint
 from npu_lora.train.rundir import read_metrics, truncate_metrics
 
-STEPS = 14
-EVERY = 4
-WARMUP = 6  # the first checkpoint (step 4) predates the hot-set choice (after step 6)
+STEPS = 10
+EVERY = 3
+WARMUP = 4  # the first checkpoint (step 3) predates the hot-set choice (after step 4)
 K = 2  # kill once this many records past the first checkpoint are written
 
 
@@ -68,6 +68,7 @@ def test_sigkill_resume_is_exact(tmp_path):
     assert r.returncode == 0, r.stderr
     assert f"from the checkpoint at step {ckpt}" in r.stderr
     assert _steps(out) == list(range(1, STEPS + 1)), "every step exactly once"
+    assert json.loads((out / "summary.json").read_text())["resumed_from"] == ckpt
 
     r = run_cli(*args, "--out", str(ref), **env)
     assert r.returncode == 0, r.stderr

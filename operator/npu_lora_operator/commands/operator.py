@@ -71,6 +71,9 @@ def run(args: argparse.Namespace) -> int:
     level = getattr(logging, args.log_level)
     kopf.configure(debug=level <= logging.DEBUG, verbose=level <= logging.INFO)
     logging.getLogger().setLevel(level)
+    from npu_lora_operator.handlers import quiet_kopf_logs
+
+    quiet_kopf_logs()
     for noisy in ("aiohttp.access", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 

@@ -52,10 +52,26 @@ What the server does:
   resource's PATCH operation with ``fieldValidation``, so client-side ``kubectl apply`` validates
   on the server; ``/openapi/v2`` answers 404, which kubectl tolerates).
 - pod logs (``pods/<name>/log``, ``follow``, ``tailLines``) from files registered by the kubelet.
+- RBAC *evaluation* for (Self|Local)SubjectAccessReviews against the stored Roles/ClusterRoles and
+  bindings (``kubectl auth can-i VERB RES --as=system:serviceaccount:NS:SA`` works; without
+  ``--as`` the caller is a cluster admin); also in-process: :meth:`ApiEmulator.authorize`.
+- protobuf request bodies only for what kubectl's typed clients send in common commands
+  (``kubectl create namespace|configmap|secret|serviceaccount``, ``auth can-i``); others get 415.
 
-Not emulated: authentication/RBAC enforcement (roles are stored only), admission webhooks,
-quotas, conversion between CRD versions (all versions share one storage), managedFields,
-protobuf, ``limit``/``continue`` pagination (lists are always complete), scale subresources.
+Other in-process helpers: :meth:`ApiEmulator.call` (run a function on the server loop),
+:meth:`~ApiEmulator.subscribe`/``unsubscribe`` (a queue of ``(rv, type, obj, old)`` changes, loop
+thread only), :meth:`~ApiEmulator.register_pod_log`, :meth:`~ApiEmulator.add_stop_hook`,
+:meth:`~ApiEmulator.resource_for`.
+
+kubectl tip: kubectl caches discovery per server address for hours (``~/.kube/cache``); emulators
+reuse ports, so pass ``--cache-dir=<fresh dir>`` (the test fixture does).
+
+Not emulated: authentication and RBAC *enforcement* on requests (roles are evaluated only for
+access reviews), admission webhooks, quotas, conversion between CRD versions (all served versions
+share one storage), managedFields and SSA field ownership, protobuf responses,
+``limit``/``continue`` pagination (lists are always complete), scale subresources, graceful pod
+deletion (pods disappear at once; the kubelet then terminates the process), namespace deletion
+waiting for finalizers of its contents, ``events.k8s.io/v1`` and ``v1`` events sharing storage.
 """
 
 from __future__ import annotations
@@ -223,6 +239,15 @@ def _builtin_types() -> list[ResourceType]:
         R("coordination.k8s.io", "v1", "leases", "Lease"),
         R("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False, short_names=["pc"]),
         R(
+            "authorization.k8s.io",
+            "v1",
+            "selfsubjectaccessreviews",
+            "SelfSubjectAccessReview",
+            False,
+        ),
+        R("authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview", False),
+        R("authorization.k8s.io", "v1", "localsubjectaccessreviews", "LocalSubjectAccessReview"),
+        R(
             "apiextensions.k8s.io",
             "v1",
             "customresourcedefinitions",
@@ -362,6 +387,7 @@ class ApiEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         self._port: int | None = None
         self._tlock = threading.RLock()
         self._start_time = now_iso()
+        self._stop_hooks: list[Callable[[], Any]] = []
         for rt in _builtin_types():
             self._register(rt)
         for ns in ("default", "kube-system", "kube-public", "kube-node-lease"):
@@ -413,6 +439,9 @@ class ApiEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             try:
                 await self._stop_event.wait()
             finally:
+                for hook in list(self._stop_hooks):
+                    with contextlib.suppress(Exception):
+                        await hook()
                 for w in list(self._watcher_objs.values()):
                     w.queue.put_nowait((-1, "STOP", {}, None))
                 await runner.cleanup()
@@ -427,6 +456,14 @@ class ApiEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
                 loop.call_soon_threadsafe(stop_event.set)
         self._thread.join(15)
         self._thread = None
+
+    def add_stop_hook(self, hook: Callable[[], Any]) -> None:
+        """Run ``await hook()`` on the server loop when :meth:`stop` is called (e.g. the kubelet)."""
+        self._stop_hooks.append(hook)
+
+    def remove_stop_hook(self, hook: Callable[[], Any]) -> None:
+        with contextlib.suppress(ValueError):
+            self._stop_hooks.remove(hook)
 
     def __enter__(self) -> ApiEmulator:
         return self.start()
@@ -985,6 +1022,46 @@ class ApiEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         if causes:
             raise self._invalid(rt, obj["metadata"].get("name", ""), causes)
 
+    def _check_job_immutables(
+        self, rt: ResourceType, old: dict[str, Any], new: dict[str, Any]
+    ) -> None:
+        """Like the apiserver: a Job's pod template is immutable, except the scheduling
+        directives of a suspended Job that never started; podFailurePolicy/completionMode too."""
+        ospec, nspec = old.get("spec") or {}, new.get("spec") or {}
+        causes = []
+        otmpl, ntmpl = ospec.get("template") or {}, nspec.get("template") or {}
+        if otmpl != ntmpl:
+            never_started = ospec.get("suspend") and not (old.get("status") or {}).get("startTime")
+            mutable = ("nodeSelector", "tolerations", "affinity", "schedulingGates")
+
+            def strip(t: dict[str, Any]) -> dict[str, Any]:
+                t = copy.deepcopy(t)
+                for k in mutable:
+                    (t.get("spec") or {}).pop(k, None)
+                for k in ("labels", "annotations"):
+                    (t.get("metadata") or {}).pop(k, None)
+                return t
+
+            if not never_started or strip(otmpl) != strip(ntmpl):
+                causes.append(
+                    schema.Cause(
+                        "spec.template",
+                        "FieldValueInvalid",
+                        'Invalid value: "object": field is immutable',
+                    )
+                )
+        for key in ("podFailurePolicy", "completionMode"):
+            if key in ospec and ospec.get(key) != nspec.get(key):
+                causes.append(
+                    schema.Cause(
+                        f"spec.{key}",
+                        "FieldValueInvalid",
+                        f"Invalid value: {schema.format_value(nspec.get(key))}: field is immutable",
+                    )
+                )
+        if causes:
+            raise self._invalid(rt, new["metadata"]["name"], causes)
+
     @staticmethod
     def _spec_part(obj: dict[str, Any], has_status: bool) -> dict[str, Any]:
         drop = (
@@ -1077,6 +1154,7 @@ class ApiEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         meta["resourceVersion"] = ometa["resourceVersion"]
         if rt.kind == "Job" and rt.group == "batch":
             new.setdefault("spec", {})["selector"] = (old.get("spec") or {}).get("selector")
+            self._check_job_immutables(rt, old, new)
         self._default_builtin(rt, new, old)
         self._check_custom(rt, new, old, field_validation, warnings)
         for k in ("labels", "annotations", "finalizers", "ownerReferences"):
@@ -1647,6 +1725,10 @@ class ApiEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
                     rt, pp.namespace, q.get("labelSelector"), q.get("fieldSelector")
                 )
                 return self._render_list(rt, objs, accept, q)
+            if method == "POST" and rt.group == "authorization.k8s.io":
+                return self._json(
+                    self._access_review(rt, pp.namespace, self._decode(raw, body), raw), 201
+                )
             if method == "POST":
                 data = self._decode(raw, body)
                 obj = self._create(
@@ -1774,6 +1856,117 @@ class ApiEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             "MethodNotAllowed",
             "the server does not allow this method on the requested resource",
         )
+
+    # ----------------------------------------------------------------------------- RBAC reviews
+
+    def _access_review(
+        self, rt: ResourceType, namespace: str | None, body: Any, raw: aiohttp.web.BaseRequest
+    ) -> dict[str, Any]:
+        """Answer a (Self|Local)SubjectAccessReview by evaluating the stored RBAC objects."""
+        review = copy.deepcopy(body) if isinstance(body, dict) else {}
+        spec = review.setdefault("spec", {})
+        if rt.kind == "SelfSubjectAccessReview":
+            user = raw.headers.get("Impersonate-User")
+            groups = raw.headers.getall("Impersonate-Group", [])
+        else:
+            user, groups = spec.get("user"), list(spec.get("groups") or [])
+        attrs = dict(spec.get("resourceAttributes") or {})
+        if rt.kind == "LocalSubjectAccessReview":
+            attrs["namespace"] = namespace
+        non_resource = spec.get("nonResourceAttributes")
+        if user is None:
+            allowed, reason = True, "the sandbox user is a cluster admin"
+        else:
+            allowed, reason = self.authorize(user, groups, attrs, non_resource)
+        review["apiVersion"] = rt.api_version
+        review["kind"] = rt.kind
+        review.setdefault("metadata", {})["creationTimestamp"] = None
+        review["status"] = {"allowed": allowed, **({"reason": reason} if reason else {})}
+        return review
+
+    def authorize(
+        self,
+        user: str,
+        groups: list[str],
+        attrs: dict[str, Any],
+        non_resource: dict[str, Any] | None = None,
+    ) -> tuple[bool, str]:
+        """RBAC evaluation of ``user``/``groups`` against the stored (Cluster)Role(Binding)s.
+
+        ``attrs`` are SubjectAccessReview ``resourceAttributes`` (verb, group, resource,
+        subresource, name, namespace). Returns ``(allowed, reason)``.
+        """
+        groups = [*groups, "system:authenticated"]
+        if user.startswith("system:serviceaccount:"):
+            sa_ns = user.split(":")[2]
+            groups += ["system:serviceaccounts", f"system:serviceaccounts:{sa_ns}"]
+
+        def subject_matches(subj: dict[str, Any], binding_ns: str) -> bool:
+            kind = subj.get("kind")
+            if kind == "ServiceAccount":
+                sns = subj.get("namespace") or binding_ns
+                return user == f"system:serviceaccount:{sns}:{subj.get('name')}"
+            if kind == "User":
+                return subj.get("name") == user
+            if kind == "Group":
+                return subj.get("name") in groups
+            return False
+
+        def rule_matches(rule: dict[str, Any]) -> bool:
+            verb = attrs.get("verb", "")
+            if non_resource is not None:
+                urls = rule.get("nonResourceURLs") or []
+                path = non_resource.get("path", "")
+                return (
+                    non_resource.get("verb") in rule.get("verbs", [])
+                    or "*" in rule.get("verbs", [])
+                ) and any(
+                    u == path or u == "*" or (u.endswith("*") and path.startswith(u[:-1]))
+                    for u in urls
+                )
+            if verb not in rule.get("verbs", []) and "*" not in rule.get("verbs", []):
+                return False
+            if attrs.get("group", "") not in rule.get("apiGroups", []) and "*" not in rule.get(
+                "apiGroups", []
+            ):
+                return False
+            res = attrs.get("resource", "")
+            sub = attrs.get("subresource", "")
+            full = f"{res}/{sub}" if sub else res
+            resources = rule.get("resources", [])
+            if not (full in resources or "*" in resources or (sub and f"*/{sub}" in resources)):
+                return False
+            names = rule.get("resourceNames") or []
+            return not names or attrs.get("name", "") in names
+
+        def role_rules(ref: dict[str, Any], ns: str) -> list[dict[str, Any]]:
+            if ref.get("kind") == "ClusterRole":
+                role = self._store[("rbac.authorization.k8s.io", "clusterroles")].get(
+                    ("", ref.get("name", ""))
+                )
+            else:
+                role = self._store[("rbac.authorization.k8s.io", "roles")].get(
+                    (ns, ref.get("name", ""))
+                )
+            return list((role or {}).get("rules") or [])
+
+        for (_, name), crb in self._store[
+            ("rbac.authorization.k8s.io", "clusterrolebindings")
+        ].items():
+            if not any(subject_matches(s, "") for s in crb.get("subjects") or []):
+                continue
+            if any(rule_matches(r) for r in role_rules(crb.get("roleRef") or {}, "")):
+                return True, f'RBAC: allowed by ClusterRoleBinding "{name}"'
+        ns = attrs.get("namespace") or ""
+        if ns and non_resource is None:
+            for (bns, name), rb in self._store[
+                ("rbac.authorization.k8s.io", "rolebindings")
+            ].items():
+                if bns != ns or not any(subject_matches(s, bns) for s in rb.get("subjects") or []):
+                    continue
+                if any(rule_matches(r) for r in role_rules(rb.get("roleRef") or {}, bns)):
+                    return True, f'RBAC: allowed by RoleBinding "{name}/{bns}"'
+        return False, ""
 
     @staticmethod
     def _warning_headers(warnings: list[str]) -> dict[str, str] | None:

@@ -12,8 +12,8 @@ Usage::
 
 It runs on the emulator's event loop and uses its storage in-process (no HTTP). What it does:
 
-Job controller (``batch/v1`` Jobs; one pod at a time: ``completions``/``parallelism`` > 1 are not
-emulated):
+Job controller (``batch/v1`` Jobs; one pod at a time: ``parallelism`` is ignored and
+``completions`` > 1 run one after another; indexed Jobs are not emulated):
 - creates the Job's Pod ``<job>-<5 random chars>`` from the template (labels ``job-name``,
   ``batch.kubernetes.io/job-name``, ``controller-uid``, ``batch.kubernetes.io/controller-uid``;
   a controller ownerReference to the Job), and a replacement after a counted failure, after a short
@@ -183,15 +183,24 @@ class LocalKubelet:
         self._ensure_node()
         fut = asyncio.run_coroutine_threadsafe(self._main(), self.emu.loop)
         self._main_task = fut  # type: ignore[assignment]
+        self.emu.add_stop_hook(self._shutdown)  # emu.stop() terminates the processes too
         return self
 
     def stop(self) -> None:
         """Stop the controllers and terminate every running process (SIGTERM, then SIGKILL)."""
         if self._main_task is None:
             return
-        fut = asyncio.run_coroutine_threadsafe(self._shutdown(), self.emu.loop)
-        with contextlib.suppress(Exception):
-            fut.result(self.max_grace_seconds + 10)
+        self.emu.remove_stop_hook(self._shutdown)
+        loop = self.emu._loop
+        if loop is not None and loop.is_running():
+            fut = asyncio.run_coroutine_threadsafe(self._shutdown(), loop)
+            with contextlib.suppress(Exception):
+                fut.result(self.max_grace_seconds + 10)
+        else:  # the emulator is gone already: kill what is left directly
+            for p in list(self._procs.values()):
+                if p.proc is not None and p.proc.returncode is None:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(p.proc.pid, signal.SIGKILL)
         self._main_task = None
 
     def __enter__(self) -> LocalKubelet:
@@ -268,8 +277,7 @@ class LocalKubelet:
             self.emu.unsubscribe(q)
 
     async def _shutdown(self) -> None:
-        for p in list(self._procs.values()):
-            await self._kill(p)
+        await asyncio.gather(*(self._kill(p) for p in list(self._procs.values())))
         task = self._main_task
         if task is not None:
             task.cancel()
@@ -650,7 +658,8 @@ class LocalKubelet:
         ev = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": ns},
+            # Like real event names: "<object>.<hex time>", so that lists come out in time order.
+            "metadata": {"name": f"{meta['name']}.{time.time_ns():x}", "namespace": ns},
             "involvedObject": {
                 "apiVersion": obj.get("apiVersion"),
                 "kind": obj.get("kind"),
@@ -1130,6 +1139,7 @@ class LocalKubelet:
                         "started": False,
                         "restartCount": 0,
                         "state": {"terminated": term},
+                        **({"containerID": term["containerID"]} if "containerID" in term else {}),
                     }
                 ],
             },

@@ -1,8 +1,8 @@
 """Just enough Kubernetes protobuf decoding for kubectl's typed ``create`` requests.
 
-``kubectl create namespace|configmap|secret|serviceaccount`` sends
+``kubectl create namespace|configmap|secret|serviceaccount`` and ``kubectl auth can-i`` send
 ``application/vnd.kubernetes.protobuf`` bodies (``k8s\\0`` + ``runtime.Unknown``). This module
-decodes those four kinds into JSON-shaped dicts; anything else raises :class:`Unsupported`
+decodes those kinds (and the SubjectAccessReviews) into JSON-shaped dicts; anything else raises :class:`Unsupported`
 (the emulator answers 415, and ``kubectl apply`` — always JSON — is the way around it).
 """
 
@@ -90,6 +90,29 @@ def _meta(data: bytes) -> dict[str, Any]:
     return meta
 
 
+_RESOURCE_ATTRS = ("namespace", "verb", "group", "version", "resource", "subresource", "name")
+
+
+def _strings(data: bytes, names: tuple[str, ...]) -> dict[str, str]:
+    g = _group(_fields(data))
+    return {key: g[i + 1][-1].decode() for i, key in enumerate(names) if g.get(i + 1, [b""])[-1]}
+
+
+def _review_spec(data: bytes, *, self_review: bool) -> dict[str, Any]:
+    g = _group(_fields(data))
+    spec: dict[str, Any] = {}
+    if 1 in g:
+        spec["resourceAttributes"] = _strings(g[1][-1], _RESOURCE_ATTRS)
+    if 2 in g:
+        spec["nonResourceAttributes"] = _strings(g[2][-1], ("path", "verb"))
+    if not self_review:
+        if 3 in g:
+            spec["user"] = g[3][-1].decode()
+        if 4 in g:
+            spec["groups"] = [v.decode() for v in g[4]]
+    return spec
+
+
 def decode(body: bytes) -> dict[str, Any]:
     if not body.startswith(MAGIC):
         raise Unsupported("not a Kubernetes protobuf envelope")
@@ -127,6 +150,10 @@ def decode(body: bytes) -> dict[str, Any]:
     elif (api_version, kind) == ("v1", "ServiceAccount"):
         if 4 in raw:
             obj["automountServiceAccountToken"] = bool(raw[4][-1])
+    elif api_version == "authorization.k8s.io/v1" and kind.endswith("SubjectAccessReview"):
+        obj["spec"] = _review_spec(
+            raw.get(2, [b""])[-1], self_review=kind == "SelfSubjectAccessReview"
+        )
     else:
         raise Unsupported(f"protobuf bodies of {api_version} {kind}")
     return obj

@@ -31,7 +31,9 @@ class FuriosaBackend(Backend):
     def __init__(self, index: int = 0) -> None:
         ft = _furiosa_torch()
         if ft is None:
-            raise RuntimeError("device backend 'furiosa' needs furiosa-torch (pip install npu-lora[rngd])")
+            raise RuntimeError(
+                "device backend 'furiosa' needs furiosa-torch (pip install npu-lora[rngd])"
+            )
         self._ft = ft
         super().__init__(torch.device("furiosa", index))
 

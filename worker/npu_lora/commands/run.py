@@ -170,7 +170,7 @@ def _train(args: argparse.Namespace, manifest: Any, ctx: Any, callbacks: Any) ->
     engine = build_engine(spec, len(tok))  # SpecError (bad model/backend) still writes nothing
 
     # 2. train (creates / resumes the run directory)
-    if plan.checkpoint is not None and not args.quiet:
+    if plan.checkpoint is not None:
         print(
             f"resuming {ctx.run_dir} from the checkpoint at step {plan.checkpoint_step}",
             file=sys.stderr,

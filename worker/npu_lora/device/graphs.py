@@ -40,7 +40,9 @@ from torch import nn
 # host-side input builders (run on the host; their outputs are copied to the device)
 
 
-def causal_mask(attention_mask_BS: torch.Tensor | None, B: int, S: int, dtype: torch.dtype) -> torch.Tensor:
+def causal_mask(
+    attention_mask_BS: torch.Tensor | None, B: int, S: int, dtype: torch.dtype
+) -> torch.Tensor:
     """Additive mask ``[B, 1, S, S]``: 0 where query t may attend key s (s <= t and key s is a
     real token), ``finfo(dtype).min`` elsewhere — the same values transformers' eager mask has."""
     causal_SS = torch.ones(S, S, dtype=torch.bool).tril()
@@ -74,7 +76,9 @@ class LabelGather:
     count: int
 
 
-def label_gather(labels_BS: torch.Tensor, dtype: torch.dtype, *, n_bucket: int | None = None) -> LabelGather:
+def label_gather(
+    labels_BS: torch.Tensor, dtype: torch.dtype, *, n_bucket: int | None = None
+) -> LabelGather:
     """Build the head's gather inputs on the host. N = ``n_bucket`` or the next power of two of
     the largest per-sequence label count (capped at S), so shapes repeat across batches."""
     B, S = labels_BS.shape
@@ -143,7 +147,9 @@ class DeviceAttentionBlock(nn.Module):
 
     @classmethod
     def from_layer(cls, layer: nn.Module, rotary_emb: nn.Module) -> DeviceAttentionBlock:
-        return cls(layer.input_layernorm, layer.self_attn, layer.post_attention_layernorm, rotary_emb)
+        return cls(
+            layer.input_layernorm, layer.self_attn, layer.post_attention_layernorm, rotary_emb
+        )
 
     def rope(self, pos_BS: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs_BSd = pos_BS[..., None].float() * self.inv_freq.float()
@@ -186,9 +192,13 @@ class DeviceHead(nn.Module):
         super().__init__()
         self.norm = norm
         self.lm_head = lm_head
-        self.register_buffer("vocab_ids_V", torch.arange(vocab_size, dtype=torch.int32), persistent=False)
+        self.register_buffer(
+            "vocab_ids_V", torch.arange(vocab_size, dtype=torch.int32), persistent=False
+        )
 
-    def logits(self, h_BSD: torch.Tensor, moe_BSD: torch.Tensor, sel_BNS: torch.Tensor) -> torch.Tensor:
+    def logits(
+        self, h_BSD: torch.Tensor, moe_BSD: torch.Tensor, sel_BNS: torch.Tensor
+    ) -> torch.Tensor:
         h = h_BSD + moe_BSD
         hs_BND = torch.bmm(sel_BNS.to(h.dtype), h)
         return self.lm_head(self.norm(hs_BND)).float()
@@ -281,7 +291,10 @@ def _init_(module: nn.Module, std: float) -> None:
 class _AttnParts(nn.Module):
     def __init__(self, cfg) -> None:
         super().__init__()
-        from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeAttention, Qwen3MoeRMSNorm
+        from transformers.models.qwen3_moe.modeling_qwen3_moe import (
+            Qwen3MoeAttention,
+            Qwen3MoeRMSNorm,
+        )
 
         self.input_layernorm = Qwen3MoeRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.self_attn = Qwen3MoeAttention(cfg, 0)
@@ -289,7 +302,10 @@ class _AttnParts(nn.Module):
 
 
 def hot_reference(
-    x_EhBD: torch.Tensor, r_EhB: torch.Tensor, w_gate_up_EhFD: torch.Tensor, w_down_EhDI: torch.Tensor
+    x_EhBD: torch.Tensor,
+    r_EhB: torch.Tensor,
+    w_gate_up_EhFD: torch.Tensor,
+    w_down_EhDI: torch.Tensor,
 ) -> torch.Tensor:
     """Per-expert loop like transformers' ``eager`` experts kernel."""
     out = []
@@ -320,7 +336,10 @@ def device_graphs(
     Note: at Qwen3 widths the embed and head hold 151,936 × 2048 weights each (1.2 GB in fp32).
     """
     from peft import LoraConfig, inject_adapter_in_model
-    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeRMSNorm, Qwen3MoeRotaryEmbedding
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import (
+        Qwen3MoeRMSNorm,
+        Qwen3MoeRotaryEmbedding,
+    )
 
     cfg = _graph_config(widths)
     gen = torch.manual_seed(seed)
@@ -354,7 +373,9 @@ def device_graphs(
                 p.normal_(0.0, std)
     parts.to(dtype)
     rotary = Qwen3MoeRotaryEmbedding(cfg)
-    attn = DeviceAttentionBlock(parts.input_layernorm, parts.self_attn, parts.post_attention_layernorm, rotary)
+    attn = DeviceAttentionBlock(
+        parts.input_layernorm, parts.self_attn, parts.post_attention_layernorm, rotary
+    )
     h = torch.randn(B, S, D, generator=gen, dtype=torch.float32).to(dtype)
     moe = (0.1 * torch.randn(B, S, D, generator=gen)).to(dtype)
     am = torch.ones(B, S, dtype=torch.long)
@@ -364,14 +385,14 @@ def device_graphs(
         x = h_BSD + moe_BSD
         cos, sin = rotary(x, pos_BS.long())
         a, _ = parts.self_attn(
-            hidden_states=parts.input_layernorm(x), position_embeddings=(cos, sin), attention_mask=mask_B1SS
+            hidden_states=parts.input_layernorm(x),
+            position_embeddings=(cos, sin),
+            attention_mask=mask_B1SS,
         )
         hm = x + a
         return hm, parts.post_attention_layernorm(hm)
 
-    graphs.append(
-        DeviceGraph("attention", attn, (h, moe, positions(B, S), mask), (0, 1), attn_ref)
-    )
+    graphs.append(DeviceGraph("attention", attn, (h, moe, positions(B, S), mask), (0, 1), attn_ref))
 
     # head
     norm = Qwen3MoeRMSNorm(D, eps=cfg.rms_norm_eps).to(dtype)
@@ -386,19 +407,25 @@ def device_graphs(
 
     def head_ref(h_BSD, moe_BSD, sel_BNS, labels_BN, w_BN):
         z = lm_head(norm(h_BSD + moe_BSD)).float()  # full-sequence logits (the stock way)
-        return F.cross_entropy(z[:, :-1].reshape(-1, V), labels[:, 1:].reshape(-1), ignore_index=-100)
+        return F.cross_entropy(
+            z[:, :-1].reshape(-1, V), labels[:, 1:].reshape(-1), ignore_index=-100
+        )
 
     graphs.append(
         DeviceGraph(
-            "head", head, (h.detach().clone(), moe.detach().clone(), lg.sel_BNS, lg.labels_BN, lg.w_BN), (0, 1), head_ref
+            "head",
+            head,
+            (h.detach().clone(), moe.detach().clone(), lg.sel_BNS, lg.labels_BN, lg.w_BN),
+            (0, 1),
+            head_ref,
         )
     )
 
     # hot experts
-    E, I = cfg.num_experts, cfg.moe_intermediate_size
+    E, inter = cfg.num_experts, cfg.moe_intermediate_size
     Eh = max(1, math.ceil(hot_fraction * E - 1e-9))
-    w_gu = (std * torch.randn(Eh, 2 * I, D, generator=gen)).to(dtype)
-    w_dn = (std * torch.randn(Eh, D, I, generator=gen)).to(dtype)
+    w_gu = (std * torch.randn(Eh, 2 * inter, D, generator=gen)).to(dtype)
+    w_dn = (std * torch.randn(Eh, D, inter, generator=gen)).to(dtype)
     hot = HotExpertsBatched(w_gu, w_dn)
     for bk in buckets or (seq_len,):
         x = torch.randn(Eh, bk, D, generator=gen).to(dtype)

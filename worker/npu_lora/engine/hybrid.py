@@ -36,7 +36,13 @@ from npu_lora.device.graphs import (
     positions,
 )
 from npu_lora.engine.profile import HostTimes, StepProfile
-from npu_lora.models.build import EXPERT_PARAM_NAMES, build_model, causal_lm, decoder_layers, to_dtype
+from npu_lora.models.build import (
+    EXPERT_PARAM_NAMES,
+    build_model,
+    causal_lm,
+    decoder_layers,
+    to_dtype,
+)
 from npu_lora.moe.host_mlp import HostMLP, install_host_mlp
 from npu_lora.moe.hot import default_buckets, make_hot_layer, refresh_hot_layer, select_hot
 
@@ -93,11 +99,15 @@ class HybridEngine:
         inner = self.lm.model
         self.embed = backend.compile(DeviceEmbed(inner.embed_tokens))
         self.attn = [
-            backend.compile(DeviceAttentionBlock.from_layer(layer, inner.rotary_emb).to(backend.device))
+            backend.compile(
+                DeviceAttentionBlock.from_layer(layer, inner.rotary_emb).to(backend.device)
+            )
             for layer in self.layers
         ]
         self.head = backend.compile(
-            DeviceHead(inner.norm, self.lm.lm_head, int(self.lm.lm_head.weight.shape[0])).to(backend.device)
+            DeviceHead(inner.norm, self.lm.lm_head, int(self.lm.lm_head.weight.shape[0])).to(
+                backend.device
+            )
         )
         self.bucket_sizes = tuple(sorted(bucket_sizes)) if bucket_sizes else None
         self.tokens_per_batch = tokens_per_batch
@@ -111,7 +121,7 @@ class HybridEngine:
         dev = self.backend.device
         host_ids = {id(t) for m in self.mlps for t in (*m.parameters(), *m.buffers())}
         for mod in self.model.modules():
-            for key, p in mod._parameters.items():
+            for p in mod._parameters.values():
                 if p is not None and id(p) not in host_ids:
                     p.data = p.data.to(dev)
             for key, b in mod._buffers.items():
@@ -127,7 +137,9 @@ class HybridEngine:
         return [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
 
     # --- one micro-batch -----------------------------------------------------------------------
-    def forward_backward(self, batch: dict[str, torch.Tensor], loss_scale: float = 1.0) -> StepProfile:
+    def forward_backward(
+        self, batch: dict[str, torch.Tensor], loss_scale: float = 1.0
+    ) -> StepProfile:
         """One micro-batch: forward, mean CE over label tokens, backward of ``loss * loss_scale``.
 
         ``batch``: CPU tensors ``input_ids [B,S] int64``, ``attention_mask [B,S]`` (1 = real
@@ -207,10 +219,16 @@ class HybridEngine:
 
     def _install_hot(self, experts_per_layer: list[list[int]]) -> None:
         if len(experts_per_layer) != self.num_layers:
-            raise ValueError(f"hot set has {len(experts_per_layer)} layers, model {self.num_layers}")
+            raise ValueError(
+                f"hot set has {len(experts_per_layer)} layers, model {self.num_layers}"
+            )
         for mlp, ids in zip(self.mlps, experts_per_layer, strict=True):
             mlp.hot = make_hot_layer(
-                mlp.experts, list(ids), self.backend, buckets=self._buckets(), device_dtype=self.device_dtype
+                mlp.experts,
+                list(ids),
+                self.backend,
+                buckets=self._buckets(),
+                device_dtype=self.device_dtype,
             )
 
     def select_hot_experts(self, step: int) -> dict:

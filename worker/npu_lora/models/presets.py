@@ -30,7 +30,9 @@ TINY_QWEN3_MOE: dict[str, Any] = dict(
 )
 
 
-def preset_config(name: str, *, layers: int | None = None, vocab_size: int | None = None) -> Qwen3MoeConfig:
+def preset_config(
+    name: str, *, layers: int | None = None, vocab_size: int | None = None
+) -> Qwen3MoeConfig:
     """Config of a preset; ``layers`` overrides depth; the vocab grows to ``vocab_size``."""
     if name == "tiny-qwen3-moe":
         cfg = Qwen3MoeConfig(**TINY_QWEN3_MOE)

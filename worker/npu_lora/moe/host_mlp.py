@@ -59,7 +59,9 @@ class HostTimes:
     host_fwd_s: float = 0.0
     host_bwd_s: float = 0.0  # includes recompute_s
     recompute_s: float = 0.0
-    hot_s: float = 0.0  # part of host_fwd_s + host_bwd_s spent in forward-direction hot-expert device calls
+    hot_s: float = (
+        0.0  # part of host_fwd_s + host_bwd_s spent in forward-direction hot-expert device calls
+    )
 
     def reset(self) -> None:
         self.host_fwd_s = self.host_bwd_s = self.recompute_s = self.hot_s = 0.0
@@ -105,7 +107,10 @@ class HostMLPFunction(torch.autograd.Function):
         if kept is not None and kept.token is ctx.token:
             mlp._kept = None  # free the slot as soon as this layer's backward runs
         reuse = (
-            kept is not None and kept.token is ctx.token and kept.x is x and kept.version == x._version
+            kept is not None
+            and kept.token is ctx.token
+            and kept.x is x
+            and kept.version == x._version
         )
         if reuse:
             x_hat, y = kept.x_hat, kept.y
@@ -207,9 +212,10 @@ class HostMLP(nn.Module):
         t0 = time.perf_counter()
         x = self.backend.to_host(hidden_states)
         self.times.host_fwd_s += time.perf_counter() - t0
-        if torch.is_grad_enabled():
-            y = HostMLPFunction.apply(x, self, *self.trainable_params())
-        else:
+        params = self.trainable_params() if torch.is_grad_enabled() else []
+        if torch.is_grad_enabled() and (x.requires_grad or params):
+            y = HostMLPFunction.apply(x, self, *params)
+        else:  # nothing to differentiate: no graph to keep, no Function node
             t1 = time.perf_counter()
             y = self.block_forward(x, count=True)
             self.times.host_fwd_s += time.perf_counter() - t1
@@ -240,7 +246,14 @@ def install_host_mlp(
     for i, layer in enumerate(layers):
         mlp = layer.mlp
         if not isinstance(mlp, HostMLP):
-            mlp = HostMLP(mlp, layer=i, backend=backend, keep_graph=keep_graph, times=times, counts_LE=counts_LE)
+            mlp = HostMLP(
+                mlp,
+                layer=i,
+                backend=backend,
+                keep_graph=keep_graph,
+                times=times,
+                counts_LE=counts_LE,
+            )
             layer.mlp = mlp
         out.append(mlp)
     return out

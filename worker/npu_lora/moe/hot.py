@@ -62,7 +62,10 @@ def pick_bucket(n: int, buckets: tuple[int, ...]) -> int:
         if b >= n:
             return b
     big = next_pow2(n)
-    warnings.warn(f"hot-expert group of {n} tokens exceeds the largest bucket {buckets[-1]}; using {big}", stacklevel=2)
+    warnings.warn(
+        f"hot-expert group of {n} tokens exceeds the largest bucket {buckets[-1]}; using {big}",
+        stacklevel=2,
+    )
     return big
 
 
@@ -115,8 +118,12 @@ def make_hot_layer(
     with torch.no_grad():
         w_gu = experts_module.gate_up_proj.detach()[ids].to(device_dtype)
         w_dn = experts_module.down_proj.detach()[ids].to(device_dtype)
-        module = HotExpertsBatched(backend.to_device(w_gu), backend.to_device(w_dn)).to(backend.device)
-    return HotLayer(list(expert_ids), slot, module, backend.compile(module), tuple(buckets), device_dtype)
+        module = HotExpertsBatched(backend.to_device(w_gu), backend.to_device(w_dn)).to(
+            backend.device
+        )
+    return HotLayer(
+        list(expert_ids), slot, module, backend.compile(module), tuple(buckets), device_dtype
+    )
 
 
 def refresh_hot_layer(layer: HotLayer, experts_module: nn.Module, backend: Backend) -> None:

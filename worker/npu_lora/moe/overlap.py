@@ -111,8 +111,9 @@ class StreamRunner:
         out, event = handle
         current = self.mod.current_stream(self.device)
         current.wait_event(event)
-        if isinstance(out, torch.Tensor):
-            out.record_stream(current)  # allocated on the side stream, consumed on this one
+        for t in out if isinstance(out, tuple | list) else (out,):
+            if isinstance(t, torch.Tensor):
+                t.record_stream(current)  # allocated on the side stream, consumed on this one
         return out
 
 
@@ -131,6 +132,55 @@ def count_call(backend: Backend, name: str, layer: int | None) -> None:
     backend.calls_by_name[name] += 1
     if layer is not None:
         backend.calls_by_layer[layer] += 1
+
+
+class _JoinDevice(torch.autograd.Function):
+    """Joins the asynchronously computed device result into this thread's autograd graph.
+
+    The device call ran (on a side stream or thread) on detached leaves ``x̂, r̂`` with grad
+    enabled, building its own small graph ``y(x̂, r̂)``. This node is created on the caller's
+    thread *after* the cold experts, at the place where the sequential function creates the
+    device call's nodes, so autograd runs the two branches and accumulates their gradients into
+    the block input in the same order as the sequential function (bitwise-equal gradients).
+    Backward: ``torch.autograd.grad(y, [x̂, r̂], dy)`` then device → host and the host dtypes
+    (what the sequential ``to_device``/``.to(dtype)`` nodes do)."""
+
+    @staticmethod
+    def forward(ctx: Any, x_EhBD: torch.Tensor, r_EhB: torch.Tensor, res: tuple) -> torch.Tensor:  # type: ignore[override]
+        y = res[2]
+        ctx.res = res
+        ctx.x_meta = (x_EhBD.device, x_EhBD.dtype)
+        ctx.r_meta = (r_EhB.device, r_EhB.dtype)
+        return y.detach()
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor):  # type: ignore[override]
+        x_hat, r_hat, y = ctx.res
+        ctx.res = None
+        gx, gr = torch.autograd.grad(y, [x_hat, r_hat], dy, allow_unused=True)
+        if gx is not None:
+            gx = gx.to(*ctx.x_meta)
+        if gr is not None:
+            gr = gr.to(*ctx.r_meta)
+        return gx, gr, None
+
+
+def _hot_inputs(
+    x_TD: torch.Tensor,
+    r_P: torch.Tensor,
+    tok_P: torch.Tensor,
+    src_EhB: torch.Tensor,
+    Eh: int,
+    Bk: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense padded hot inputs (the sequential function's exact op sequence)."""
+    T, D = x_TD.shape
+    tok_ext = torch.cat([tok_P, torch.tensor([T])])
+    x_ext_TD = torch.cat([x_TD, x_TD.new_zeros(1, D)])
+    r_ext_P = torch.cat([r_P, r_P.new_zeros(1)])
+    x_EhBD = x_ext_TD[tok_ext[src_EhB]].view(Eh, Bk, D)
+    r_EhB = r_ext_P[src_EhB].view(Eh, Bk)
+    return x_EhBD, r_EhB
 
 
 def hot_cold_forward_overlapped(
@@ -158,8 +208,11 @@ def hot_cold_forward_overlapped(
     is_hot_P = slot_P >= 0
     cold_Pc = (~is_hot_P).nonzero().squeeze(1)
     hot_Ph = is_hot_P.nonzero().squeeze(1)
+    # the cold gathers first: the sequential function creates them before the hot ones
+    if cold_Pc.numel():
+        x_cold, e_cold, r_cold = x_TD[tok_P[cold_Pc]], e_P[cold_Pc, None], r_P[cold_Pc, None]
 
-    # 1. hot pairs: dense padded tensors, issue the device call (asynchronously)
+    # 1. hot pairs: dense padded values (no graph yet), issue the device call asynchronously
     Eh = hot.num_hot
     slot_Ph = slot_P[hot_Ph]
     order = torch.argsort(slot_Ph, stable=True)
@@ -171,26 +224,37 @@ def hot_cold_forward_overlapped(
     dest_Ph = slot_Ph * Bk + (torch.arange(hot_Ph.numel()) - start_Eh[slot_Ph])
     src_EhB = torch.full((Eh * Bk,), P, dtype=torch.int64)  # P = the padding row
     src_EhB[dest_Ph] = hot_Ph
-    tok_ext = torch.cat([tok_P, torch.tensor([T])])
-    x_ext_TD = torch.cat([x_TD, x_TD.new_zeros(1, D)])
-    r_ext_P = torch.cat([r_P, r_P.new_zeros(1)])
-    x_EhBD = x_ext_TD[tok_ext[src_EhB]].view(Eh, Bk, D)
-    r_EhB = r_ext_P[src_EhB].view(Eh, Bk)
+    needs_graph = torch.is_grad_enabled() and (x_TD.requires_grad or r_P.requires_grad)
+    with torch.no_grad():
+        xv, rv = _hot_inputs(x_TD.detach(), r_P.detach(), tok_P, src_EhB, Eh, Bk)
+        x_dev = backend.to_device(xv.to(hot.device_dtype))
+        r_dev = backend.to_device(rv.to(hot.device_dtype))
+
+    def device_fn(x: torch.Tensor, r: torch.Tensor) -> tuple:
+        if needs_graph:
+            with torch.enable_grad():
+                xh, rh = x.detach().requires_grad_(True), r.detach().requires_grad_(True)
+                return xh, rh, hot.fn(xh, rh)
+        with torch.no_grad():
+            return None, None, hot.fn(x, r)
 
     count_call(backend, "hot_experts", layer)
-    x_dev = backend.to_device(x_EhBD.to(hot.device_dtype))
-    r_dev = backend.to_device(r_EhB.to(hot.device_dtype))
-    handle = runner.submit(hot.fn, x_dev, r_dev)
+    handle = runner.submit(device_fn, x_dev, r_dev)
 
     # 2. cold pairs on the host, meanwhile
     if cold_Pc.numel():
-        y_cold = experts(x_TD[tok_P[cold_Pc]], e_P[cold_Pc, None], r_P[cold_Pc, None])
+        y_cold = experts(x_cold, e_cold, r_cold)
     else:
         y_cold = x_TD.new_zeros(0, D)
 
-    # 3. wait for the device, back to the host, unpad
+    # 3. wait for the device; join its graph here (sequential order), back to the host, unpad
     t0 = time.perf_counter()
-    y_EhBD = runner.wait(handle)
+    res = runner.wait(handle)
+    if needs_graph:
+        x_EhBD, r_EhB = _hot_inputs(x_TD, r_P, tok_P, src_EhB, Eh, Bk)
+        y_EhBD = _JoinDevice.apply(x_EhBD, r_EhB, res)
+    else:
+        y_EhBD = res[2]
     y_hot = backend.to_host(y_EhBD).to(x_TD.dtype).reshape(Eh * Bk, D)[dest_Ph]
     waited = time.perf_counter() - t0
     backend.call_s += waited

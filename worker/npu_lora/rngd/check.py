@@ -65,7 +65,8 @@ class Row:
     seconds: float = 0.0
     peak_rss_mb: float | None = None
     detail: str = ""
-    skipped: bool = False
+    skipped: bool = False  # could not run here (no furiosa-torch): not a pass
+    na: bool = False  # nothing to check (a graph with nothing trainable has no backward)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -241,6 +242,19 @@ def build_graphs(args: argparse.Namespace) -> list[Any]:
             raise ValueError(f"unknown graphs {unknown}; have {names}")
         graphs = [g for g in graphs if g.name in args.graphs]
     return graphs
+
+
+def has_backward(graph: Any) -> bool:
+    """Whether the graph has anything to differentiate (trainable inputs or parameters)."""
+    from .inventory import _graph_parts, _resolve_trainable
+
+    _, module, inputs, trainable = _graph_parts(graph)
+    return bool(_resolve_trainable(module, inputs, trainable)[0])
+
+
+def _na_row(graph: Any, tier: str) -> Row:
+    return Row(graph.name, "backward", tier, ok=True, na=True,
+               detail="n/a: nothing trainable, no backward graph")  # fmt: skip
 
 
 def direction_call(graph: Any, direction: str) -> tuple[Any, tuple[Any, ...], list[str]]:
@@ -509,7 +523,7 @@ def format_table(rows: Sequence[Row]) -> str:
     head = ("graph", "dir", "tier", "ops", "ok", "failed ops", "seconds", "peak RSS MB")
     body = []
     for r in rows:
-        ok = "skip" if r.skipped else ("ok" if r.ok else "FAIL")
+        ok = "skip" if r.skipped else "n/a" if r.na else ("ok" if r.ok else "FAIL")
         failed = ",".join(op.removeprefix("aten.").removeprefix("aten::") for op in r.failed_ops)
         body.append(
             (
@@ -622,13 +636,19 @@ def _run_check(args: argparse.Namespace, scratch: Path) -> int:
     status = 0
     if "inventory" in tiers:
         for g in graphs:
-            new = run_inventory(g, args.directions, have_furiosa)
+            dirs = [d for d in args.directions if d == "forward" or has_backward(g)]
+            new = run_inventory(g, dirs, have_furiosa)
+            if "backward" in args.directions and "backward" not in dirs:
+                new.append(_na_row(g, "inventory"))
             for r in new:
                 _log(f"inventory {r.graph} {r.direction}: {'ok' if r.ok else 'FAIL ' + r.detail}")
             rows += new
     for tier in (t for t in tiers if t != "inventory"):
         for g in graphs:
             for d in args.directions:
+                if d == "backward" and not has_backward(g):
+                    rows.append(_na_row(g, tier))
+                    continue
                 if not have_furiosa:
                     rows.append(Row(g.name, d, tier, ok=False, skipped=True,
                                     detail="furiosa-torch not installed"))  # fmt: skip

@@ -133,6 +133,8 @@ class ProgressBar(TrainCallback):
             unit="step",
             file=sys.stderr,
             dynamic_ncols=True,
+            # in a pod's log (not a terminal) every refresh is a line: refresh rarely
+            mininterval=0.1 if sys.stderr.isatty() else 30.0,
             disable=self.disable,
         )
 
