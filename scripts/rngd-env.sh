@@ -63,7 +63,7 @@ VPY="$VENV/bin/python"
 
 # Version of an installed distribution, without importing it (importing torch autoloads furiosa).
 dist_version() {
-  "$VPY" - "$1" <<'EOF'
+  "$VPY" -I - "$1" <<'EOF'
 import sys
 from importlib.metadata import PackageNotFoundError, version
 try:
@@ -106,8 +106,23 @@ fi
 
 # The project itself (editable, no deps: never let pip touch torch). Tests run from another
 # checkout put that checkout's worker/ first on PYTHONPATH (see .ci/rngd-tests.sh).
-log "installing npu-lora (editable) from $REPO"
-"$VPY" -m pip install -q --no-deps -e "$REPO"
+editable_from() {
+  "$VPY" -I - <<'EOF2'
+import json
+from importlib.metadata import PackageNotFoundError, distribution
+try:
+    text = distribution("npu-lora").read_text("direct_url.json") or "{}"
+    print(json.loads(text).get("url", ""))
+except PackageNotFoundError:
+    print("")
+EOF2
+}
+if [[ "$(editable_from)" != "file://$REPO" ]]; then
+  log "installing npu-lora (editable) from $REPO"
+  "$VPY" -m pip install -q --no-deps -e "$REPO"
+else
+  log "npu-lora installed (editable) from $REPO"
+fi
 
 # --- 3. verify --------------------------------------------------------------------------------
 "$VPY" - <<'EOF'

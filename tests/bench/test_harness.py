@@ -64,7 +64,7 @@ def test_bench_tiny_end_to_end(tmp_path):
     cfg = h.BenchConfig(
         preset="tiny-qwen3-moe",
         seq_len=16,
-        rounds=3,
+        rounds=2,
         steps_per_round=2,
         hot_warmup_steps=1,
         variants=[
@@ -138,3 +138,27 @@ def test_cli_bad_variant(tmp_path, capsys):
 
     rc = main(["bench", "--variants", "warp-drive", "--no-limits", "--out", str(tmp_path)])
     assert rc == 2
+
+
+def test_kernels_bench_tiny(tmp_path):
+    from npu_lora.bench.kernels import bench_kernels
+
+    rows = bench_kernels(
+        tokens=[16],
+        dtypes=["float32"],
+        impls=["eager", "grouped_mm", "npu_lora_sorted"],
+        rounds=2,
+        H=32,
+        inter=16,
+        E=8,
+        K=2,
+        train_experts=True,
+        out=tmp_path,
+        log=lambda s: None,
+        bw_elems=1 << 18,
+    )
+    assert {(r["impl"], r["mode"]) for r in rows} == {
+        (i, m) for i in ("eager", "grouped_mm", "npu_lora_sorted") for m in ("frozen", "train")
+    }
+    assert all(r["rounds"] == 2 and r["fwd_ms"] > 0 for r in rows)
+    assert "| 16 | float32 | frozen | npu_lora_sorted |" in (tmp_path / "kernels.md").read_text()

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from npu_lora.api.load import SpecError, load_manifest
 from npu_lora.data import (
     ANSWER_WORDS,
@@ -65,9 +64,7 @@ def test_nsmc_bad_rows_name_field_and_line(tmp_path):
 
 def test_jsonl_both_shapes_and_errors(tmp_path):
     p = tmp_path / "d.jsonl"
-    p.write_text(
-        '{"text": "안녕"}\n\n{"prompt": "질문:", "completion": " 답"}\n', encoding="utf-8"
-    )
+    p.write_text('{"text": "안녕"}\n\n{"prompt": "질문:", "completion": " 답"}\n', encoding="utf-8")
     ex = read_jsonl(p)
     assert [(e.kind, e.text, e.completion) for e in ex] == [
         ("text", "안녕", None),
@@ -131,8 +128,10 @@ def test_tokenizer_errors_name_the_field(tmp_path):
     from npu_lora.data import load_tokenizer
 
     m = load_manifest(
-        {"model": {"preset": "tiny-qwen3-moe", "tokenizer": str(tmp_path / "nope")},
-         "data": {"path": "example:nsmc-mini"}}
+        {
+            "model": {"preset": "tiny-qwen3-moe", "tokenizer": str(tmp_path / "nope")},
+            "data": {"path": "example:nsmc-mini"},
+        }
     )
     with pytest.raises(SpecError, match=r"spec\.model\.tokenizer: no such directory"):
         load_tokenizer(m.spec.model)
@@ -157,7 +156,7 @@ def test_classification_masking_and_padding():
     n = sum(mask)
     assert mask == [1] * n + [0] * (64 - n)
     assert ids[n:] == [tok.pad_token_id] * (64 - n)
-    answer = tok.encode(ANSWER_WORDS[1], add_special_tokens=False) + [tok.eos_token_id]
+    answer = [*tok.encode(ANSWER_WORDS[1], add_special_tokens=False), tok.eos_token_id]
     assert _labelled(ids, labels) == answer
     assert labels[n - len(answer) : n] == answer  # the answer ends the real tokens
     assert tok.decode(ids[:n]) == "<bos>리뷰: 재밌다\n감정: 긍정<eos>"
@@ -168,7 +167,7 @@ def test_truncation_cuts_the_document_not_the_answer():
     long = "아주 긴 리뷰 " * 40
     ids, mask, labels = encode_example(Example("classify", long, label=0), tok, 48)
     assert sum(mask) == 48
-    answer = tok.encode(ANSWER_WORDS[0], add_special_tokens=False) + [tok.eos_token_id]
+    answer = [*tok.encode(ANSWER_WORDS[0], add_special_tokens=False), tok.eos_token_id]
     assert _labelled(ids, labels) == answer
     assert ids[-len(answer) :] == answer
     assert tok.decode(ids).endswith("\n감정: 부정<eos>")
@@ -184,7 +183,9 @@ def test_text_and_prompt_records():
     ids, _, labels = encode_example(Example("prompt", "q" * 30, completion="ok"), tok, 12)
     assert _labelled(ids, labels) == [3 + 111, 3 + 107, 2]
     assert ids[-3:] == [3 + 111, 3 + 107, 2]
-    custom = encode_example(Example("classify", "좋아", label=1), tok, 64, template="[{text}] =>")[0]
+    custom = encode_example(Example("classify", "좋아", label=1), tok, 64, template="[{text}] =>")[
+        0
+    ]
     assert tok.decode([i for i in custom if i]).startswith("<bos>[좋아] => 긍정")
     with pytest.raises(DataError, match=r"spec\.data\.template: must contain"):
         encode_example(Example("classify", "a", label=1), tok, 64, template="no placeholder")
@@ -215,9 +216,11 @@ def test_order_is_deterministic_resumable_and_covers_epochs():
 
 def test_prepare_data_from_spec(tmp_path):
     m = load_manifest(
-        {"model": {"preset": "tiny-qwen3-moe"},
-         "data": {"path": "example:jsonl-mini", "maxExamples": 7},
-         "training": {"seqLen": 96, "steps": 10}}
+        {
+            "model": {"preset": "tiny-qwen3-moe"},
+            "data": {"path": "example:jsonl-mini", "maxExamples": 7},
+            "training": {"seqLen": 96, "steps": 10},
+        }
     )
     ds, tok = prepare_data(m.spec)
     assert len(ds) == 7 and len(tok) == BYTE_VOCAB_SIZE

@@ -162,7 +162,28 @@ def test_suspend_and_resume(cluster: Cluster, operator: OperatorProcess) -> None
     assert job["spec"]["suspend"] is True
     assert cluster.row(name)["PHASE"] == "Suspended"
     suspended_at = _step(cluster, name)
-    time.sleep(1.5)
+    # mutable fields while suspended: the Job's deadline follows, the worker config is rewritten,
+    # an image change is refused with a Warning event
+    cluster.kubectl(
+        "patch",
+        "mft",
+        name,
+        "--type",
+        "merge",
+        "-p",
+        '{"spec":{"activeDeadlineSeconds":3600,"reporting":{"everySteps":2},"image":"other:2"}}',
+    )
+    _wait(
+        lambda: cluster.jobs(name)[0]["spec"].get("activeDeadlineSeconds") == 3600,
+        30,
+        "the Job's activeDeadlineSeconds",
+        operator,
+    )
+    cm = cluster.emulator.get("v1", "ConfigMap", f"{name}-config", namespace="default")
+    assert "everySteps: 2" in cm["data"]["config.yaml"]
+    events = cluster.kubectl("get", "events").stdout
+    assert "ChangeNotApplied" in events and "spec.image" in events
+    time.sleep(1.0)
     assert _step(cluster, name) == suspended_at  # nothing trains while suspended
 
     cluster.kubectl("patch", "mft", name, "--type", "merge", "-p", '{"spec":{"suspend":false}}')
@@ -200,3 +221,39 @@ def test_delete_mid_run_cascades(cluster: Cluster, operator: OperatorProcess) ->
     size = log.stat().st_size
     time.sleep(2)
     assert log.stat().st_size == size
+
+
+def _condition(cluster: Cluster, name: str, ctype: str) -> dict[str, Any]:
+    for c in cluster.status(name).get("conditions") or []:
+        if c["type"] == ctype:
+            return c
+    return {}
+
+
+def test_pending_and_deadline_reasons(cluster: Cluster, operator: OperatorProcess) -> None:
+    cluster.apply(manifest("e2e-pull", image="registry.invalid/doesnotexist:1"))
+    cluster.apply(manifest("e2e-sched", podTemplate={"nodeSelector": {"furiosa.ai/model": "x"}}))
+    cluster.apply(manifest("e2e-deadline", steps=5000, activeDeadlineSeconds=2))
+    _wait(
+        lambda: _condition(cluster, "e2e-pull", "Queued").get("reason") == "ImagePullBackOff",
+        60,
+        "ImagePullBackOff",
+        operator,
+    )
+    assert cluster.status("e2e-pull")["phase"] == "Pending"
+    _wait(
+        lambda: _condition(cluster, "e2e-sched", "Queued").get("reason") == "Unschedulable",
+        60,
+        "Unschedulable",
+        operator,
+    )
+    assert "cannot be scheduled" in cluster.status("e2e-sched")["message"]
+    _wait(
+        lambda: cluster.status("e2e-deadline").get("phase") == "Failed",
+        120,
+        "DeadlineExceeded",
+        operator,
+    )
+    assert _condition(cluster, "e2e-deadline", "Failed")["reason"] == "DeadlineExceeded"
+    events = cluster.kubectl("get", "events").stdout
+    assert "ImagePullBackOff" in events and "Unschedulable" in events

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
@@ -31,24 +30,24 @@ def test_call_counting():
     assert be.calls_per_layer(2) == 0.0
 
 
-def test_package_imports_without_furiosa():
-    """With furiosa made unimportable, the package (engine included) imports, auto falls back,
-    and an explicit furiosa backend fails with a clear error."""
-    code = (
-        "import sys; sys.modules['furiosa'] = None; sys.modules['furiosa.torch'] = None\n"
-        "import npu_lora.engine, npu_lora.backends as b\n"
-        "assert not b.furiosa_available()\n"
-        "assert b.get_backend('auto').name in ('cpu', 'cuda')\n"
-        "try:\n    b.get_backend('furiosa')\nexcept RuntimeError as e:\n    print('ok', e)\n"
-        "import npu_lora.backends.furiosa as f\n"
-        "src = open(f.__file__.replace('furiosa.py', '__init__.py')).read()\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("ok") and "furiosa-torch" in out.stdout
+def test_package_imports_without_furiosa(monkeypatch):
+    """furiosa-torch absent (made unimportable): the engine imports without pulling it in,
+    ``auto`` falls back, and an explicit ``furiosa`` backend fails with a clear error."""
+    import npu_lora.backends as b
+    import npu_lora.engine  # noqa: F401
+
+    if "furiosa.torch" not in sys.modules:  # not autoloaded by torch in this venv
+        assert "furiosa" not in sys.modules
+    monkeypatch.setitem(sys.modules, "furiosa", None)
+    monkeypatch.setitem(sys.modules, "furiosa.torch", None)
+    assert not b.furiosa_available()
+    assert b.get_backend("auto").name in ("cpu", "cuda")
+    with pytest.raises(RuntimeError, match="furiosa-torch"):
+        b.get_backend("furiosa")
 
 
 def test_only_backends_furiosa_imports_furiosa():
+    """In the engine core, ``backends/furiosa.py`` is the only module importing furiosa."""
     from pathlib import Path
 
     import npu_lora
@@ -56,13 +55,12 @@ def test_only_backends_furiosa_imports_furiosa():
     root = Path(npu_lora.__file__).parent
     offenders = [
         str(p.relative_to(root))
-        for p in root.rglob("*.py")
+        for folder in ("engine", "moe", "models", "device", "backends")
+        for p in (root / folder).rglob("*.py")
         if p.name != "furiosa.py"
         and any(
             line.lstrip().startswith(("import furiosa", "from furiosa"))
             for line in p.read_text().splitlines()
         )
     ]
-    assert offenders == [] or all(
-        not o.startswith(("engine", "moe", "models", "device", "backends")) for o in offenders
-    )
+    assert offenders == []

@@ -119,6 +119,9 @@ def test_hot_state_roundtrip(tiny):
     eng2.load_hot_state(state)
     assert eng2.hot_state() == state
     assert [m.hot.experts for m in eng2.mlps] == info["per_layer"]
+    eng3 = build_engine(spec)
+    eng3.load_routing_counts(torch.tensor(state["routing_counts"]))
+    assert eng3.select_hot_experts(1)["per_layer"] == info["per_layer"]  # same choice on resume
     eng2.load_hot_state(None)
     assert (
         eng2.hot_state() is None

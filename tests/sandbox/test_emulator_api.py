@@ -75,6 +75,16 @@ def test_create_sets_server_fields_and_201(api_client: Any, emulator: ApiEmulato
         and body["reason"] == "Invalid"
         and body["details"]["causes"][0]["field"] == "metadata.name"
     )
+    orphan_ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": "a"}  # no uid
+    status, body = http(
+        emulator,
+        "POST",
+        "/api/v1/namespaces/default/configmaps",
+        {"metadata": {"name": "child", "ownerReferences": [orphan_ref]}},
+    )
+    assert (
+        status == 422 and body["details"]["causes"][0]["field"] == "metadata.ownerReferences[0].uid"
+    )
 
 
 def test_list_selectors_and_namespaces(api_client: Any, emulator: ApiEmulator) -> None:

@@ -196,6 +196,8 @@ def test_cel_functions_direct() -> None:
             },
             {"rule": "!has(self.m) || 'a' in self.m", "message": "map"},
             {"rule": "self.name.size() <= 5", "message": "len"},
+            {"rule": "self.name.lowerAscii() == self.name", "message": "lower"},
+            {"rule": "isURL(self.name)", "message": "unsupported by cel-python: skipped"},
         ],
     }
     ok = {"lr": 0.5, "mods": ["q_proj"], "name": "abc", "m": {"a": 1}}
@@ -204,7 +206,7 @@ def test_cel_functions_direct() -> None:
         "lr"
     )  # integer JSON as a CEL double
     bad = sch.validate({"lr": 0.1, "mods": ["x"], "name": "Bcdefgh", "m": {"b": 1}}, schema)
-    assert [c.body.rsplit(": ", 1)[1] for c in bad] == ["mods", "name", "map", "len"]
+    assert [c.body.rsplit(": ", 1)[1] for c in bad] == ["mods", "name", "map", "len", "lower"]
 
 
 def test_in_process_invalid_leaves_state(emulator: ApiEmulator, make_crd: Any) -> None:

@@ -231,3 +231,30 @@ def test_rbac_can_i(kubectl: Any, crd: None) -> None:
     assert can("get", "widgets.example.com/w1", "--subresource=status", "-n", "other") == "no"
     assert can("delete", "pods") == "no"
     assert kubectl("auth", "can-i", "delete", "pods").stdout.strip() == "yes"  # the sandbox admin
+
+
+def test_rbac_enforced_for_impersonation(kubectl: Any, emulator: ApiEmulator, crd: None) -> None:
+    kubectl("apply", "-f", "-", input=RBAC)
+    kubectl("apply", "-f", "-", input=WIDGET)
+    sa = "--as=system:serviceaccount:default:run-sa"
+    res = kubectl("get", "pods", sa, check=False)
+    assert res.returncode == 1
+    assert (
+        'pods is forbidden: User "system:serviceaccount:default:run-sa" cannot list resource '
+        '"pods" in API group "" in the namespace "default"'
+    ) in res.stderr
+    kubectl(
+        "patch",
+        "widget",
+        "w1",
+        sa,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        '{"status":{"phase":"X"}}',
+    )
+    assert emulator.get("example.com/v1", "Widget", "w1", "default")["status"] == {"phase": "X"}
+    res = kubectl(
+        "patch", "widget", "w1", sa, "--type=merge", "-p", '{"spec":{"size":4}}', check=False
+    )
+    assert res.returncode == 1 and "forbidden" in res.stderr

@@ -322,6 +322,8 @@ def test_json_log_and_path_map_env(
     mapping = json.loads(log[0])
     assert mapping["/output"] == str(kubelet.pvc_dir("c") / "r1")
     assert mapping["/dev/termination-log"].endswith("termination-log")
+    sa = Path(mapping["/var/run/secrets/kubernetes.io/serviceaccount"])
+    assert (sa / "namespace").read_text() == "default"
     assert Path(log[1]).exists() and sys.executable
 
 
@@ -363,3 +365,77 @@ def test_deleted_running_pod_counts_as_failure_and_is_replaced(
         wait_for(lambda: finished(emulator, "repl"), timeout=20)["Failed"]["reason"]
         == "DeadlineExceeded"
     )
+
+
+def test_container_reports_status_through_the_api(
+    emulator: ApiEmulator, kubelet: LocalKubelet, wait_for: Any, make_crd: Any
+) -> None:
+    emulator.load_crd(make_crd())
+    emulator.create(
+        {
+            "apiVersion": "example.com/v1",
+            "kind": "Widget",
+            "metadata": {"name": "w"},
+            "spec": {"size": 1},
+        }
+    )
+    code = (
+        "import os\n"
+        "from kubernetes import client, config\n"
+        "config.load_config()\n"
+        "ns = open('/var/run/secrets/kubernetes.io/serviceaccount/namespace').read()\n"
+        "client.CustomObjectsApi().patch_namespaced_custom_object_status(\n"
+        "    'example.com', 'v1', ns, 'widgets', 'w', {'status': {'phase': os.environ['POD']}})\n"
+    )
+    env = [{"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+    # The pod authenticates as its ServiceAccount: without a Role the report is forbidden.
+    emulator.create(
+        job(
+            "denied",
+            code,
+            backoffLimit=0,
+            container={"env": env},
+            pod_spec={"serviceAccountName": "reporter"},
+        )
+    )
+    conds = wait_for(lambda: finished(emulator, "denied"), timeout=30)
+    assert "Failed" in conds
+    (pod,) = pods_of(emulator, "denied")
+    log = (kubelet.pod_dir("default", pod["metadata"]["name"]) / "container.log").read_text()
+    assert "403" in log and "cannot patch resource" in log and "widgets/status" in log
+    for obj in (
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "reporter"}},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": "reporter"},
+            "rules": [
+                {
+                    "apiGroups": ["example.com"],
+                    "resources": ["widgets/status"],
+                    "verbs": ["patch"],
+                    "resourceNames": ["w"],
+                }
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "reporter"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "reporter",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "reporter", "namespace": "default"}],
+        },
+    ):
+        emulator.create(obj)
+    emulator.create(
+        job("reporter", code, container={"env": env}, pod_spec={"serviceAccountName": "reporter"})
+    )
+    conds = wait_for(lambda: finished(emulator, "reporter"), timeout=30)
+    assert "Complete" in conds, pods_of(emulator, "reporter")
+    (pod,) = pods_of(emulator, "reporter")
+    status = emulator.get("example.com/v1", "Widget", "w", "default")["status"]
+    assert status == {"phase": pod["metadata"]["name"]}

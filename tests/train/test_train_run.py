@@ -8,16 +8,27 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import run_cli, tiny_manifest
-
 from npu_lora.api.v1alpha1 import EXIT_CONFIG_ERROR, EXIT_NONFINITE_LOSS
 from npu_lora.cli import main
 from npu_lora.train.callbacks import TrainCallback
+from train_helpers import run_cli, tiny_manifest
 
 RECORD_KEYS = {
-    "step", "loss", "step_s", "attn_head_s", "host_fwd_s", "host_bwd_s", "recompute_s",
-    "device_calls_per_layer", "tokens", "hot_experts", "keep_graph", "placement", "lr",
-    "grad_norm", "time",
+    "step",
+    "loss",
+    "step_s",
+    "attn_head_s",
+    "host_fwd_s",
+    "host_bwd_s",
+    "recompute_s",
+    "device_calls_per_layer",
+    "tokens",
+    "hot_experts",
+    "keep_graph",
+    "placement",
+    "lr",
+    "grad_norm",
+    "time",
 }
 
 
@@ -59,13 +70,19 @@ def test_run_tiny_loss_falls_and_writes_the_run_dir(tmp_path, capsys, monkeypatc
     out = tmp_path / "run"
     assert main(["run", str(cfg), "--out", str(out), "--quiet"]) == 0
     stdout = capsys.readouterr().out
-    for col in ("step_s", "attn_head_s", "host_fwd_s", "host_bwd_s", "recompute_s",
-                "device calls/layer"):
+    for col in (
+        "step_s",
+        "attn_head_s",
+        "host_fwd_s",
+        "host_bwd_s",
+        "recompute_s",
+        "device calls/layer",
+    ):
         assert col in stdout
 
     recs = _records(out)
     assert [r["step"] for r in recs] == list(range(1, 17))
-    assert RECORD_KEYS <= set(recs[0])
+    assert set(recs[0]) >= RECORD_KEYS
     assert all(r["tokens"] == 2 * 64 and r["placement"] == "hot" for r in recs)
     assert [r["hot_experts"] > 0 for r in recs] == [False] * 2 + [True] * 14  # warmupSteps 2
     assert recs[5]["device_calls_per_layer"] == 2.0  # keepGraph: attention + hot experts
@@ -94,7 +111,10 @@ def test_run_tiny_loss_falls_and_writes_the_run_dir(tmp_path, capsys, monkeypatc
     assert rec.events[0] == ("start", 1, 16) and rec.events[-1] == ("end", 16)
     assert kinds.count("step") == 16
     assert rec.events.index(("hot", 2, 4)) == rec.events.index(("step", 2)) + 1
-    assert [e for e in rec.events if e[0] == "checkpoint"] == [("checkpoint", 10), ("checkpoint", 16)]
+    assert [e for e in rec.events if e[0] == "checkpoint"] == [
+        ("checkpoint", 10),
+        ("checkpoint", 16),
+    ]
 
     # a rerun of the finished run resumes at the end: nothing re-run, nothing duplicated
     assert main(["run", str(cfg), "--out", str(out), "--quiet"]) == 0
@@ -114,7 +134,10 @@ def _assert_rejected(tmp_path, code, err, out, *needles):
         (["--set", "lora.r=0"], ["spec.lora.r", "greater than or equal to 1"]),
         (["--set", "moe.placement=gpu"], ["spec.moe.placement", "'host-only' or 'hot'"]),
         (["--set", "training.bogus=1"], ["spec.training.bogus", "unknown field"]),
-        (["--set", "moe.warmupSteps=50"], ["moe.warmupSteps (50) must be less than training.steps"]),
+        (
+            ["--set", "moe.warmupSteps=50"],
+            ["moe.warmupSteps (50) must be less than training.steps"],
+        ),
         (["--set", "data.path=/nonexistent/x.tsv"], ["spec.data.path: no such file"]),
         (["--set", "model.tokenizer=/nonexistent"], ["spec.model.tokenizer: no such directory"]),
         (["--set", "training.seqLen=16"], ["spec.training.seqLen: 16 is too short"]),
@@ -148,8 +171,9 @@ def test_invalid_manifest_subprocess(tmp_path):
     )
     out = tmp_path / "run"
     r = run_cli("run", str(cfg), "--out", str(out), NPU_LORA_TERMINATION_LOG=str(tmp_path / "t"))
-    _assert_rejected(tmp_path, r.returncode, r.stderr, out, "spec.training.learningRate",
-                     "greater than 0")
+    _assert_rejected(
+        tmp_path, r.returncode, r.stderr, out, "spec.training.learningRate", "greater than 0"
+    )
     assert "Traceback" not in r.stderr
     assert "spec.training.learningRate" in (tmp_path / "t").read_text()
 
@@ -160,7 +184,9 @@ def test_resume_refuses_a_different_training_config(tmp_path, capsys, standin):
     assert main(["run", str(cfg), "--out", str(out), "--quiet", "--no-plot"]) == 0
     before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
     capsys.readouterr()
-    code = main(["run", str(cfg), "--out", str(out), "--quiet", "--set", "training.learningRate=0.1"])
+    code = main(
+        ["run", str(cfg), "--out", str(out), "--quiet", "--set", "training.learningRate=0.1"]
+    )
     err = capsys.readouterr().err
     assert code == EXIT_CONFIG_ERROR
     assert "spec.training.learningRate: 0.005 (saved) → 0.1 (now)" in err
@@ -208,8 +234,12 @@ def test_grad_accumulation_matches_a_bigger_batch(tmp_path, standin):
 
     outs = []
     for name, b, a in (("b2", 2, 1), ("a2", 1, 2)):
-        cfg = tiny_manifest(tmp_path, name=name, training={"steps": 2, "batchSize": b,
-                            "gradAccumulation": a}, moe={"placement": "host-only"})
+        cfg = tiny_manifest(
+            tmp_path,
+            name=name,
+            training={"steps": 2, "batchSize": b, "gradAccumulation": a},
+            moe={"placement": "host-only"},
+        )
         outs.append(tmp_path / name)
         assert main(["run", str(cfg), "--out", str(outs[-1]), "--quiet", "--no-plot"]) == 0
     w1 = load_file(str(outs[0] / "adapter" / "adapter_model.safetensors"))
@@ -230,5 +260,42 @@ def test_status_reporter_is_optional(monkeypatch):
     monkeypatch.setenv("NPU_LORA_RESOURCE_NAME", "x")
     if importlib.util.find_spec("npu_lora.report") is None:
         assert run_cmd._status_reporter(object()) is None
+    else:  # the operator's reporter plugs in as a callback (nothing is sent before on_start)
+        assert isinstance(run_cmd._status_reporter(object()), TrainCallback)
     monkeypatch.delenv("NPU_LORA_RESOURCE_NAME")
     assert run_cmd._status_reporter(object()) is None
+
+
+def test_one_process_per_run_dir(tmp_path, capsys, standin):
+    import fcntl
+
+    cfg = tiny_manifest(tmp_path, training={"steps": 2}, moe={"placement": "host-only"})
+    out = tmp_path / "run"
+    out.mkdir()
+    with open(out / ".lock", "a+") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        code = main(["run", str(cfg), "--out", str(out), "--quiet"])
+    assert code == EXIT_CONFIG_ERROR and "in use by another npu-lora run" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == [".lock"]
+
+
+def test_example_manifest_is_valid():
+    from npu_lora.api.load import load_manifest
+    from train_helpers import REPO
+
+    m = load_manifest(REPO / "examples" / "tiny-local.yaml")
+    assert m.metadata.name == "tiny-local" and m.spec.model.preset == "tiny-qwen3-moe"
+    assert m.spec.data.path == "example:nsmc-mini" and m.spec.device.backend == "cpu"
+    assert m.spec.moe.placement == "hot"
+
+
+@pytest.mark.slow
+def test_example_tiny_local_runs(tmp_path):
+    from train_helpers import REPO
+
+    out = tmp_path / "run"
+    r = run_cli("run", str(REPO / "examples" / "tiny-local.yaml"), "--out", str(out), timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "median per step" in r.stdout and "device calls/layer" in r.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["final_loss"] < summary["first_loss"] - 0.5

@@ -6,9 +6,8 @@ import json
 import math
 
 import pytest
-from conftest import SHARED, tiny_manifest
-
 from npu_lora.cli import main
+from train_helpers import SHARED, tiny_manifest
 
 DATA = SHARED / "data"
 NSMC = DATA / "nsmc" / "ratings_train.txt"
@@ -28,16 +27,20 @@ def test_qwen3_tokenizer_loads_offline():
     from npu_lora.data import load_tokenizer, prepare_data
 
     m = load_manifest(
-        {"model": {"preset": "tiny-qwen3-moe", "tokenizer": str(QWEN_TOK)},
-         "data": {"path": str(NSMC), "maxExamples": 50}, "training": {"seqLen": 64}}
+        {
+            "model": {"preset": "tiny-qwen3-moe", "tokenizer": str(QWEN_TOK)},
+            "data": {"path": str(NSMC), "maxExamples": 50},
+            "training": {"seqLen": 64},
+        }
     )
     tok = load_tokenizer(m.spec.model)
     assert len(tok) == 151669 and tok.eos_token == "<|im_end|>" and tok.pad_token_id is not None
     ds, _ = prepare_data(m.spec, tok)
     assert ds.input_ids.shape == (50, 64)
     ends = [row[row != -100].tolist() for row in ds.labels]
-    assert all(e[-1] == tok.eos_token_id and tok.decode(e[:-1]).strip() in ("긍정", "부정")
-               for e in ends)
+    assert all(
+        e[-1] == tok.eos_token_id and tok.decode(e[:-1]).strip() in ("긍정", "부정") for e in ends
+    )
 
 
 def test_nsmc_with_qwen3_tokenizer_loss_falls(tmp_path):

@@ -52,9 +52,13 @@ What the server does:
   resource's PATCH operation with ``fieldValidation``, so client-side ``kubectl apply`` validates
   on the server; ``/openapi/v2`` answers 404, which kubectl tolerates).
 - pod logs (``pods/<name>/log``, ``follow``, ``tailLines``) from files registered by the kubelet.
-- RBAC *evaluation* for (Self|Local)SubjectAccessReviews against the stored Roles/ClusterRoles and
-  bindings (``kubectl auth can-i VERB RES --as=system:serviceaccount:NS:SA`` works; without
-  ``--as`` the caller is a cluster admin); also in-process: :meth:`ApiEmulator.authorize`.
+- RBAC: the default kubeconfig user is a cluster admin; requests that impersonate
+  (``kubectl --as=...``) or carry a ServiceAccount token (``write_kubeconfig(...,
+  service_account=(ns, name))``; the kubelet gives each pod one for its ``serviceAccountName``)
+  are authorized against the stored Roles/ClusterRoles and bindings (403 Forbidden with the
+  apiserver's message otherwise); (Self|Local)SubjectAccessReviews are answered
+  (``kubectl auth can-i VERB RES --as=system:serviceaccount:NS:SA``); in-process:
+  :meth:`ApiEmulator.authorize`. Discovery, ``/version`` and ``/openapi`` are open to everyone.
 - protobuf request bodies only for what kubectl's typed clients send in common commands
   (``kubectl create namespace|configmap|secret|serviceaccount``, ``auth can-i``); others get 415.
 
@@ -66,8 +70,8 @@ thread only), :meth:`~ApiEmulator.register_pod_log`, :meth:`~ApiEmulator.add_sto
 kubectl tip: kubectl caches discovery per server address for hours (``~/.kube/cache``); emulators
 reuse ports, so pass ``--cache-dir=<fresh dir>`` (the test fixture does).
 
-Not emulated: authentication and RBAC *enforcement* on requests (roles are evaluated only for
-access reviews), admission webhooks, quotas, conversion between CRD versions (all served versions
+Not emulated: real authentication (any other token is the admin), aggregated ClusterRoles,
+admission webhooks, quotas, conversion between CRD versions (all served versions
 share one storage), managedFields and SSA field ownership, protobuf responses,
 ``limit``/``continue`` pagination (lists are always complete), scale subresources, graceful pod
 deletion (pods disappear at once; the kubelet then terminates the process), namespace deletion
@@ -109,6 +113,7 @@ VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 HISTORY = 50_000  # watch events kept for resourceVersion-based resumption
+SA_TOKEN_PREFIX = "sandbox-sa:"  # bearer "sandbox-sa:<ns>:<name>" = that ServiceAccount
 
 
 def now_iso() -> str:
@@ -487,15 +492,31 @@ class ApiEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
     def url(self) -> str:  # type: ignore[override]
         return f"http://{self._host}:{self.port}"
 
-    def write_kubeconfig(self, path: str | Path, *, namespace: str = "default") -> Path:
-        """Write a kubeconfig (insecure http, no credentials) for kubectl and the Python client."""
+    @staticmethod
+    def service_account_token(namespace: str, name: str) -> str:
+        """A bearer token that authenticates as ``system:serviceaccount:<namespace>:<name>``."""
+        return f"{SA_TOKEN_PREFIX}{namespace}:{name}"
+
+    def write_kubeconfig(
+        self,
+        path: str | Path,
+        *,
+        namespace: str = "default",
+        service_account: tuple[str, str] | None = None,
+    ) -> Path:
+        """Write a kubeconfig (insecure http) for kubectl and the Python client.
+
+        By default its user is a cluster admin; ``service_account=(namespace, name)`` makes it
+        authenticate as that ServiceAccount instead, with RBAC enforced on its requests.
+        """
+        token = self.service_account_token(*service_account) if service_account else "sandbox"
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         config = {
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": "sandbox", "cluster": {"server": self.url}}],
-            "users": [{"name": "sandbox", "user": {"token": "sandbox"}}],
+            "users": [{"name": "sandbox", "user": {"token": token}}],
             "contexts": [
                 {
                     "name": "sandbox",
@@ -585,7 +606,7 @@ class ApiEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
     ) -> dict[str, Any] | None:
         def op() -> dict[str, Any] | None:
             rt = self.resource_for(api_version, kind)
-            obj = self._store[rt.storage_key].get((namespace or "" if rt.namespaced else "", name))
+            obj = self._store[rt.storage_key].get(self._key(rt, _ns(rt, namespace), name))
             return self._out(rt, obj) if obj is not None else None
 
         return self.call(op)
@@ -612,9 +633,7 @@ class ApiEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         def op() -> dict[str, Any]:
             rt = self.resource_for(obj["apiVersion"], obj["kind"])
             meta = obj.get("metadata", {})
-            return self._update(
-                rt, meta.get("namespace") if rt.namespaced else None, meta["name"], obj, subresource
-            )
+            return self._update(rt, _ns(rt, meta.get("namespace")), meta["name"], obj, subresource)
 
         return self.call(op)
 
@@ -633,9 +652,7 @@ class ApiEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
 
         def op() -> dict[str, Any]:
             rt = self.resource_for(api_version, kind)
-            return self._patch(
-                rt, namespace if rt.namespaced else None, name, patch, patch_type, subresource
-            )
+            return self._patch(rt, _ns(rt, namespace), name, patch, patch_type, subresource)
 
         return self.call(op)
 
@@ -651,9 +668,7 @@ class ApiEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         def op() -> dict[str, Any] | None:
             rt = self.resource_for(api_version, kind)
             try:
-                return self._delete(
-                    rt, namespace if rt.namespaced else None, name, propagation=propagation
-                )
+                return self._delete(rt, _ns(rt, namespace), name, propagation=propagation)
             except ApiError as exc:
                 if exc.code == 404:
                     return None
@@ -896,6 +911,7 @@ class ApiEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = now_iso()
         self._default_builtin(rt, obj, None)
+        self._check_meta(rt, obj)
         self._check_custom(rt, obj, None, field_validation, warnings)
         meta["generation"] = 1
         if dry_run:
@@ -948,6 +964,7 @@ class ApiEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             names = dict(spec.get("names") or {})
             names.setdefault("singular", str(names.get("kind", "")).lower())
             names.setdefault("listKind", f"{names.get('kind', '')}List")
+            kept = (obj.get("status") or {}).get("conditions")
             obj["status"] = {
                 "acceptedNames": names,
                 "conditions": [
@@ -970,6 +987,8 @@ class ApiEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
                     v["name"] for v in spec.get("versions") or [] if v.get("storage")
                 ],
             }
+            if kept:
+                obj["status"]["conditions"] = kept
         elif rt.kind == "ServiceAccount" and rt.group == "":
             pass
 
@@ -1012,13 +1031,33 @@ class ApiEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             if (field_validation or "").lower() == "warn" and warnings is not None:
                 warnings.extend(f'unknown field "{p}"' for p in removed)
         schema.apply_defaults(obj, sch)
-        body = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata")}
-        old_body = (
-            {k: v for k, v in old.items() if k not in ("apiVersion", "kind", "metadata")}
-            if old
-            else None
-        )
+
+        def cel_view(o: dict[str, Any]) -> dict[str, Any]:
+            # Root-level CEL rules see apiVersion, kind and metadata.name/generateName only.
+            view = {k: v for k, v in o.items() if k != "metadata"}
+            m = o.get("metadata") or {}
+            view["metadata"] = {k: m[k] for k in ("name", "generateName") if k in m}
+            return view
+
+        body = cel_view(obj)
+        old_body = cel_view(old) if old else None
         causes = schema.validate(body, sch, old=old_body, has_old=old is not None)
+        if causes:
+            raise self._invalid(rt, obj["metadata"].get("name", ""), causes)
+
+    def _check_meta(self, rt: ResourceType, obj: dict[str, Any]) -> None:
+        """ownerReferences need apiVersion, kind, name and uid (as in the apiserver)."""
+        causes = []
+        for i, ref in enumerate(obj["metadata"].get("ownerReferences") or []):
+            for key in ("apiVersion", "kind", "name", "uid"):
+                if not (ref or {}).get(key):
+                    causes.append(
+                        schema.Cause(
+                            f"metadata.ownerReferences[{i}].{key}",
+                            "FieldValueInvalid",
+                            f'Invalid value: "": {key} must not be empty',
+                        )
+                    )
         if causes:
             raise self._invalid(rt, obj["metadata"].get("name", ""), causes)
 
@@ -1156,6 +1195,7 @@ class ApiEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             new.setdefault("spec", {})["selector"] = (old.get("spec") or {}).get("selector")
             self._check_job_immutables(rt, old, new)
         self._default_builtin(rt, new, old)
+        self._check_meta(rt, new)
         self._check_custom(rt, new, old, field_validation, warnings)
         for k in ("labels", "annotations", "finalizers", "ownerReferences"):
             if k in meta and not meta[k]:
@@ -1711,6 +1751,9 @@ class ApiEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
     ) -> aiohttp.web.StreamResponse:
         rt = pp.rtype
         assert rt is not None
+        identity = self._identity(raw)
+        if identity is not None and rt.group != "authorization.k8s.io":
+            self._enforce(identity, rt, method, q, pp)
         accept = raw.headers.get("Accept", "")
         dry_run = q.get("dryRun") == "All"
         field_validation = q.get("fieldValidation")
@@ -1859,6 +1902,58 @@ class ApiEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
 
     # ----------------------------------------------------------------------------- RBAC reviews
 
+    @staticmethod
+    def _identity(raw: aiohttp.web.BaseRequest) -> tuple[str, list[str]] | None:
+        """``None`` for the sandbox admin; else ``(user, groups)`` whose requests RBAC checks:
+        impersonation headers (``kubectl --as``) or a ServiceAccount token (see
+        :meth:`service_account_token`)."""
+        user = raw.headers.get("Impersonate-User")
+        if user:
+            return user, list(raw.headers.getall("Impersonate-Group", []))
+        auth = raw.headers.get("Authorization", "")
+        if auth.startswith(f"Bearer {SA_TOKEN_PREFIX}"):
+            ns, _, name = auth[len("Bearer ") + len(SA_TOKEN_PREFIX) :].partition(":")
+            return f"system:serviceaccount:{ns}:{name}", []
+        return None
+
+    def _enforce(
+        self,
+        identity: tuple[str, list[str]],
+        rt: ResourceType,
+        method: str,
+        q: Any,
+        pp: _ParsedPath,
+    ) -> None:
+        if method == "GET":
+            watching = pp.watch_prefix or _truthy(q.get("watch"))
+            verb = "watch" if watching else ("get" if pp.name else "list")
+        else:
+            verb = {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, "")
+            if method == "DELETE":
+                verb = "delete" if pp.name else "deletecollection"
+        attrs = {
+            "verb": verb,
+            "group": rt.group,
+            "resource": rt.plural,
+            "subresource": pp.subresource or "",
+            "name": pp.name or "",
+            "namespace": pp.namespace or "",
+        }
+        user, groups = identity
+        allowed, _ = self.authorize(user, groups, attrs)
+        if allowed:
+            return
+        res = f"{rt.plural}/{pp.subresource}" if pp.subresource else rt.plural
+        where = f' in the namespace "{pp.namespace}"' if pp.namespace else " at the cluster scope"
+        subject = f'{rt.qualified} "{pp.name}"' if pp.name else rt.qualified
+        raise ApiError(
+            403,
+            "Forbidden",
+            f'{subject} is forbidden: User "{user}" cannot {verb} resource "{res}" '
+            f'in API group "{rt.group}"{where}',
+            {"name": pp.name or "", "group": rt.group, "kind": rt.plural},
+        )
+
     def _access_review(
         self, rt: ResourceType, namespace: str | None, body: Any, raw: aiohttp.web.BaseRequest
     ) -> dict[str, Any]:
@@ -1866,8 +1961,8 @@ class ApiEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         review = copy.deepcopy(body) if isinstance(body, dict) else {}
         spec = review.setdefault("spec", {})
         if rt.kind == "SelfSubjectAccessReview":
-            user = raw.headers.get("Impersonate-User")
-            groups = raw.headers.getall("Impersonate-Group", [])
+            identity = self._identity(raw)
+            user, groups = identity if identity is not None else (None, [])
         else:
             user, groups = spec.get("user"), list(spec.get("groups") or [])
         attrs = dict(spec.get("resourceAttributes") or {})
@@ -2213,6 +2308,13 @@ class ApiEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         except (ConnectionError, RuntimeError):
             pass
         return resp
+
+
+def _ns(rt: ResourceType, namespace: str | None) -> str | None:
+    """In-process calls: namespaced resources default to the "default" namespace."""
+    if not rt.namespaced:
+        return None
+    return namespace or "default"
 
 
 def _version_priority(version: str) -> tuple[int, int, int]:

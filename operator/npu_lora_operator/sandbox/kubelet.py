@@ -43,8 +43,15 @@ Kubelet (every pod, Job-owned or bare, runs once: ``restartPolicy`` is not emula
   ``metadata.namespace``, ``metadata.uid``, labels/annotations, ``spec.nodeName``,
   ``spec.serviceAccountName``, ``status.podIP``; ``configMapKeyRef``/``secretKeyRef``;
   ``envFrom``), plus ``KUBECONFIG`` (a kubeconfig for the emulator, so the in-container
-  ``kubernetes`` client reaches the API), ``NPU_LORA_SANDBOX=1`` and ``NPU_LORA_PATH_MAP`` (JSON
-  ``{container path: local path}``) and ``extra_env``;
+  ``kubernetes`` client reaches the API: in-cluster config is absent, so clients fall back to it;
+  with ``pod_identity=True``, the default, it authenticates as the pod's ``serviceAccountName``
+  and the emulator enforces RBAC on its requests, as a cluster would; ``pod_identity=False``
+  gives pods the admin kubeconfig),
+  ``NPU_LORA_SANDBOX=1``, ``NPU_LORA_PATH_MAP`` (JSON ``{container path: local path}``),
+  ``NPU_LORA_TERMINATION_MESSAGE_PATH`` (the local termination-message file) and ``extra_env``;
+  ``PATH`` starts with the directory of ``python_executable`` (a venv's console scripts work);
+- ``/var/run/secrets/kubernetes.io/serviceaccount`` maps to a directory with ``namespace``,
+  ``token`` (the pod's ServiceAccount token) and an empty ``ca.crt``;
 - volumes become local directories: a PVC ``claimName`` → ``<root>/pvc/<claimName>[/subPath]``;
   ``emptyDir`` (and unknown kinds) → ``<root>/pods/<ns>_<pod>/volumes/<name>``; ``configMap`` and
   ``secret`` → files materialised there (``items`` honoured); ``hostPath`` → itself;
@@ -53,7 +60,8 @@ Kubelet (every pod, Job-owned or bare, runs once: ``restartPolicy`` is not emula
   ``terminationMessagePath`` (default ``/dev/termination-log`` → a file in the pod directory) in
   ``command``, ``args``, ``env`` values, ``workingDir`` and the contents of materialised configMap
   files with the local path. Paths hard-coded inside programs are not rewritten: programs can read
-  ``NPU_LORA_PATH_MAP``;
+  ``NPU_LORA_PATH_MAP`` / ``NPU_LORA_TERMINATION_MESSAGE_PATH`` (or get the path through an env
+  var or an argument of the Job, which are rewritten);
 - on exit: phase ``Succeeded``/``Failed``, ``containerStatuses[0].state.terminated`` with
   ``exitCode`` (a signal N gives 128+N), ``reason`` ``Completed``/``Error``, ``message`` = the
   termination-message file or, with ``terminationMessagePolicy: FallbackToLogsOnError`` on a
@@ -97,6 +105,7 @@ __all__ = ["LocalKubelet"]
 log = logging.getLogger(__name__)
 
 NODE_NAME = "sandbox-node"
+SA_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
 PASS_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV", "TMPDIR", "SYSTEMROOT")
 
 
@@ -137,6 +146,7 @@ class LocalKubelet:
         backoff_seconds: float = 0.2,
         max_grace_seconds: float = 5.0,
         tick_seconds: float = 0.2,
+        pod_identity: bool = True,
     ) -> None:
         self.emu = emu
         self.root = Path(root).resolve()
@@ -161,6 +171,7 @@ class LocalKubelet:
         self.backoff_seconds = backoff_seconds
         self.max_grace_seconds = max_grace_seconds
         self.tick_seconds = tick_seconds
+        self.pod_identity = pod_identity
         self._procs: dict[str, _Proc] = {}
         self._handled: set[str] = set()  # pod uids the kubelet took care of (started/stuck/failed)
         self._accounted: set[str] = set()  # pod uids counted into their Job's status
@@ -954,12 +965,29 @@ class LocalKubelet:
             tm_local = pdir / "termination-log"
             tm_local.touch()
             mapping[tm_path] = tm_local
+            sa_name = str((pod.get("spec") or {}).get("serviceAccountName") or "default")
+            if self.pod_identity:
+                kubeconfig = self.emu.write_kubeconfig(
+                    pdir / "kubeconfig", namespace=ns, service_account=(ns, sa_name)
+                )
+                token = self.emu.service_account_token(ns, sa_name)
+            else:
+                kubeconfig, token = self.kubeconfig, "sandbox"
+            sa_dir = pdir / "serviceaccount"
+            sa_dir.mkdir(exist_ok=True)
+            (sa_dir / "namespace").write_text(ns)
+            (sa_dir / "token").write_text(token)
+            (sa_dir / "ca.crt").write_text("")
+            mapping.setdefault(SA_PATH, sa_dir)
             rewrite = _rewriter(mapping)
             self._materialise(pod, container, pdir, rewrite)
             env = self._env(pod, container, rewrite)
-            env["KUBECONFIG"] = str(self.kubeconfig)
+            py_bin = str(Path(self.python_executable).parent)
+            env["PATH"] = os.pathsep.join([py_bin, env.get("PATH", os.defpath)])
+            env["KUBECONFIG"] = str(kubeconfig)
             env["NPU_LORA_SANDBOX"] = "1"
             env["NPU_LORA_PATH_MAP"] = json.dumps({k: str(v) for k, v in mapping.items()})
+            env["NPU_LORA_TERMINATION_MESSAGE_PATH"] = str(tm_local)
             env.setdefault("HOSTNAME", name)
             command = list(container.get("command") or [])
             if not command:

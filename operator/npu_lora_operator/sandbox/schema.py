@@ -9,6 +9,12 @@ What a real kube-apiserver does to a custom resource on create/update, in its or
    ``required``, ``nullable``, ``x-kubernetes-int-or-string`` and the ``x-kubernetes-validations``
    CEL rules (with ``oldSelf`` transition rules evaluated only on update, where an old value exists).
 
+CEL runs on cel-python with part of Kubernetes' string library added (``lowerAscii``,
+``upperAscii``, ``trim``, ``split``, ``join``, ``replace``, ``indexOf``, ``lastIndexOf``,
+``substring``, ``charAt``). Rules that cel-python cannot run (other Kubernetes library functions
+such as ``isURL``/``quantity``, optional syntax ``.?x``, int-vs-double comparisons that Kubernetes
+allows) are skipped with a logged warning rather than rejecting objects a real apiserver accepts.
+
 Errors are :class:`Cause` objects whose text matches the apiserver's ``field.Error`` strings, e.g.
 ``spec.lora.r: Invalid value: 0: spec.lora.r in body should be greater than or equal to 1``;
 :func:`invalid_message` joins them like the apiserver's ``StatusError`` message.
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import math
 import re
 from dataclasses import dataclass
@@ -31,6 +38,8 @@ __all__ = [
     "prune",
     "validate",
 ]
+
+log = logging.getLogger(__name__)
 
 _REASON_PREFIX = {
     "FieldValueInvalid": "Invalid value",
@@ -451,9 +460,43 @@ def _program(expr: str) -> Any:
         import celpy  # local: cel-python is an optional dependency (operator extra)
 
         env = celpy.Environment()
-        prog = env.program(env.compile(expr))
+        prog = env.program(env.compile(expr), functions=_k8s_functions())
         _programs[expr] = prog
     return prog
+
+
+def _k8s_functions() -> dict[str, Any]:
+    """A part of the Kubernetes CEL string library (cel-go ``ext.Strings``) for cel-python."""
+    from celpy import celtypes
+
+    S, L, I = celtypes.StringType, celtypes.ListType, celtypes.IntType  # noqa: E741
+
+    def split(s: str, sep: str, n: int = -1) -> Any:
+        parts = s.split(sep) if n < 0 else s.split(sep, max(int(n) - 1, 0)) if n else []
+        return L([S(p) for p in parts])
+
+    def substring(s: str, start: int, end: int | None = None) -> Any:
+        return S(s[int(start) :] if end is None else s[int(start) : int(end)])
+
+    return {
+        "lowerAscii": lambda s: S(str(s).lower()),
+        "upperAscii": lambda s: S(str(s).upper()),
+        "trim": lambda s: S(str(s).strip()),
+        "split": split,
+        "join": lambda lst, sep=S(""): S(str(sep).join(str(x) for x in lst)),
+        "replace": lambda s, old, new, n=-1: S(str(s).replace(str(old), str(new), int(n))),
+        "indexOf": lambda s, sub: I(str(s).find(str(sub))),
+        "lastIndexOf": lambda s, sub: I(str(s).rfind(str(sub))),
+        "substring": substring,
+        "charAt": lambda s, i: S(str(s)[int(i)] if int(i) < len(str(s)) else ""),
+    }
+
+
+# Errors that come from cel-python's gaps (functions of the Kubernetes CEL libraries it lacks,
+# cross-type numeric comparisons that Kubernetes allows), not from the object: such rules are
+# skipped with a warning instead of rejecting objects a real apiserver would accept.
+_UNSUPPORTED = ("undeclared reference", "no matching overload", "unexpected token", "CELParseError")
+_warned: set[str] = set()
 
 
 def to_cel(value: Any, schema: dict[str, Any] | None) -> Any:
@@ -523,6 +566,12 @@ def _validate_cel(
         try:
             ok = _cel_eval(expr, activation)
         except Exception as exc:  # evaluation errors are validation errors in the apiserver too
+            text = _cel_error_text(exc)
+            if any(u in text or u in type(exc).__name__ for u in _UNSUPPORTED):
+                if expr not in _warned:
+                    _warned.add(expr)
+                    log.warning("CEL rule %r skipped (unsupported by cel-python): %s", expr, text)
+                continue
             causes.append(
                 _invalid(
                     field, _type_name(value, schema), f"evaluation error: {_cel_error_text(exc)}"
@@ -548,7 +597,5 @@ def _validate_cel(
 
 
 def _cel_error_text(exc: Exception) -> str:
-    if exc.args:
-        first = exc.args[0]
-        return str(first)
-    return str(exc)
+    text = str(exc.args[0]) if exc.args else str(exc)
+    return text.split(" (in activation")[0].strip()

@@ -356,6 +356,37 @@ _SIMPLE: dict[str, tuple[list[Column], Callable[[dict[str, Any]], list[Any]]]] =
 _SIMPLE["ClusterRoleBinding"] = _SIMPLE["RoleBinding"]
 
 
+def _deployment_row(d: dict[str, Any]) -> list[Any]:
+    spec, status = d.get("spec") or {}, d.get("status") or {}
+    containers = ((spec.get("template") or {}).get("spec") or {}).get("containers") or []
+    selector = (spec.get("selector") or {}).get("matchLabels") or {}
+    return [
+        _meta(d).get("name"),
+        f"{status.get('readyReplicas', 0)}/{spec.get('replicas', 1)}",
+        status.get("updatedReplicas", 0),
+        status.get("availableReplicas", 0),
+        age(_meta(d).get("creationTimestamp")),
+        ",".join(c.get("name", "") for c in containers),
+        ",".join(c.get("image", "") for c in containers),
+        ",".join(f"{k}={v}" for k, v in selector.items()),
+    ]
+
+
+_SIMPLE["Deployment"] = (
+    [
+        NAME_COL,
+        _col("Ready"),
+        _col("Up-to-date", "integer"),
+        _col("Available", "integer"),
+        AGE_COL,
+        _col("Containers", priority=1),
+        _col("Images", priority=1),
+        _col("Selector", priority=1),
+    ],
+    _deployment_row,
+)
+
+
 def columns_and_cells(
     kind: str, printer_columns: list[dict[str, Any]] | None, is_custom: bool
 ) -> tuple[list[Column], Callable[[dict[str, Any]], list[Any]]]:

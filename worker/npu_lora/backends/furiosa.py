@@ -38,9 +38,10 @@ class FuriosaBackend(Backend):
         super().__init__(torch.device("furiosa", index))
 
     def synchronize(self) -> None:
-        sync = getattr(getattr(torch, "furiosa", None), "synchronize", None)
-        if sync is not None:
-            sync()
+        # furiosa-torch 2026.4 has no module-level synchronize; its Stream has one
+        # (``current_stream(device).synchronize()``, as in furiosa.torch.ext._execution_pool).
+        stream = self._ft.current_stream(self.device)
+        stream.synchronize()
 
     def compile(self, module: nn.Module) -> nn.Module | Callable[..., Any]:
         return torch.compile(module, backend=self._ft.backend, dynamic=False)

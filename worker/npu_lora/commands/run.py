@@ -116,7 +116,9 @@ def run(args: argparse.Namespace) -> int:
     from npu_lora.api.load import load_manifest
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+    warnings.filterwarnings(
+        "ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning
+    )
     overrides = list(args.overrides or [])
     if args.steps is not None:
         if args.steps < 1:

@@ -67,11 +67,19 @@ def encode_example(
     *,
     template: str | None = None,
     stats: TokenStats | None = None,
+    cache: dict[str, list[int]] | None = None,
 ) -> tuple[list[int], list[int], list[int]]:
-    """``(input_ids, attention_mask, labels)``, each of length ``seq_len``."""
+    """``(input_ids, attention_mask, labels)``, each of length ``seq_len``.
+
+    ``cache``: pre-computed ``text -> ids`` (see :func:`batch_encode`).
+    """
 
     def enc(text: str) -> list[int]:
-        return list(tok.encode(text, add_special_tokens=False)) if text else []
+        if not text:
+            return []
+        if cache is not None and text in cache:
+            return list(cache[text])
+        return list(tok.encode(text, add_special_tokens=False))
 
     bos = [tok.bos_token_id] if getattr(tok, "bos_token_id", None) is not None else []
     eos = [tok.eos_token_id]
@@ -127,6 +135,29 @@ def encode_example(
     return ids, mask, labels
 
 
+def pieces(ex: Example, template: str | None) -> list[str]:
+    """The strings :func:`encode_example` tokenises for ``ex``."""
+    if ex.kind == "text":
+        return [ex.text]
+    if ex.kind == "classify":
+        prefix, suffix = _split_template(template or DEFAULT_TEMPLATE)
+        return [prefix, ex.text, suffix, *ANSWER_WORDS.values()]
+    return [ex.text, ex.completion or ""]
+
+
+def batch_encode(
+    tok: Any, examples: list[Example], template: str | None, chunk: int = 1024
+) -> dict[str, list[int]]:
+    """Tokenise every distinct piece of ``examples`` in batches (fast tokenizers: in parallel)."""
+    texts = list(dict.fromkeys(t for ex in examples for t in pieces(ex, template) if t))
+    cache: dict[str, list[int]] = {}
+    for i in range(0, len(texts), chunk):
+        part = texts[i : i + chunk]
+        ids = tok(part, add_special_tokens=False)["input_ids"]
+        cache.update(zip(part, ids, strict=True))
+    return cache
+
+
 def _perm(n: int, seed: int, salt: int) -> torch.Tensor:
     import torch
 
@@ -162,8 +193,10 @@ class TokenizedDataset:
         self.seq_len = seq_len
         self.seed = seed
         self.stats = TokenStats()
+        cache = batch_encode(tok, examples, template)
         rows = [
-            encode_example(e, tok, seq_len, template=template, stats=self.stats) for e in examples
+            encode_example(e, tok, seq_len, template=template, stats=self.stats, cache=cache)
+            for e in examples
         ]
         self.input_ids = torch.tensor([r[0] for r in rows], dtype=torch.long)
         self.attention_mask = torch.tensor([r[1] for r in rows], dtype=torch.long)

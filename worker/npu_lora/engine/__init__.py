@@ -16,6 +16,14 @@ Public interface (stable; the training loop codes against it)::
         info = engine.select_hot_experts(step)   # {} unless the hot set was chosen now
     engine.save_adapter(run_dir / "adapter")
 
+Also: ``engine.model`` (peft model), ``engine.config`` (HF config), ``engine.backend``
+(``npu_lora.backends.Backend``), ``routing_counts() -> [L, E]`` /
+``load_routing_counts(counts)``, ``hot_state()`` /
+``load_hot_state(state)`` (JSON-able; for checkpoints), ``hot_summary()`` (``fraction, experts,
+selected_at_step, per_layer``; ``{}`` before selection), ``adapter_state_dict()`` /
+``load_adapter_state_dict(sd)`` (for checkpoints), ``named_trainable_parameters()``,
+``StepProfile.to_dict()``.
+
 Label convention (Hugging Face): ``labels`` has the same shape as ``input_ids``; it equals
 ``input_ids`` at the answer positions and ``-100`` elsewhere; the engine shifts internally:
 the logits at position ``t`` predict ``labels[t + 1]``. The loss is the mean cross-entropy over

@@ -212,6 +212,10 @@ class HybridEngine:
         (every position incl. padding; recomputes in backward are not counted)."""
         return self.counts_LE.clone()
 
+    def load_routing_counts(self, counts_LE: torch.Tensor) -> None:
+        """Restore routing counts (resuming before the hot set is chosen picks the same set)."""
+        self.counts_LE.copy_(torch.as_tensor(counts_LE, dtype=torch.int64))
+
     def _buckets(self) -> tuple[int, ...]:
         if self.bucket_sizes:
             return self.bucket_sizes

@@ -18,6 +18,7 @@ forward(x, θ) -> y = f(x; θ)
     and keeps ``(x, x̂, y)`` and the graph of ``f`` in the layer's single slot ``_kept``.
     Memory: the block's saved activations (router probs, gathered inputs, gate/up activations:
     ≈ T·K·(D + 3I) values in the host dtype for ``grouped_mm``) until this layer's backward.
+    With hot experts the kept graph also holds the hot call's saved activations on the device.
     The slot holds at most one graph: a new forward of the layer replaces (frees) an abandoned
     one, and backward empties it.
   - ``keep_graph=False``: runs ``f`` under ``no_grad``; saves only ``x`` (already alive in the
@@ -82,6 +83,7 @@ class HostMLPFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, mlp: HostMLP, *params: torch.Tensor) -> torch.Tensor:
         ctx.mlp = mlp
+        ctx.params = params  # the trainable block parameters θ (references, no copy)
         ctx.save_for_backward(x)
         t0 = time.perf_counter()
         if mlp.keep_graph:
@@ -123,8 +125,7 @@ class HostMLPFunction(torch.autograd.Function):
             mlp.times.recompute_s += time.perf_counter() - t1
             mlp.recomputed += 1
         del kept
-        params = mlp.trainable_params()
-        grads = torch.autograd.grad(y, [x_hat, *params], grad_y, allow_unused=True)
+        grads = torch.autograd.grad(y, [x_hat, *ctx.params], grad_y, allow_unused=True)
         mlp.backend.synchronize()
         mlp.times.host_bwd_s += time.perf_counter() - t0
         return (grads[0], None, *grads[1:])

@@ -547,6 +547,7 @@ def format_table(rows: Sequence[Row]) -> str:
 
 def machine_facts() -> dict[str, Any]:
     facts: dict[str, Any] = {
+        "loadavg": [round(x, 2) for x in os.getloadavg()],
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
@@ -626,6 +627,7 @@ def _run_check(args: argparse.Namespace, scratch: Path) -> int:
             shapes = ", ".join(f"{tuple(t.shape)} {t.dtype}" for t in g.example_inputs)
             print(f"{g.name}: {shapes}")
         return 0
+    machine_start = machine_facts()
     _log(
         f"{len(graphs)} graphs ({args.widths}, seq {args.seq_len}), tiers {tiers}, "
         f"furiosa-torch {'yes' if have_furiosa else 'NO'}, cache "
@@ -658,13 +660,14 @@ def _run_check(args: argparse.Namespace, scratch: Path) -> int:
                     row = run_job(args, g.name, d, tier)
                 else:
                     row = run_job_subprocess(args, g.name, d, tier)
+                row.extra["loadavg_1m_after"] = round(os.getloadavg()[0], 2)
                 _log(
                     f"{tier} {g.name} {d}: {'ok' if row.ok else 'FAIL'} {row.seconds:.1f} s "
                     f"{row.detail[:200]}"
                 )
                 rows.append(row)
                 if args.json_out:  # partial results survive an interrupted long run
-                    _write_json(args, rows, started, partial=True)
+                    _write_json(args, rows, started, machine_start, partial=True)
 
     print(format_table(rows))
     if any(not r.ok and not r.skipped for r in rows):
@@ -676,12 +679,17 @@ def _run_check(args: argparse.Namespace, scratch: Path) -> int:
         )
         status = status or 2
     if args.json_out:
-        _write_json(args, rows, started, partial=False)
+        _write_json(args, rows, started, machine_start, partial=False)
     return status
 
 
 def _write_json(
-    args: argparse.Namespace, rows: Sequence[Row], started: str, *, partial: bool
+    args: argparse.Namespace,
+    rows: Sequence[Row],
+    started: str,
+    machine_start: dict[str, Any],
+    *,
+    partial: bool,
 ) -> None:
     doc = {
         "started": started,
@@ -691,7 +699,8 @@ def _write_json(
             for k, v in vars(args).items()
             if not k.startswith("_") and k != "job_out"
         },
-        "machine": machine_facts(),
+        "machine": machine_start,
+        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
         "ok": all(r.ok for r in rows),
         "rows": [r.to_dict() for r in rows],
     }

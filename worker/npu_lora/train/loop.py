@@ -72,6 +72,12 @@ def _profile_dict(prof: Any) -> dict[str, Any]:
     return dict(vars(prof))
 
 
+def _deterministic() -> bool:
+    import torch
+
+    return bool(torch.are_deterministic_algorithms_enabled())
+
+
 def _finite(x: float) -> bool:
     return isinstance(x, int | float) and math.isfinite(x)
 
@@ -115,11 +121,28 @@ class Trainer:
         """Create/resume the run directory; returns the last completed step (0: fresh)."""
         run_dir = self.ctx.run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
+        self._lock(run_dir)
         clean_stale(run_dir)
         start = self.plan.checkpoint_step if self.plan.checkpoint is not None else 0
         self.records = rundir.truncate_metrics(run_dir / rundir.METRICS, start)
         rundir.write_text_atomic(run_dir / rundir.CONFIG, rundir.manifest_yaml(self.ctx.manifest))
         return start
+
+    def _lock(self, run_dir: Path) -> None:
+        """One process per run directory (advisory ``flock`` on ``.lock``, released at exit)."""
+        import fcntl
+
+        from npu_lora.api.load import SpecError
+
+        self._lock_file = open(run_dir / ".lock", "a+")  # noqa: SIM115 - held for the run
+        try:
+            fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SpecError(
+                f"--out: {run_dir} is in use by another npu-lora run (lock {run_dir / '.lock'})"
+            ) from None
+        except OSError:  # a filesystem without flock: go on unlocked
+            pass
 
     def _save_adapter(self) -> Path:
         run_dir = self.ctx.run_dir
@@ -273,6 +296,7 @@ class Trainer:
             "run_dir": str(ctx.run_dir),
             "resumed_from": ctx.resumed_from,
             "data": getattr(getattr(self.dataset, "stats", None), "to_dict", dict)(),
+            "deterministic": _deterministic(),
         }
         if error:
             extra["error"] = error

@@ -1,0 +1,127 @@
+"""The handlers' API logic in-process against the emulator (no kopf loop): idempotent creation,
+adoption, status writes that leave the worker's subtree alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import kopf
+import pytest
+from kubernetes import config as kconfig
+from npu_lora_operator import builders, handlers
+from npu_lora_operator.crd import build_crd
+from npu_lora_operator.kube import Kube
+from npu_lora_operator.settings import OperatorConfig
+
+MFT = ("npu-lora.io/v1alpha1", "MoEFinetune")
+
+
+@pytest.fixture
+def env(emulator: Any, kubeconfig: Path) -> Any:
+    emulator.load_crd(build_crd())
+    client = kconfig.new_client_from_config(config_file=str(kubeconfig))
+    handlers.configure(OperatorConfig(worker_image="w:1"), Kube(client))
+    body = emulator.create(
+        {
+            "apiVersion": "npu-lora.io/v1alpha1",
+            "kind": "MoEFinetune",
+            "metadata": {"name": "r1", "namespace": "default"},
+            "spec": {
+                "model": {"preset": "tiny-qwen3-moe"},
+                "data": {"path": "example:nsmc-mini"},
+                "training": {"steps": 5},
+            },
+        }
+    )
+    yield emulator, body
+    client.close()
+
+
+def test_create_is_idempotent(env: Any) -> None:
+    emu, body = env
+    children = builders.build_children(body, handlers.STATE.config)
+    created = [handlers.ensure_object(c, body)[1] for c in children]
+    assert created == [True] * 5
+    again = [handlers.ensure_object(c, body)[1] for c in children]
+    assert again == [False] * 5
+    assert len(emu.list("batch/v1", "Job", namespace="default")) == 1
+    job = emu.get("batch/v1", "Job", "r1", namespace="default")
+    assert job["metadata"]["ownerReferences"][0]["uid"] == body["metadata"]["uid"]
+
+
+def test_orphan_is_adopted_foreign_owner_waits(env: Any) -> None:
+    emu, body = env
+    cm = builders.build_configmap(body)
+    orphan = {**cm, "metadata": {k: v for k, v in cm["metadata"].items() if k != "ownerReferences"}}
+    emu.create(orphan)
+    obj, created = handlers.ensure_object(cm, body)
+    assert not created
+    assert obj["metadata"]["ownerReferences"][0]["uid"] == body["metadata"]["uid"]
+
+    job = builders.build_job(body, handlers.STATE.config)
+    foreign = {
+        **job,
+        "metadata": {
+            **job["metadata"],
+            "ownerReferences": [{**job["metadata"]["ownerReferences"][0], "uid": "someone-else"}],
+        },
+    }
+    emu.create(foreign)
+    with pytest.raises(kopf.TemporaryError):
+        handlers.ensure_object(job, body)
+
+
+def test_reconcile_writes_only_operator_keys(env: Any) -> None:
+    emu, body = env
+    emu.patch(
+        *MFT,
+        "r1",
+        {"status": {"progress": {"step": 2, "totalSteps": 5}}},
+        namespace="default",
+        subresource="status",
+    )
+    st = handlers.reconcile_status("default", "r1")
+    assert st is not None and st["phase"] == "Pending"
+    for child in builders.build_children(body, handlers.STATE.config):
+        handlers.ensure_object(child, body)
+    st = handlers.reconcile_status("default", "r1")
+    assert st["jobName"] == "r1"
+    obj = emu.get(*MFT, "r1", namespace="default")
+    assert obj["status"]["progress"] == {"step": 2, "totalSteps": 5, "percent": 0.0}
+    assert obj["status"]["observedGeneration"] == 1
+    # nothing changed: no write
+    rv = obj["metadata"]["resourceVersion"]
+    handlers.reconcile_status("default", "r1")
+    assert emu.get(*MFT, "r1", namespace="default")["metadata"]["resourceVersion"] == rv
+
+
+def test_terminal_phase_kept_when_job_is_gone(env: Any) -> None:
+    emu, _ = env
+    emu.patch(
+        *MFT,
+        "r1",
+        {"status": {"phase": "Succeeded", "jobName": "r1"}},
+        namespace="default",
+        subresource="status",
+    )
+    st = handlers.reconcile_status("default", "r1")
+    assert st["phase"] == "Succeeded"  # the Job was removed by its TTL: keep the verdict
+
+
+def test_run_name_of() -> None:
+    assert handlers.run_name_of({"metadata": {"annotations": {"npu-lora.io/run-name": "a"}}}) == "a"
+    assert (
+        handlers.run_name_of(
+            {"metadata": {"ownerReferences": [{"kind": "MoEFinetune", "name": "b"}]}}
+        )
+        == "b"
+    )
+    assert handlers.run_name_of({"metadata": {"labels": {"npu-lora.io/run": "c"}}}) == "c"
+
+
+def test_settings() -> None:
+    s = handlers.build_settings()
+    assert s.persistence.finalizer.startswith("npu-lora.io/")
+    assert s.peering.standalone is True
+    assert s.scanning.disabled is True

@@ -1,0 +1,216 @@
+"""Experts-kernel micro-benchmark: one MoE layer's experts, kernels interleaved in one process.
+
+    python -m npu_lora.bench.kernels --tokens 128 512 --dtypes float32 bfloat16 --rounds 6 \\
+        --out experiments/raw/2026-11-30-experts-kernel
+
+One ``Qwen3MoeExperts`` module at the given widths (default Qwen3-30B-A3B: H=2048, I=768, E=128,
+top-8), random weights (std 0.02) and softmax-top-k routing of random logits (so nearly all
+experts are hit). For each (T, dtype): rounds over the kernels, order reversed on odd rounds;
+per call the forward and the backward are timed separately (``time.perf_counter``; CPU work is
+synchronous). Backward modes: ``frozen`` (LoRA: the experts are frozen; dX and the routing-weight
+gradient only) and, with ``--train-experts``, ``train`` (plus both expert weight gradients).
+Records: JSONL (one per call) + a markdown table of medians, paired ratios vs ``grouped_mm``, and
+the forward's effective bandwidth (hit experts' bytes / forward time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+DEFAULT_IMPLS = ("eager", "grouped_mm", "npu_lora_sorted_grouped", "npu_lora_sorted_loop")
+
+
+def _module(H: int, inter: int, E: int, K: int, dtype: torch.dtype, train: bool, seed: int):
+    from transformers import Qwen3MoeConfig
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+
+    cfg = Qwen3MoeConfig(
+        hidden_size=H, moe_intermediate_size=inter, num_experts=E, num_experts_per_tok=K
+    )
+    cfg._experts_implementation = "eager"
+    m = Qwen3MoeExperts(cfg)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        m.gate_up_proj.copy_(torch.randn(m.gate_up_proj.shape, generator=g) * 0.02)
+        m.down_proj.copy_(torch.randn(m.down_proj.shape, generator=g) * 0.02)
+    m = m.to(dtype)
+    m.requires_grad_(train)
+    return m, cfg
+
+
+def bench_kernels(
+    *,
+    tokens: list[int],
+    dtypes: list[str],
+    impls: list[str],
+    rounds: int,
+    H: int = 2048,
+    inter: int = 768,
+    E: int = 128,
+    K: int = 8,
+    train_experts: bool = False,
+    seed: int = 0,
+    out: Path,
+    log=print,
+    bw_elems: int | None = None,
+) -> list[dict]:
+    from npu_lora.bench.limits import stream_bandwidth
+    from npu_lora.moe.experts import register
+
+    register()
+    out.mkdir(parents=True, exist_ok=True)
+    jf = (out / "kernels.jsonl").open("w")
+    bw_kw = {"elems": bw_elems} if bw_elems else {}
+    bw = stream_bandwidth(**bw_kw)
+    jf.write(json.dumps({"kind": "limits", **bw.to_dict()}) + "\n")
+    log(f"copy {bw.copy_gbs:.1f} GB/s triad {bw.triad_gbs:.1f} GB/s load {bw.loadavg}")
+    rows = []
+    modes = ["frozen", "train"] if train_experts else ["frozen"]
+    for dname in dtypes:
+        dtype = getattr(torch, dname)
+        for mode in modes:
+            m, cfg = _module(H, inter, E, K, dtype, mode == "train", seed)
+            per_expert = (
+                m.gate_up_proj[0].numel() + m.down_proj[0].numel()
+            ) * m.gate_up_proj.element_size()
+            for T in tokens:
+                g = torch.Generator().manual_seed(seed + T)
+                x0 = torch.randn(T, H, generator=g).to(dtype)
+                logits = torch.randn(T, E, generator=g)
+                w, idx = torch.softmax(logits, -1).topk(K, -1)
+                w = (w / w.sum(-1, keepdim=True)).to(dtype)
+                gy = torch.randn(T, H, generator=g).to(dtype)
+                hit = int((torch.bincount(idx.reshape(-1), minlength=E) > 0).sum())
+                recs: list[dict] = []
+                for rnd in range(rounds + 1):  # round 0 is warm-up
+                    order = impls if rnd % 2 == 0 else impls[::-1]
+                    for impl in order:
+                        cfg._experts_implementation = impl
+                        x = x0.clone().requires_grad_(True)
+                        ww = w.clone().requires_grad_(True)
+                        m.zero_grad(set_to_none=True)
+                        c0 = time.process_time()
+                        t0 = time.perf_counter()
+                        y = m(x, idx, ww)
+                        t1 = time.perf_counter()
+                        y.backward(gy)
+                        t2 = time.perf_counter()
+                        cpu_s = time.process_time() - c0
+                        del y
+                        if rnd == 0:
+                            continue
+                        rec = {
+                            "kind": "call",
+                            "impl": impl,
+                            "dtype": dname,
+                            "mode": mode,
+                            "T": T,
+                            "round": rnd,
+                            "fwd_s": t1 - t0,
+                            "bwd_s": t2 - t1,
+                            "cpu_s": cpu_s,
+                            "hit_experts": hit,
+                            "hit_bytes": hit * per_expert,
+                            "loadavg": os.getloadavg(),
+                        }
+                        recs.append(rec)
+                        jf.write(json.dumps(rec) + "\n")
+                        jf.flush()
+                base = "grouped_mm" if "grouped_mm" in impls else impls[0]
+                for impl in impls:
+                    mine = [r for r in recs if r["impl"] == impl]
+                    ref = {r["round"]: r for r in recs if r["impl"] == base}
+                    row = {
+                        "kind": "median",
+                        "impl": impl,
+                        "dtype": dname,
+                        "mode": mode,
+                        "T": T,
+                        "fwd_ms": 1e3 * statistics.median(r["fwd_s"] for r in mine),
+                        "bwd_ms": 1e3 * statistics.median(r["bwd_s"] for r in mine),
+                        "fwd_ratio_vs_base": statistics.median(
+                            r["fwd_s"] / ref[r["round"]]["fwd_s"] for r in mine
+                        ),
+                        "bwd_ratio_vs_base": statistics.median(
+                            r["bwd_s"] / ref[r["round"]]["bwd_s"] for r in mine
+                        ),
+                        "base": base,
+                        "hit_bytes": hit * per_expert,
+                        "rounds": len(mine),
+                        "loadavg_median": statistics.median(r["loadavg"][0] for r in mine),
+                    }
+                    row["fwd_gbs"] = row["hit_bytes"] / (row["fwd_ms"] / 1e3) / 1e9
+                    rows.append(row)
+                    jf.write(json.dumps(row) + "\n")
+                    log(
+                        f"T={T} {dname} {mode} {impl:26s} fwd {row['fwd_ms']:8.1f} ms ({row['fwd_ratio_vs_base']:.2f}x) "
+                        f"bwd {row['bwd_ms']:8.1f} ms ({row['bwd_ratio_vs_base']:.2f}x) {row['fwd_gbs']:.1f} GB/s"
+                    )
+            del m
+    bw2 = stream_bandwidth(**bw_kw)
+    jf.write(json.dumps({"kind": "limits", "when": "after", **bw2.to_dict()}) + "\n")
+    jf.close()
+    copy = max(bw.copy_gbs, bw2.copy_gbs)
+    lines = [
+        f"Copy bandwidth: {bw.copy_gbs:.1f} GB/s before, {bw2.copy_gbs:.1f} GB/s after "
+        f"({bw.threads} threads); fraction below uses {copy:.1f}.",
+        "",
+        "| T | dtype | backward | kernel | fwd ms | bwd ms | fwd ÷ grouped_mm | bwd ÷ grouped_mm | fwd GB/s (hit experts) | % of copy | load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['T']} | {r['dtype']} | {r['mode']} | {r['impl']} | {r['fwd_ms']:.1f} | {r['bwd_ms']:.1f} | "
+            f"{r['fwd_ratio_vs_base']:.2f} | {r['bwd_ratio_vs_base']:.2f} | {r['fwd_gbs']:.1f} | "
+            f"{r['fwd_gbs'] / copy:.0%} | {r['loadavg_median']:.1f} |"
+        )
+    (out / "kernels.md").write_text("\n".join(lines) + "\n")
+    log("\n".join(lines))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--tokens", type=int, nargs="+", default=[128, 512])
+    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    p.add_argument("--impls", nargs="+", default=list(DEFAULT_IMPLS))
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--intermediate", type=int, default=768)
+    p.add_argument("--experts", type=int, default=128)
+    p.add_argument("--top-k", type=int, default=8)
+    p.add_argument(
+        "--train-experts", action="store_true", help="also time backward with expert weight grads"
+    )
+    p.add_argument("--threads", type=int)
+    p.add_argument("--out", default="bench-kernels")
+    a = p.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    bench_kernels(
+        tokens=a.tokens,
+        dtypes=a.dtypes,
+        impls=a.impls,
+        rounds=a.rounds,
+        H=a.hidden,
+        inter=a.intermediate,
+        E=a.experts,
+        K=a.top_k,
+        train_experts=a.train_experts,
+        out=Path(a.out),
+        log=lambda s: print(s, flush=True),
+    )
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
