@@ -141,9 +141,11 @@ def _child_meta(body: Body, name: str, component: str = "worker") -> Body:
 
 
 def _join(root: str, rel: str | None) -> str:
+    """``root/rel``, never outside ``root`` (``..`` cannot climb above the mount point)."""
     if not rel:
         return root
-    return posixpath.normpath(posixpath.join(root, rel.lstrip("/")))
+    inner = posixpath.normpath("/" + rel)  # "/../x" -> "/x"
+    return root if inner == "/" else posixpath.normpath(root + inner)
 
 
 def output_path(body: Body) -> str:
@@ -458,7 +460,8 @@ def build_job(body: Body, config: OperatorConfig) -> Body:
         "completions": 1,
         "backoffLimit": int(spec.get("backoffLimit", 2)),
         "podFailurePolicy": pod_failure_policy(),
-        "suspend": bool(spec.get("suspend", False)),
+        # Kueue admits a queued Job by un-suspending it: create it suspended
+        "suspend": bool(spec.get("suspend", False)) or bool(spec.get("queueName")),
         "template": {
             "metadata": {
                 "labels": pod_labels,

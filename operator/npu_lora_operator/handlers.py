@@ -8,7 +8,9 @@
 - events of Jobs and Pods labelled ``npu-lora.io/run``: recompute the operator's subtree of the
   run's status (:func:`.status.compute_status`) and merge-patch it through ``/status`` when it
   changed; post an Event for each transition.
-- ``spec.suspend`` changes suspend/resume the Job. ``activeDeadlineSeconds`` and
+- ``spec.suspend`` changes suspend/resume the Job. With ``queueName`` the Job is created
+  suspended and Kueue un-suspends it on admission; ``spec.suspend: true`` suspends it (Kueue
+  then evicts the workload), ``false`` leaves the re-admission to Kueue. ``activeDeadlineSeconds`` and
   ``ttlSecondsAfterFinished`` changes are copied to the Job (both are mutable there).
   ``reporting`` and ``checkpoint`` changes rewrite the worker ConfigMap: they take effect with
   the next worker pod (a retry, or after suspend/resume). ``image``, ``resources``,
@@ -88,6 +90,9 @@ def build_settings(settings: kopf.OperatorSettings | None = None) -> kopf.Operat
     s.networking.request_timeout = 60
     s.watching.server_timeout = 300
     s.watching.client_timeout = 330
+    # watch only the Jobs and Pods of runs (server-side label selector), not the whole cluster's
+    s.watching.label_selectors["batch", "jobs"] = builders.RUN_LABEL
+    s.watching.label_selectors["v1", "pods"] = builders.RUN_LABEL
     # every namespace/CRD the operator needs is named explicitly: no scanning of namespaces
     s.scanning.disabled = True
     return s
@@ -287,6 +292,11 @@ def suspend_changed(
     if old is None:  # creation: the Job is built with it
         return
     suspend = bool(new)
+    if not suspend and (body.get("spec") or {}).get("queueName"):
+        # Kueue owns un-suspending queued Jobs (on admission); leave the Job to it
+        _post(dict(body), [("Normal", "Resumed", "resume left to Kueue admission")])
+        reconcile_status(namespace, name)
+        return
     try:
         STATE.kube.merge_patch(
             "batch/v1", "jobs", builders.job_name(name), namespace, {"spec": {"suspend": suspend}}

@@ -58,8 +58,13 @@ def test_limits_small():
     assert effective_bandwidth(1.0, 0.0) == 0.0
 
 
-def test_bench_tiny_end_to_end(tmp_path):
+def test_bench_tiny_end_to_end(tmp_path, monkeypatch):
     """Table, JSONL and PNG are written; rounds alternate the order; all variants share weights."""
+    from npu_lora.moe import experts as ex
+
+    calls = []
+    real = ex.build_routing
+    monkeypatch.setattr(ex, "build_routing", lambda *a: calls.append(1) or real(*a))
     out = tmp_path / "bench"
     cfg = h.BenchConfig(
         preset="tiny-qwen3-moe",
@@ -103,6 +108,11 @@ def test_bench_tiny_end_to_end(tmp_path):
     assert set(summary["medians"]) == set(names)
     assert not math.isnan(summary["medians"]["peer@grouped_mm"]["step_s"])
     assert any("peer@grouped_mm" in t for t in summary["targets"])
+    # the @npu_lora_sorted variant really ran our kernel (2 layers x steps), the others did not
+    n_sorted = (cfg.warmup + cfg.rounds * cfg.steps_per_round) * 2
+    assert (
+        len(calls) == n_sorted + 1
+    )  # + the kept-graph memory measurement with that kernel (layer 0)
 
 
 def test_cli_bench(tmp_path):

@@ -3,6 +3,7 @@ manifest trains to Succeeded through the real kubectl."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -16,7 +17,13 @@ import pytest
 import yaml
 from e2e_harness import ROOT
 
-pytestmark = pytest.mark.e2e
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        importlib.util.find_spec("torch") is None,
+        reason="the worker needs torch (npu-lora[worker])",
+    ),
+]
 
 
 def test_sandbox_runs_the_example(tmp_path: Path) -> None:

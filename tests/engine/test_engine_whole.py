@@ -144,3 +144,50 @@ def test_local_dir_per_expert_checkpoint(tmp_path):
     got = model.state_dict()
     assert model.config.num_hidden_layers == 1
     assert all(torch.equal(got[k], sd[k]) for k in got)
+
+
+def test_copying_backend_same_result(tiny):
+    """A backend whose transfers really copy (like a device): same loss and gradients as the
+    cpu backend bitwise, the kept graphs are still reused, and the transfer gradients flow."""
+    from npu_lora.backends import CpuBackend
+
+    class CopyBackend(CpuBackend):
+        name = "copy"
+
+        def to_device(self, t: torch.Tensor) -> torch.Tensor:
+            return t.clone()
+
+        def to_host(self, t: torch.Tensor) -> torch.Tensor:
+            return t.clone()
+
+    spec = tiny.spec(moe={"placement": "hot", "warmupSteps": 0})
+    res = []
+    for be in (CpuBackend(), CopyBackend()):
+        eng = build_engine(spec, backend=be)
+        tiny.randomize_lora(eng.model)
+        eng.select_hot_experts(0)
+        prof = eng.forward_backward(tiny.batch())
+        assert prof.device_calls_per_layer == 2.0
+        assert all(m.reused == 1 and m.recomputed == 0 for m in eng.mlps)
+        res.append((prof.loss, [p.grad for p in eng.trainable_parameters()]))
+    assert res[0][0] == res[1][0]
+    assert all(torch.equal(a, b) for a, b in zip(res[0][1], res[1][1], strict=True))
+
+
+def test_host_dtype_split_for_local_bf16_dir(tmp_path):
+    """A bf16 checkpoint with hostDtype bfloat16: MoE blocks stay bf16 on the host, the rest
+    (and LoRA) is fp32; rotary frequencies are the fp32 ones."""
+    from npu_lora.models import causal_lm, moe_blocks
+
+    base = load_base_model(ModelSpec(preset="tiny-qwen3-moe"), seed=0)
+    inv_freq = base.model.rotary_emb.inv_freq.clone()
+    base.to(torch.bfloat16).save_pretrained(str(tmp_path / "bf16"))
+    model, _ = build_model(
+        ModelSpec(path=str(tmp_path / "bf16")), LoraSpec(), seed=0, host_dtype="bfloat16"
+    )
+    lm = causal_lm(model)
+    blocks = moe_blocks(model)
+    assert all(p.dtype == torch.bfloat16 for b in blocks for p in b.parameters())
+    host = {id(p) for b in blocks for p in b.parameters()}
+    assert all(p.dtype == torch.float32 for p in model.parameters() if id(p) not in host)
+    assert torch.equal(lm.model.rotary_emb.inv_freq, inv_freq)

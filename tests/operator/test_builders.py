@@ -367,3 +367,23 @@ def test_builders_do_not_mutate_input() -> None:
     before = copy.deepcopy(body)
     b.build_children(body, CFG)
     assert body == before
+
+
+def test_kueue_job_created_suspended() -> None:
+    job = b.build_job(run(queueName="team-q"), CFG)
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-q"
+    assert job["spec"]["suspend"] is True  # Kueue un-suspends it on admission
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("a/b", "/mnt/output/a/b"),
+        ("/a", "/mnt/output/a"),
+        ("../../etc", "/mnt/output/etc"),
+        ("a/../../b", "/mnt/output/b"),
+        (".", "/mnt/output"),
+    ],
+)
+def test_output_path_stays_in_the_volume(path: str, expected: str) -> None:
+    assert b.output_path(run(output={"path": path})) == expected

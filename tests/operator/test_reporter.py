@@ -231,3 +231,94 @@ def test_against_emulator_missing_object_is_not_fatal(
     rep.on_step(record(1), None)
     rep.on_end({}, None)  # 404s: logged, not raised
     assert rep.failures >= 1
+
+
+class FlakyServer:
+    """A tiny aiohttp API that answers PATCH .../status with 409, 500, 503, then 200."""
+
+    def __init__(self) -> None:
+        self.codes = [409, 500, 503]
+        self.bodies: list[dict[str, Any]] = []
+        self.content_types: list[str] = []
+        self.port = _free_port()
+        self._ready = threading.Event()
+        self._stop: Any = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import asyncio
+
+        from aiohttp import web
+
+        async def patch(request: web.Request) -> web.Response:
+            self.content_types.append(request.headers.get("Content-Type", ""))
+            body = await request.json()
+            code = self.codes.pop(0) if self.codes else 200
+            if code != 200:
+                return web.json_response(
+                    {
+                        "kind": "Status",
+                        "apiVersion": "v1",
+                        "status": "Failure",
+                        "code": code,
+                        "reason": "Conflict" if code == 409 else "InternalError",
+                        "message": "x",
+                    },
+                    status=code,
+                )
+            self.bodies.append(body)
+            return web.json_response({"apiVersion": "npu-lora.io/v1alpha1", **body})
+
+        async def main() -> None:
+            app = web.Application()
+            app.router.add_patch(
+                "/apis/npu-lora.io/v1alpha1/namespaces/{ns}/moefinetunes/{name}/status", patch
+            )
+            runner = web.AppRunner(app)
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", self.port).start()
+            self._stop = asyncio.Event()
+            self._ready.set()
+            await self._stop.wait()
+            await runner.cleanup()
+
+        self.loop = asyncio.new_event_loop()
+        self.loop.run_until_complete(main())
+
+    def __enter__(self) -> FlakyServer:
+        self.thread.start()
+        self._ready.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.loop.call_soon_threadsafe(self._stop.set)
+        self.thread.join(5)
+
+
+def test_real_client_retries_409_and_5xx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with FlakyServer() as srv:
+        kc = tmp_path / "kubeconfig"
+        kc.write_text(
+            "apiVersion: v1\nkind: Config\ncurrent-context: x\n"
+            f"clusters: [{{name: x, cluster: {{server: 'http://127.0.0.1:{srv.port}'}}}}]\n"
+            "users: [{name: x, user: {token: t}}]\n"
+            "contexts: [{name: x, context: {cluster: x, user: x}}]\n"
+        )
+        monkeypatch.setenv("KUBECONFIG", str(kc))
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        rep = StatusReporter(
+            "r1",
+            "ns1",
+            total_steps=3,
+            min_interval_seconds=0,
+            retry_seconds=0.02,
+            max_retry_seconds=0.1,
+        )
+        rep.on_start(SimpleNamespace(total_steps=3, start_step=1))
+        for step in (1, 2, 3):
+            rep.on_step(record(step), None)
+        rep.on_end({}, None)
+        assert rep.failures == 3
+        assert srv.bodies and srv.bodies[-1]["status"]["progress"]["step"] == 3
+        assert all(ct.startswith("application/merge-patch+json") for ct in srv.content_types)
+        assert set(srv.bodies[-1]["status"]) <= set(WORKER_KEYS)

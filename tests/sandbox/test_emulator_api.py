@@ -158,6 +158,18 @@ def test_put_conflict_status_subresource_and_generation(
     replaced = batch.replace_namespaced_job("j", "default", fresh)
     assert replaced.spec.suspend is True and replaced.metadata.generation == 3
     assert int(replaced.metadata.resource_version) > int(fresh.metadata.resource_version)
+    # Workload validation.
+    bad = {
+        "metadata": {"name": "bad"},
+        "spec": {
+            "podFailurePolicy": {"rules": []},
+            "template": {"spec": {"restartPolicy": "OnFailure", "containers": [{"name": "c"}]}},
+        },
+    }
+    with pytest.raises(ApiException) as exc:
+        batch.create_namespaced_job("default", bad)
+    causes = {c["field"] for c in json.loads(exc.value.body)["details"]["causes"]}
+    assert causes == {"spec.template.spec.restartPolicy", "spec.template.spec.containers[0].image"}
     # The pod template is immutable (scheduling directives only while suspended and never started).
     with pytest.raises(ApiException) as exc:
         batch.patch_namespaced_job(
@@ -229,6 +241,11 @@ def test_patch_types_and_server_side_apply(emulator: ApiEmulator) -> None:
         emulator, "PATCH", cmpath, doc.replace("'1'", "'2'"), "application/apply-patch+yaml"
     )
     assert status == 200 and body["data"] == {"a": "2"}
+    # Fields the manager applied before and no longer applies are removed; others' stay.
+    emulator.patch("v1", "ConfigMap", "applied", {"data": {"other": "x"}}, namespace="default")
+    doc2 = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: applied\ndata:\n  b: '3'\n"
+    status, body = http(emulator, "PATCH", cmpath, doc2, "application/apply-patch+yaml")
+    assert status == 200 and body["data"] == {"b": "3", "other": "x"}
     status, body = http(emulator, "PATCH", path, "{}", "text/plain")
     assert status == 415
 

@@ -104,6 +104,17 @@ def test_custom_resource_apply_table_and_status(
         "apply", "--server-side", "-f", "-", input=WIDGET.replace("w1", "w3").replace("blue", "red")
     )
     assert emulator.get("example.com/v1", "Widget", "w3", "default")["spec"]["color"] == "red"
+    kubectl(
+        "apply",
+        "--server-side",
+        "-f",
+        "-",
+        input=WIDGET.replace("w1", "w3").replace("blue", "green"),
+    )
+    no_color = WIDGET.replace("w1", "w3").replace("  color: blue\n", "")
+    kubectl("apply", "--server-side", "-f", "-", input=no_color)
+    # dropped from the applied configuration: removed, then defaulted by the schema
+    assert emulator.get("example.com/v1", "Widget", "w3", "default")["spec"]["color"] == "red"
     assert "deleted" in kubectl("delete", "-f", "-", input=WIDGET).stdout
     assert emulator.get("example.com/v1", "Widget", "w1", "default") is None
 

@@ -240,7 +240,7 @@ def test_suspend_and_resume(
 
 
 def test_image_pull_backoff_and_unschedulable(
-    emulator: ApiEmulator, kubelet: LocalKubelet, wait_for: Any
+    emulator: ApiEmulator, kubelet: LocalKubelet, wait_for: Any, kubectl: Any
 ) -> None:
     emulator.create(job("nopull", "pass", container={"image": "registry.example/doesnotexist:1"}))
     pod = wait_for(
@@ -249,6 +249,9 @@ def test_image_pull_backoff_and_unschedulable(
     )[0]
     waiting = pod["status"]["containerStatuses"][0]["state"]["waiting"]
     assert waiting["reason"] == "ImagePullBackOff" and pod["status"]["phase"] == "Pending"
+    res = kubectl("logs", pod["metadata"]["name"], check=False)
+    assert "is waiting to start: trying and failing to pull image" in res.stderr
+    assert "ImagePullBackOff" in kubectl("get", "pods").stdout
     emulator.create(job("nonode", "pass", pod_spec={"nodeSelector": {"furiosa.ai/npu": "rngd"}}))
     cond = wait_for(
         lambda: [

@@ -146,3 +146,36 @@ def test_termination_message_is_bounded(tmp_path, monkeypatch):
     monkeypatch.delenv("NPU_LORA_TERMINATION_LOG")
     if not Path("/dev/termination-log").exists():
         assert write_termination_message("x") is None
+
+
+def test_sigterm_checkpoints_the_current_step(tmp_path):
+    cfg = tiny_manifest(
+        tmp_path,
+        training={"steps": 200},
+        moe={"placement": "host-only"},
+        checkpoint={"everySteps": 1000},
+    )
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        cli_cmd("run", str(cfg), "--quiet", "--no-plot", "--out", str(out)),
+        env=cli_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 240
+    try:
+        while len(read_metrics(out / "metrics.jsonl")) < 2:
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "timed out"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "stopped by signal 15" in err
+    last = _steps(out)[-1]
+    assert 2 <= last < 200
+    assert json.loads((out / "checkpoint" / "state.json").read_text())["step"] == last

@@ -142,9 +142,16 @@ def _assert_rejected(tmp_path, code, err, out, *needles):
         (["--set", "model.tokenizer=/nonexistent"], ["spec.model.tokenizer: no such directory"]),
         (["--set", "training.seqLen=16"], ["spec.training.seqLen: 16 is too short"]),
         (["--steps", "0"], ["--steps"]),
+        (["--set", "model={path: /nonexistent/model}"], ["spec.model.path: no such directory"]),
+        (["--set", "device.backend=furiosa"], ["spec.device.backend: 'furiosa' is not available"]),
     ],
 )
 def test_invalid_input_exits_2_and_writes_nothing(tmp_path, capsys, extra, needles):
+    if "device.backend=furiosa" in extra:
+        from npu_lora.backends import furiosa_available
+
+        if furiosa_available():
+            pytest.skip("furiosa-torch is installed here")
     cfg = tiny_manifest(tmp_path)
     out = tmp_path / "run"
     code = main(["run", str(cfg), "--out", str(out), "--quiet", *extra])

@@ -37,6 +37,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--image-pull-policy", choices=["IfNotPresent", "Always", "Never"], default=None
     )
     parser.add_argument(
+        "--standalone",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run without kopf peering (default; the chart runs one replica with Recreate). "
+        "--no-standalone enables peering (needs kopf's peering CRD)",
+    )
+    parser.add_argument(
         "--log-level",
         default=os.environ.get("NPU_LORA_LOG_LEVEL", "INFO"),
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
@@ -86,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
     kopf.run(
         registry=handlers.registry,
         settings=handlers.build_settings(),
-        standalone=True,
+        standalone=args.standalone,
+        peering_name="npu-lora-operator" if not args.standalone else None,
         clusterwide=not namespaces,
         namespaces=namespaces,
         liveness_endpoint=args.liveness,

@@ -32,8 +32,9 @@ What the server does:
   the apiserver's messages; namespaces must exist.
 - ``/status`` writes change only status; main-resource writes ignore status (status subresource).
 - PUT with resourceVersion conflict detection (409 Conflict); JSON merge, JSON, strategic merge
-  patch and server-side apply (``application/apply-patch+yaml``: creates when absent; applied as a
-  strategic merge, so fields dropped from the applied config are *not* removed — an approximation).
+  patch and server-side apply (``application/apply-patch+yaml``: creates when absent; merged like a
+  strategic merge patch; fields a ``fieldManager`` applied before and drops from its applied
+  configuration are removed — simplified ownership: no conflicts, no managedFields).
 - list (``<Kind>List``, label selectors incl. set-based, field selectors on any dotted path),
   all-namespaces lists, ``dryRun=All``.
 - watch (JSON lines): ``resourceVersion`` honoured (absent/"0": synthetic ADDED first),
@@ -44,8 +45,11 @@ What the server does:
   pruning/defaulting/validation and CEL rules (see :mod:`.schema`), ``fieldValidation=Strict``
   rejects unknown fields with 400 like the apiserver.
 - finalizers (deletionTimestamp first, removal once the list is empty), background cascade deletion
-  by ownerReferences (``propagationPolicy: Orphan`` orphans instead), namespace deletion removes
-  its contents.
+  by ownerReferences (``propagationPolicy: Orphan`` orphans instead; ``Foreground`` is treated as
+  background), namespace deletion removes its contents.
+- a few built-in validations that catch builder bugs: metadata.name format, ownerReferences need
+  apiVersion/kind/name/uid, Job restartPolicy (and ``Never`` with podFailurePolicy), containers
+  need name and image, a Job's pod template / podFailurePolicy / completionMode are immutable.
 - discovery (``/api``, ``/apis``, per group/version; legacy JSON: aggregated discovery requests are
   answered with the legacy documents, which clients accept), ``/version``, ``/healthz``,
   ``/livez``, ``/readyz``, and ``/openapi/v3`` (index + per group/version documents declaring each
@@ -393,6 +397,8 @@ class ApiEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         self._tlock = threading.RLock()
         self._start_time = now_iso()
         self._stop_hooks: list[Callable[[], Any]] = []
+        # server-side apply: (uid, fieldManager, subresource) -> the field paths it applied
+        self._applied: dict[tuple[str, str, str], set[tuple[str, ...]]] = {}
         for rt in _builtin_types():
             self._register(rt)
         for ns in ("default", "kube-system", "kube-public", "kube-node-lease"):
@@ -647,12 +653,22 @@ class ApiEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         namespace: str | None = None,
         subresource: str | None = None,
         patch_type: str = "merge",
+        field_manager: str | None = None,
     ) -> dict[str, Any]:
-        """``patch_type``: ``merge``, ``json``, ``strategic`` or ``apply``."""
+        """``patch_type``: ``merge``, ``json``, ``strategic`` or ``apply`` (server-side apply,
+        with ``field_manager``)."""
 
         def op() -> dict[str, Any]:
             rt = self.resource_for(api_version, kind)
-            return self._patch(rt, _ns(rt, namespace), name, patch, patch_type, subresource)
+            return self._patch(
+                rt,
+                _ns(rt, namespace),
+                name,
+                patch,
+                patch_type,
+                subresource,
+                field_manager=field_manager,
+            )
 
         return self.call(op)
 
@@ -912,6 +928,7 @@ class ApiEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         meta["creationTimestamp"] = now_iso()
         self._default_builtin(rt, obj, None)
         self._check_meta(rt, obj)
+        self._check_workload(rt, obj)
         self._check_custom(rt, obj, None, field_validation, warnings)
         meta["generation"] = 1
         if dry_run:
@@ -1056,6 +1073,53 @@ class ApiEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
                             f"metadata.ownerReferences[{i}].{key}",
                             "FieldValueInvalid",
                             f'Invalid value: "": {key} must not be empty',
+                        )
+                    )
+        if causes:
+            raise self._invalid(rt, obj["metadata"].get("name", ""), causes)
+
+    def _check_workload(self, rt: ResourceType, obj: dict[str, Any]) -> None:
+        """A few of the apiserver's Pod/Job validations that catch builder bugs."""
+        if rt.group not in ("", "batch") or rt.kind not in ("Pod", "Job"):
+            return
+        causes: list[schema.Cause] = []
+        if rt.kind == "Job":
+            spec = obj.get("spec") or {}
+            pspec = (spec.get("template") or {}).get("spec") or {}
+            prefix = "spec.template.spec"
+            restart = pspec.get("restartPolicy")
+            if restart not in ("OnFailure", "Never"):
+                causes.append(
+                    schema.Cause(
+                        f"{prefix}.restartPolicy",
+                        "FieldValueNotSupported",
+                        f'Unsupported value: {schema.format_value(restart)}: supported values: "OnFailure", "Never"',
+                    )
+                )
+            elif spec.get("podFailurePolicy") and restart != "Never":
+                causes.append(
+                    schema._invalid(
+                        f"{prefix}.restartPolicy",
+                        restart,
+                        'only "Never" is supported when podFailurePolicy is specified',
+                    )
+                )
+        else:
+            pspec = obj.get("spec") or {}
+            prefix = "spec"
+        containers = pspec.get("containers") or []
+        if not containers:
+            causes.append(
+                schema.Cause(f"{prefix}.containers", "FieldValueRequired", "Required value")
+            )
+        for i, c in enumerate(containers):
+            for key in ("name", "image"):
+                if not (c or {}).get(key):
+                    causes.append(
+                        schema.Cause(
+                            f"{prefix}.containers[{i}].{key}",
+                            "FieldValueRequired",
+                            "Required value",
                         )
                     )
         if causes:
@@ -1234,9 +1298,12 @@ class ApiEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         dry_run: bool = False,
         field_validation: str | None = None,
         warnings: list[str] | None = None,
+        field_manager: str | None = None,
     ) -> dict[str, Any]:
         key = self._key(rt, namespace, name)
         old = self._store[rt.storage_key].get(key)
+        manager = field_manager or "unknown"
+        applied_paths = _apply_paths(patch) if patch_type == "apply" else set()
         if old is None:
             if patch_type == "apply" and subresource is None:
                 if isinstance(patch, dict):
@@ -1249,7 +1316,7 @@ class ApiEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
                         )
                     patch = copy.deepcopy(patch)
                     patch.setdefault("metadata", {})["name"] = name
-                return self._create(
+                created = self._create(
                     rt,
                     namespace,
                     patch,
@@ -1257,6 +1324,9 @@ class ApiEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
                     field_validation=field_validation,
                     warnings=warnings,
                 )
+                if not dry_run:
+                    self._applied[(created["metadata"]["uid"], manager, "")] = applied_paths
+                return created
             raise self._not_found(rt, name)
         current = self._out(rt, old)
         try:
@@ -1271,6 +1341,15 @@ class ApiEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
                     patched = patching.merge_patch(current, patch)
                 else:
                     patched = patching.strategic_merge_patch(current, patch)
+                if patch_type == "apply":
+                    # Server-side apply ownership (simplified: one owner per field): what this
+                    # manager applied before and no longer applies is removed.
+                    prev = self._applied.get(
+                        (old["metadata"]["uid"], manager, subresource or ""), set()
+                    )
+                    for path in sorted(prev - applied_paths, key=len, reverse=True):
+                        if not any(p[: len(path)] == path for p in applied_paths):
+                            _remove_path(patched, path)
             else:
                 raise ApiError(
                     415, "UnsupportedMediaType", f"unsupported patch type {patch_type!r}"
@@ -1296,6 +1375,8 @@ class ApiEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             raise self._conflict(rt, name)
         pmeta["resourceVersion"] = ""
         patched["metadata"] = pmeta
+        if patch_type == "apply" and not dry_run:
+            self._applied[(old["metadata"]["uid"], manager, subresource or "")] = applied_paths
         return self._update(
             rt,
             namespace,
@@ -1875,6 +1956,7 @@ class ApiEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
                 dry_run=dry_run,
                 field_validation=field_validation,
                 warnings=warnings,
+                field_manager=q.get("fieldManager"),
             )
             return self._json(obj, 200 if existed else 201, self._warning_headers(warnings))
         if method == "DELETE":
@@ -2275,7 +2357,24 @@ class ApiEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         if (namespace, name) not in self._store[prt.storage_key]:
             raise self._not_found(prt, name)
         path = self._log_files.get((namespace, name))
-        data = path.read_bytes() if path is not None and path.exists() else b""
+        if path is None:
+            pod = self._store[prt.storage_key][(namespace, name)]
+            containers = (pod.get("spec") or {}).get("containers") or [{}]
+            cname = q.get("container") or containers[0].get("name", "")
+            waiting = next(
+                (
+                    (cs.get("state") or {}).get("waiting") or {}
+                    for cs in (pod.get("status") or {}).get("containerStatuses") or []
+                ),
+                {},
+            )
+            why = {"ImagePullBackOff": "trying and failing to pull image"}.get(
+                waiting.get("reason", ""), waiting.get("reason") or "ContainerCreating"
+            )
+            raise ApiError(
+                400, "BadRequest", f'container "{cname}" in pod "{name}" is waiting to start: {why}'
+            )
+        data = path.read_bytes() if path.exists() else b""
         tail = q.get("tailLines")
         if tail is not None:
             lines = data.splitlines(keepends=True)
@@ -2308,6 +2407,42 @@ class ApiEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         except (ConnectionError, RuntimeError):
             pass
         return resp
+
+
+_APPLY_META_SKIP = {
+    "name",
+    "namespace",
+    "resourceVersion",
+    "uid",
+    "generation",
+    "creationTimestamp",
+}
+
+
+def _apply_paths(body: Any, prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
+    """The leaf field paths of an applied configuration (lists count as leaves)."""
+    out: set[tuple[str, ...]] = set()
+    if not isinstance(body, dict):
+        return out
+    for key, value in body.items():
+        if not prefix and key in ("apiVersion", "kind"):
+            continue
+        if prefix == ("metadata",) and key in _APPLY_META_SKIP:
+            continue
+        path = (*prefix, key)
+        sub = _apply_paths(value, path) if isinstance(value, dict) and value else set()
+        out |= sub or {path}
+    return out
+
+
+def _remove_path(obj: dict[str, Any], path: tuple[str, ...]) -> None:
+    node: Any = obj
+    for key in path[:-1]:
+        if not isinstance(node, dict) or key not in node:
+            return
+        node = node[key]
+    if isinstance(node, dict):
+        node.pop(path[-1], None)
 
 
 def _ns(rt: ResourceType, namespace: str | None) -> str | None:

@@ -150,12 +150,42 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"{type(e).__name__}: {e}", EXIT_ERROR, callbacks, ctx)
 
 
+def check_model(spec: Any) -> None:
+    """``spec.model.path`` is a model directory; the requested device backend is usable."""
+    if spec.model.path:
+        p = Path(spec.model.path).expanduser()
+        if spec.model.volume is not None and not p.is_absolute():
+            from npu_lora.data.tokenizer import volume_root
+
+            p = volume_root("model") / p
+        if not p.is_dir():
+            raise SpecError(f"spec.model.path: no such directory: {p}")
+        if not (p / "config.json").is_file():
+            raise SpecError(
+                f"spec.model.path: {p} has no config.json (expected a Hugging Face model directory)"
+            )
+    backend = spec.device.backend
+    if backend in ("cuda", "furiosa"):
+        from npu_lora.backends import furiosa_available
+        from npu_lora.backends.cuda import CudaBackend
+
+        ok = CudaBackend.available() if backend == "cuda" else furiosa_available()
+        if not ok:
+            raise SpecError(
+                f"spec.device.backend: {backend!r} is not available on this machine "
+                "(allowed here: auto, cpu"
+                + (", cuda" if backend != "cuda" and CudaBackend.available() else "")
+                + ")"
+            )
+
+
 def _train(args: argparse.Namespace, manifest: Any, ctx: Any, callbacks: Any) -> int:
     spec = manifest.spec
     # 1. validate everything that can be checked without writing
     from npu_lora.train.rundir import plan_resume
 
     plan = plan_resume(ctx.run_dir, manifest)
+    check_model(spec)
     from npu_lora.data import prepare_data
 
     dataset, tok = prepare_data(spec)

@@ -112,6 +112,28 @@ def inject_lora(model: nn.Module, lora_spec: LoraSpec) -> nn.Module:
     return peft_model
 
 
+def cast_split(model: nn.Module, *, host_dtype: torch.dtype, device_dtype: torch.dtype) -> None:
+    """MoE blocks (router + experts) to ``host_dtype``, everything else to ``device_dtype``,
+    parameter by parameter (no full-model copy in either dtype)."""
+    host = {id(t) for b in moe_blocks(model) for t in (*b.parameters(), *b.buffers())}
+    with torch.no_grad():
+        for mod in model.modules():
+            for p in mod._parameters.values():
+                if p is None or not p.is_floating_point():
+                    continue
+                want = host_dtype if id(p) in host else device_dtype
+                if p.dtype != want:
+                    p.data = p.data.to(want)
+            for key, b in mod._buffers.items():
+                if (
+                    b is not None
+                    and b.is_floating_point()
+                    and id(b) in host
+                    and b.dtype != host_dtype
+                ):
+                    mod._buffers[key] = b.to(host_dtype)
+
+
 def build_model(
     model_spec: ModelSpec,
     lora_spec: LoraSpec,
@@ -121,18 +143,27 @@ def build_model(
     host_dtype: str | torch.dtype = "float32",
     experts_implementation: str = "grouped_mm",
     model_root: str | Path | None = None,
+    device_dtype: torch.dtype = torch.float32,
 ) -> tuple[nn.Module, PretrainedConfig]:
-    """``(peft_model, hf_config)``: base model + LoRA; MoE blocks cast to ``host_dtype``."""
+    """``(peft_model, hf_config)``: base model + LoRA (peft, on ``lora_spec.target_modules``).
+
+    dtypes: the MoE blocks (router + experts) in ``host_dtype`` (the host computes in it), the
+    rest (embeddings, attention, norms, head, LoRA) in ``device_dtype`` (fp32).
+    Presets are initialised in fp32 and then cast, so fp32 and bf16 runs start from the same
+    weights (up to rounding); local directories are read directly in ``host_dtype`` (e.g. a
+    bf16 checkpoint is never materialised in fp32 as a whole) and the non-MoE part upcast.
+    With ``lora_spec.train_experts`` the experts' ``gate_up_proj``/``down_proj`` train too.
+    """
+    hd = to_dtype(host_dtype)
     model = load_base_model(
         model_spec,
         seed=seed,
         vocab_size=vocab_size,
+        dtype=torch.float32 if model_spec.preset is not None else hd,
         experts_implementation=experts_implementation,
         model_root=model_root,
     )
-    hd = to_dtype(host_dtype)
-    for block in moe_blocks(model):
-        block.to(hd)
+    cast_split(model, host_dtype=hd, device_dtype=device_dtype)
     peft_model = inject_lora(model, lora_spec)
     return peft_model, peft_model.config
 

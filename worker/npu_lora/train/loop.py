@@ -12,6 +12,10 @@ The record of a step sums the micro-batches' timings, device calls and tokens; `
 mean (unscaled). A non-finite loss or gradient norm writes that step's record (``loss`` null when
 not finite, ``nonfinite`` says which) and stops with :class:`NonFiniteLoss` before the optimizer
 touches the weights.
+
+SIGTERM (pod deletion, node drain, preemption) lets the step in flight finish, writes a
+checkpoint of it and exits with 143 (128 + 15); a SIGKILL loses the steps since the last checkpoint
+(they are re-run on resume). Either way a rerun of the same command resumes.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from __future__ import annotations
 import math
 import random
 import shutil
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +44,14 @@ _SUM_FIELDS = (
     "hot_s",
     "device_calls_per_layer",
 )
+
+
+class Stopped(RuntimeError):
+    """A stop signal arrived; the step in flight was finished and checkpointed."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 class NonFiniteLoss(RuntimeError):
@@ -106,6 +120,7 @@ class Trainer:
         self.plot = plot
         self.records: list[dict[str, Any]] = []
         self.hot_info: dict[str, Any] | None = None
+        self._stop_signal: int | None = None
 
     # ------------------------------------------------------------------------------------------
     def _make_optimizer(self) -> Any:
@@ -230,6 +245,16 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------
     def run(self) -> TrainResult:
+        """Train from the start or the last checkpoint to ``ctx.total_steps``."""
+        try:
+            return self._run()
+        finally:
+            lock = getattr(self, "_lock_file", None)
+            if lock is not None:
+                lock.close()  # releases the flock
+                self._lock_file = None
+
+    def _run(self) -> TrainResult:
         ctx, spec = self.ctx, self.spec
         t_start = time.perf_counter()
         opt = self._make_optimizer()
@@ -245,6 +270,7 @@ class Trainer:
         total = ctx.total_steps
         hot_mode = spec.moe.placement == "hot"
         self.callbacks.on_start(ctx)
+        self._install_signals()
         metrics = rundir.MetricsWriter(ctx.run_dir / rundir.METRICS)
         try:
             if hot_mode and done == 0:
@@ -264,8 +290,18 @@ class Trainer:
                 if hot_mode:
                     self._maybe_select_hot(step)
                 every = spec.checkpoint.every_steps
-                if step % every == 0 or step == total:
+                if step % every == 0 or step == total or self._stop_signal is not None:
                     self._checkpoint(step, opt)
+                if self._stop_signal is not None and step < total:
+                    raise Stopped(
+                        f"stopped by signal {self._stop_signal} after step {step}; checkpoint "
+                        f"written: rerun the same command to resume",
+                        128 + self._stop_signal,
+                    )
+        except Stopped as e:
+            metrics.close()
+            self.callbacks.on_error(str(e), e.exit_code, ctx)
+            return TrainResult(e.exit_code, None, str(e))
         except NonFiniteLoss as e:
             metrics.close()
             summary = self._finish(t_start, status="failed", error=str(e), plot=True)
@@ -273,12 +309,30 @@ class Trainer:
             return TrainResult(e.exit_code, summary, str(e))
         finally:
             metrics.close()
+            self._restore_signals()
         if ctx.checkpoint_step != total:  # a rerun of a finished run: make sure the end is saved
             self._checkpoint(total, opt)
         self._save_adapter()
         summary = self._finish(t_start, status="succeeded")
         self.callbacks.on_end(summary, ctx)
         return TrainResult(0, summary)
+
+    def _install_signals(self) -> None:
+        """SIGTERM (pod deletion, preemption): finish the step, checkpoint, exit 143."""
+        self._old_handlers: dict[int, Any] = {}
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def handler(signum: int, frame: Any) -> None:
+            self._stop_signal = signum
+
+        for sig in (signal.SIGTERM,):
+            self._old_handlers[sig] = signal.signal(sig, handler)
+
+    def _restore_signals(self) -> None:
+        for sig, old in getattr(self, "_old_handlers", {}).items():
+            signal.signal(sig, old)
+        self._old_handlers = {}
 
     def _maybe_select_hot(self, step: int) -> None:
         info = self.engine.select_hot_experts(step)
