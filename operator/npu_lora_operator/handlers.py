@@ -231,7 +231,7 @@ def _pods_of(job: Body, namespace: str, run: str) -> list[Body]:
     return out
 
 
-def reconcile_status(namespace: str, name: str, body: Body | None = None) -> Body | None:
+def reconcile_status(namespace: str, name: str) -> Body | None:
     """Recompute and write the operator's status subtree of run ``namespace/name``."""
     kube = STATE.kube
     with STATE.lock(namespace, name):

@@ -82,6 +82,18 @@ def test_run_succeeds_across_operator_restart(cluster: Cluster, operator: Operat
         assert rb["subjects"][0]["name"] == f"{name}-worker"
         pod = cluster.pods(name)[0]
         assert pod["spec"]["serviceAccountName"] == f"{name}-worker"
+        sa = f"--as=system:serviceaccount:default:{name}-worker"
+
+        def can(*args: str) -> str:
+            r = cluster.kubectl("auth", "can-i", *args, sa, check=False)
+            return r.stdout.strip()
+
+        assert can("patch", f"moefinetunes.npu-lora.io/{name}", "--subresource=status") == "yes"
+        assert can("get", f"moefinetunes.npu-lora.io/{name}") == "yes"
+        assert can("patch", "moefinetunes.npu-lora.io/other", "--subresource=status") == "no"
+        assert can("patch", f"moefinetunes.npu-lora.io/{name}") == "no"
+        assert can("delete", f"moefinetunes.npu-lora.io/{name}") == "no"
+        assert can("create", "jobs.batch") == "no"
 
         _wait(lambda: _step(cluster, name) > s1 or s1 >= 40, 120, "progress without the operator")
         operator.start()
@@ -223,44 +235,16 @@ def test_delete_mid_run_cascades(cluster: Cluster, operator: OperatorProcess) ->
     for kind in ("configmap", "role", "rolebinding", "serviceaccount"):
         out = cluster.kubectl("get", kind, "-l", f"npu-lora.io/run={name}", "-o", "name").stdout
         assert out.strip() == "", (kind, out)
-    # the worker process was stopped: its log stops growing
+    # the worker process was stopped (SIGTERM, then SIGKILL after the grace period): its log
+    # stops growing
     log = pod_dir / "container.log"
-    size = log.stat().st_size
-    time.sleep(2)
-    assert log.stat().st_size == size
-
-
-def _condition(cluster: Cluster, name: str, ctype: str) -> dict[str, Any]:
-    for c in cluster.status(name).get("conditions") or []:
-        if c["type"] == ctype:
-            return c
-    return {}
-
-
-def test_pending_and_deadline_reasons(cluster: Cluster, operator: OperatorProcess) -> None:
-    cluster.apply(manifest("e2e-pull", image="registry.invalid/doesnotexist:1"))
-    cluster.apply(manifest("e2e-sched", podTemplate={"nodeSelector": {"furiosa.ai/model": "x"}}))
-    cluster.apply(manifest("e2e-deadline", steps=5000, activeDeadlineSeconds=2))
-    _wait(
-        lambda: _condition(cluster, "e2e-pull", "Queued").get("reason") == "ImagePullBackOff",
-        60,
-        "ImagePullBackOff",
-        operator,
-    )
-    assert cluster.status("e2e-pull")["phase"] == "Pending"
-    _wait(
-        lambda: _condition(cluster, "e2e-sched", "Queued").get("reason") == "Unschedulable",
-        60,
-        "Unschedulable",
-        operator,
-    )
-    assert "cannot be scheduled" in cluster.status("e2e-sched")["message"]
-    _wait(
-        lambda: cluster.status("e2e-deadline").get("phase") == "Failed",
-        120,
-        "DeadlineExceeded",
-        operator,
-    )
-    assert _condition(cluster, "e2e-deadline", "Failed")["reason"] == "DeadlineExceeded"
-    events = cluster.kubectl("get", "events").stdout
-    assert "ImagePullBackOff" in events and "Unschedulable" in events
+    deadline = time.monotonic() + 40
+    size = -1
+    while time.monotonic() < deadline:
+        now = log.stat().st_size
+        if now == size:
+            break
+        size = now
+        time.sleep(3)
+    else:
+        raise AssertionError(f"the worker still writes its log:\n{log.read_text()[-2000:]}")

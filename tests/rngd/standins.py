@@ -158,8 +158,8 @@ class Int64Only(nn.Module):
         self.embed = nn.Parameter(torch.randn(vocab, hidden))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        # int64 + int64 tensor add: furiosa-torch 2026.4 fails to compile it (measured; an
-        # int64 tensor + Python scalar and an int64-indexed embedding do compile per op).
+        # int64 + int64 tensor add at [1, 128]: furiosa-torch 2026.4 fails to compile it
+        # (measured; whether int64 ops fail depends on the shape: [2, 5] compiles, [8, 8] fails).
         return torch.nn.functional.embedding(ids + ids, self.embed)
 
 
@@ -215,7 +215,7 @@ def bad_graphs() -> list[StandInGraph]:
     torch.manual_seed(0)
     return [
         StandInGraph("bad_routing", BadRouting(16, 4), (torch.randn(8, 16),)),
-        StandInGraph("int64_only", Int64Only(64, 8), (torch.randint(0, 30, (2, 5)),)),
+        StandInGraph("int64_only", Int64Only(64, 8), (torch.randint(0, 30, (1, 128)),)),
         StandInGraph(
             "sdpa_attention",
             AttentionBlock(32, 2, 1, 16, sdpa=True),
@@ -238,18 +238,39 @@ def bad_device_graphs(
     return bad_graphs()
 
 
-def graphs_with_rngd_attention(
+class HeadRngd(nn.Module):
+    """graphs.py's ``DeviceHead`` with ``formulations.cross_entropy_int32`` (logsumexp written
+    out): the proposed fix for its whole-graph ``logsumexp`` failure."""
+
+    def __init__(self, head: nn.Module) -> None:
+        super().__init__()
+        self.head = head
+
+    def forward(self, h_BSD, moe_BSD, sel_BNS, labels_BN, w_BN):
+        from npu_lora.rngd.formulations import cross_entropy_int32
+
+        z_BNV = self.head.logits(h_BSD, moe_BSD, sel_BNS)
+        return cross_entropy_int32(z_BNV, labels_BN, w_BN)
+
+
+def graphs_with_rngd_formulations(
     widths: str = "tiny",
     seq_len: int = 128,
     buckets: Sequence[int] | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> list[Any]:
-    """graphs.py's attention block with the compile-friendly softmax
-    (``npu_lora.rngd.formulations``): the proposed fix for its fp32 ``_softmax_backward_data``."""
+    """graphs.py's attention and head with the formulations proposed for them
+    (``attention_rngd_softmax``, ``head_rngd_logsumexp``)."""
+    import dataclasses
+
     from npu_lora.device.graphs import device_graphs
     from npu_lora.rngd.formulations import register_rngd_attention
 
-    attn = next(g for g in device_graphs(widths, seq_len, buckets, dtype) if g.name == "attention")
+    graphs = {g.name: g for g in device_graphs(widths, seq_len, buckets, dtype)}
+    attn = graphs["attention"]
     attn.module.self_attn.config._attn_implementation = register_rngd_attention()
-    attn.name = "attention_rngd_softmax"
-    return [attn]
+    head = graphs["head"]
+    return [
+        dataclasses.replace(attn, name="attention_rngd_softmax"),
+        dataclasses.replace(head, name="head_rngd_logsumexp", module=HeadRngd(head.module)),
+    ]

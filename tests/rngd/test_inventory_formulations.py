@@ -97,3 +97,40 @@ def test_attention_graph_with_rngd_softmax_passes_and_matches(dtype):
         assert torch.equal(x, y)
     for w in a.wrt:
         torch.testing.assert_close(b.grads[w], a.grads[w], **tol, msg=w)
+
+
+def test_logsumexp_rngd_matches_stock():
+    from npu_lora.rngd.formulations import logsumexp_rngd
+
+    gen = torch.Generator().manual_seed(0)
+    z = (torch.randn(3, 7, 50, generator=gen) * 10).requires_grad_()
+    g = torch.randn(3, 7, generator=gen)
+    a, b = torch.logsumexp(z, -1), logsumexp_rngd(z, -1)
+    torch.testing.assert_close(b, a)
+    torch.testing.assert_close(logsumexp_rngd(z, 1, keepdim=True), torch.logsumexp(z, 1, True))
+    (ga,) = torch.autograd.grad(a, z, g)
+    (gb,) = torch.autograd.grad(b, z, g)
+    torch.testing.assert_close(gb, ga)
+
+
+@pytest.mark.skipif(not HAVE_GRAPHS, reason="npu_lora/device/graphs.py does not exist yet")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_head_with_rngd_logsumexp_passes_and_matches(standins, dtype):
+    """graphs.py's head computes the same loss and input gradients with logsumexp written out,
+    and no longer traces aten.logsumexp."""
+    from npu_lora.device.graphs import device_graphs
+
+    stock = next(g for g in device_graphs("tiny", 32, dtype=dtype) if g.name == "head")
+    rngd = next(
+        g for g in standins.graphs_with_rngd_formulations("tiny", 32, dtype=dtype)
+        if g.name == "head_rngd_logsumexp"
+    )  # fmt: skip
+    assert "aten.logsumexp.default" in inventory(stock)["forward"].ops
+    invs = inventory(rngd)
+    assert invs["forward"].ok and invs["backward"].ok, invs["forward"].summary()
+    assert "aten.logsumexp.default" not in invs["forward"].ops
+
+    a, b = capture(stock, mode="eager"), capture(rngd, mode="eager")
+    torch.testing.assert_close(b.outputs[0], a.outputs[0], atol=1e-5, rtol=1e-5)
+    for w in a.wrt:
+        torch.testing.assert_close(b.grads[w], a.grads[w], atol=1e-5, rtol=1e-4, msg=w)

@@ -306,3 +306,22 @@ def test_example_tiny_local_runs(tmp_path):
     assert "median per step" in r.stdout and "device calls/layer" in r.stdout
     summary = json.loads((out / "summary.json").read_text())
     assert summary["final_loss"] < summary["first_loss"] - 0.5
+
+
+def test_jsonl_example_trains(tmp_path):
+    """``example:jsonl-mini`` (text and prompt/completion records, format auto) through the engine."""
+    cfg = tiny_manifest(
+        tmp_path,
+        data={"path": "example:jsonl-mini"},
+        training={"steps": 3, "seqLen": 96},
+        moe={"placement": "host-only"},
+    )
+    out = tmp_path / "run"
+    assert main(["run", str(cfg), "--out", str(out), "--quiet", "--no-plot"]) == 0
+    recs = _records(out)
+    assert [r["step"] for r in recs] == [1, 2, 3]
+    assert all(math.isfinite(r["loss"]) and r["hot_experts"] == 0 for r in recs)
+    assert json.loads((out / "summary.json").read_text())["data"]["kinds"].keys() == {
+        "text",
+        "prompt",
+    }

@@ -11,7 +11,7 @@ Usage (sync or async code alike: the server runs in its own thread with its own 
     emu = ApiEmulator()                 # ApiEmulator(port=0, host="127.0.0.1")
     emu.start()                         # returns once the port listens
     emu.load_crd(crd_dict)              # or create the CRD through the API (kubectl apply)
-    emu.write_kubeconfig(path)          # insecure http, no auth, context namespace "default"
+    emu.write_kubeconfig(path)          # insecure http, admin user, context namespace "default"
     emu.url                             # "http://127.0.0.1:PORT"
     obj = emu.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {...}})
     emu.get("v1", "ConfigMap", "name", namespace="default")       # None when absent
@@ -19,7 +19,10 @@ Usage (sync or async code alike: the server runs in its own thread with its own 
     emu.patch("v1", "Pod", "p", {"status": {...}}, namespace="default", subresource="status")
     emu.update(obj)                     # PUT semantics (resourceVersion conflicts raise ApiError)
     emu.delete("v1", "ConfigMap", "name", namespace="default")
-    emu.stop()
+    emu.stop()                          # also: with ApiEmulator() as emu: ...
+
+In-process calls default a namespaced resource's namespace to ``"default"``; ``list`` without a
+namespace lists all namespaces. Resources are named by ``(apiVersion, Kind or plural)``.
 
 The in-process methods raise :class:`ApiError` (``.code``, ``.reason``, ``.status`` dict) exactly
 where the HTTP API answers an error. They are thread-safe (they run on the server's loop).
@@ -76,7 +79,7 @@ reuse ports, so pass ``--cache-dir=<fresh dir>`` (the test fixture does).
 
 Not emulated: real authentication (any other token is the admin), aggregated ClusterRoles,
 admission webhooks, quotas, conversion between CRD versions (all served versions
-share one storage), managedFields and SSA field ownership, protobuf responses,
+share one storage), managedFields and SSA conflicts, protobuf responses,
 ``limit``/``continue`` pagination (lists are always complete), scale subresources, graceful pod
 deletion (pods disappear at once; the kubelet then terminates the process), namespace deletion
 waiting for finalizers of its contents, ``events.k8s.io/v1`` and ``v1`` events sharing storage.

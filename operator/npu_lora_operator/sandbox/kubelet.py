@@ -8,7 +8,14 @@ Usage::
     emu = ApiEmulator().start()
     kubelet = LocalKubelet(emu, root=Path("/tmp/sandbox")).start()
     ...                                   # create batch/v1 Jobs (or bare Pods) through the API
-    kubelet.stop(); emu.stop()
+    kubelet.stop(); emu.stop()           # emu.stop() alone also terminates the kubelet's processes
+
+    LocalKubelet(emu, root, *, node_name="sandbox-node", node_labels=None, node_capacity=None,
+                 python_executable=sys.executable, entrypoints=None, extra_env=None,
+                 image_pull_failure="doesnotexist", backoff_seconds=0.2, max_grace_seconds=5.0,
+                 tick_seconds=0.2, pod_identity=True)
+    kubelet.pod_dir(ns, pod) / "container.log"; kubelet.pvc_dir(claim); kubelet.kubeconfig
+    kubelet.disrupt_pod(ns, pod)         # eviction: DisruptionTarget=True, then the pod fails
 
 It runs on the emulator's event loop and uses its storage in-process (no HTTP). What it does:
 
@@ -71,7 +78,8 @@ Kubelet (every pod, Job-owned or bare, runs once: ``restartPolicy`` is not emula
 
 Failure knobs (for the operator's condition mapping):
 - an image containing ``image_pull_failure`` (default ``"doesnotexist"``) never starts: the pod stays
-  ``Pending`` with container ``waiting.reason: ImagePullBackOff`` (and an ``ErrImagePull`` event);
+  ``Pending`` with container ``waiting.reason: ImagePullBackOff`` (and ``Failed``/``BackOff``
+  events; ``kubectl logs`` answers "is waiting to start: trying and failing to pull image");
 - a pod whose ``nodeSelector`` the node's labels don't satisfy, or that requests more of an extended
   resource than ``node_capacity`` has, stays ``Pending`` with condition ``PodScheduled=False``,
   ``reason: Unschedulable`` and the scheduler's message.

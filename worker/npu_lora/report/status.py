@@ -174,6 +174,9 @@ class StatusReporter(TrainCallback):
         self._written = 0  # last version written successfully
         self._stop = False
         self._thread: threading.Thread | None = None
+        self._gone = False  # the resource was deleted (404): stop reporting
+        self._retry_wait = False  # the sender is backing off after a failure
+        self._last_error = ""
         self.sent: int = 0
         self.failures: int = 0
 
@@ -207,13 +210,15 @@ class StatusReporter(TrainCallback):
             self._thread.start()
 
     def _submit(self) -> None:
+        self._last_sent_at = self.clock()
+        self._dirty = False
+        if self._gone:
+            return
         body = {"status": {k: v for k, v in self._state.items() if v is not None}}
         with self._cv:
             self._version += 1
             self._pending = body
             self._cv.notify_all()
-        self._last_sent_at = self.clock()
-        self._dirty = False
         self._ensure_thread()
 
     def _do_patch(self, body: dict[str, Any]) -> None:
@@ -221,13 +226,28 @@ class StatusReporter(TrainCallback):
             self._patch_fn = default_api_patch(self.name, self.namespace)
         self._patch_fn(body)
 
+    def _log_failure(self, e: BaseException) -> None:
+        text = _brief(e)
+        # the first failure of a kind is a warning; repeats only every 20th time
+        if text != self._last_error or self.failures % 20 == 0:
+            log.warning(
+                "status report for %s/%s failed (%d so far; retrying with back-off): %s",
+                self.namespace,
+                self.name,
+                self.failures,
+                text,
+            )
+        else:
+            log.debug("status report for %s/%s failed again: %s", self.namespace, self.name, text)
+        self._last_error = text
+
     def _run(self) -> None:
         delay = self.retry_seconds
         while True:
             with self._cv:
                 while self._pending is None and not self._stop:
                     self._cv.wait()
-                if self._pending is None and self._stop:
+                if self._pending is None:  # stopped, nothing left
                     return
                 body, version = self._pending, self._version
                 self._pending = None
@@ -235,18 +255,28 @@ class StatusReporter(TrainCallback):
                 self._do_patch(body)  # type: ignore[arg-type]
             except Exception as e:  # network, 409, 5xx, auth: never fatal
                 self.failures += 1
-                log.warning(
-                    "status report for %s/%s failed (will retry): %s",
-                    self.namespace,
-                    self.name,
-                    _brief(e),
-                )
+                if getattr(e, "status", None) == 404:
+                    # the MoEFinetune is gone (deleted): nobody to report to any more
+                    log.warning(
+                        "status report for %s/%s: the resource is gone; reporting stopped",
+                        self.namespace,
+                        self.name,
+                    )
+                    with self._cv:
+                        self._gone = True
+                        self._pending = None
+                        self._cv.notify_all()
+                    return
+                self._log_failure(e)
                 with self._cv:
-                    if self._pending is None:  # no newer state: retry this one
+                    if self._pending is None:  # no newer state: retry this one (latest wins)
                         self._pending = body
-                    if self._stop and self._flush_deadline_passed():
+                    if self._stop:
                         return
+                    # a newer state, a flush or a stop wakes us early
+                    self._retry_wait = True
                     self._cv.wait(delay)
+                    self._retry_wait = False
                 delay = min(delay * 2, self.max_retry_seconds)
                 continue
             delay = self.retry_seconds
@@ -255,20 +285,19 @@ class StatusReporter(TrainCallback):
                 self._written = max(self._written, version)
                 self._cv.notify_all()
 
-    _flush_deadline: float | None = None
-
-    def _flush_deadline_passed(self) -> bool:
-        return self._flush_deadline is not None and time.monotonic() >= self._flush_deadline
-
     def flush(self, timeout: float | None = None) -> bool:
         """Send the latest state and wait until it is written (True) or ``timeout`` passes."""
+        if self._gone:
+            return False
         if self._dirty or self._version == 0:
             self._submit()
         timeout = self.flush_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         with self._cv:
             target = self._version
-            while self._written < target:
+            if self._retry_wait:
+                self._cv.notify_all()  # retry once now instead of after the back-off
+            while self._written < target and not self._gone:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     log.warning(
@@ -278,16 +307,15 @@ class StatusReporter(TrainCallback):
                         timeout,
                     )
                     return False
-                self._cv.notify_all()
-                self._cv.wait(min(left, 0.5))
-        return True
+                self._cv.wait(left)
+        return not self._gone
 
     def close(self, timeout: float | None = None) -> bool:
-        """Flush, then stop the sender thread."""
+        """Flush, then stop the sender thread (a retry still pending is dropped)."""
         ok = self.flush(timeout)
         with self._cv:
             self._stop = True
-            self._flush_deadline = time.monotonic()
+            self._pending = None
             self._cv.notify_all()
         if self._thread is not None:
             self._thread.join(2)

@@ -16,8 +16,14 @@ registrable as an attention implementation (``register_rngd_attention()`` then
 ``config._attn_implementation = "rngd_eager"``), so the stock ``Qwen3MoeAttention`` module (and
 peft's LoRA on it) stays untouched.
 
+``logsumexp_rngd``: ``torch.logsumexp`` does not compile as part of a whole graph on RNGD
+("failed to import dfg: Not importable for all cases, logsumexp", measured on graphs.py's head);
+written out as ``m + log(sum(exp(z - m)))`` with ``m = amax(z)`` held constant (its gradient
+cancels exactly), forward and backward are elementwise ops plus ``amax``/``sum`` reductions.
+
 ``cross_entropy_int32``: cross-entropy with int32 labels via an int32 compare (one-hot) instead
-of ``nll_loss``/``gather`` (which need int64 targets on CPU torch and produce int64 index ops).
+of ``nll_loss``/``gather`` (which need int64 targets on CPU torch and produce int64 index ops),
+with ``logsumexp_rngd``.
 
 Importing this module imports torch but not transformers or furiosa-torch.
 """
@@ -33,6 +39,7 @@ RNGD_ATTENTION = "rngd_eager"
 __all__ = [
     "RNGD_ATTENTION",
     "cross_entropy_int32",
+    "logsumexp_rngd",
     "register_rngd_attention",
     "rngd_eager_attention_forward",
     "softmax_rngd",
@@ -105,6 +112,16 @@ def register_rngd_attention(name: str = RNGD_ATTENTION) -> str:
     return name
 
 
+def logsumexp_rngd(z: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
+    """``torch.logsumexp(z, dim, keepdim)`` as amax/sub/exp/sum/log/add (no ``aten.logsumexp``).
+
+    The max shift is detached: ``d/dz [m + log sum exp(z - m)]`` does not depend on ``m``, so
+    the gradient is exactly ``softmax(z)`` either way, and no ``amax`` backward is traced."""
+    m = z.detach().amax(dim=dim, keepdim=True)
+    out = m + torch.log(torch.exp(z - m).sum(dim=dim, keepdim=True))
+    return out if keepdim else out.squeeze(dim)
+
+
 def cross_entropy_int32(
     logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -114,5 +131,5 @@ def cross_entropy_int32(
     z = logits.float()
     vocab = torch.arange(z.shape[-1], dtype=torch.int32, device=z.device)
     onehot = (vocab == labels[..., None]).to(z.dtype)
-    ce = torch.logsumexp(z, dim=-1) - (z * onehot).sum(-1)
+    ce = logsumexp_rngd(z, dim=-1) - (z * onehot).sum(-1)
     return ce if weights is None else (ce * weights.float()).sum()
