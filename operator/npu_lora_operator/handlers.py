@@ -255,6 +255,29 @@ def reconcile_status(namespace: str, name: str) -> Body | None:
         return new
 
 
+def fail_run(namespace: str, name: str, reason: str, message: str) -> None:
+    """Mark the run Failed without a Job (e.g. the server rejected the Job we built)."""
+    kube = STATE.kube
+    with STATE.lock(namespace, name):
+        mft = kube.get(API_VERSION, PLURAL, name, namespace)
+        if mft is None:
+            return
+        old = mft.get("status") or {}
+        obs = st.Observed("Failed", reason, message, "Failed")
+        generation = (mft.get("metadata") or {}).get("generation")
+        now = st.now_iso()
+        new: Body = {
+            "phase": "Failed",
+            "conditions": st.set_conditions(old.get("conditions"), obs, now, generation),
+            "message": message,
+            "completionTime": now,
+        }
+        if generation is not None:
+            new["observedGeneration"] = generation
+        kube.merge_patch(API_VERSION, PLURAL, name, namespace, {"status": new}, sub="status")
+        _post(mft, st.transition_events(old, new))
+
+
 # ---------------------------------------------------------------------------------------------
 # MoEFinetune
 
@@ -272,7 +295,14 @@ def ensure_run(
         return
     created = []
     for child in builders.build_children(raw, STATE.config):
-        _, was_created = ensure_object(child, raw)
+        try:
+            _, was_created = ensure_object(child, raw)
+        except KubeError as e:
+            if e.code in (400, 422):  # the server rejects what we built: retrying cannot help
+                msg = f"cannot create {child['kind']} {child['metadata']['name']}: {e.message}"
+                fail_run(namespace, name, "InvalidSpec", msg)
+                raise kopf.PermanentError(msg) from e
+            raise
         if was_created:
             created.append(f"{child['kind']}/{child['metadata']['name']}")
     job = builders.job_name(name)

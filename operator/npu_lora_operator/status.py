@@ -16,7 +16,8 @@ Pending    Queued=True         JobCreated, PodPending, WaitingForQueue (Kueue), 
 Running    Running=True        PodRunning, Retrying (a pod failed, the Job retries)
 Succeeded  Succeeded=True      Completed
 Failed     Failed=True         WorkerError (exit code, pod, the worker's termination message),
-                               BackoffLimitExceeded, DeadlineExceeded, JobFailed
+                               BackoffLimitExceeded, DeadlineExceeded, JobFailed, InvalidSpec
+                               (the server rejected the Job the operator built)
 Suspended  Suspended=True      Suspended (``spec.suspend``)
 =========  ==================  ===============================================================
 """

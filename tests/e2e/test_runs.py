@@ -144,9 +144,11 @@ def test_worker_failure_reported(cluster: Cluster, operator: OperatorProcess) ->
     )
     (cluster.kubelet.pvc_dir("data")).mkdir(parents=True, exist_ok=True)
     cluster.apply(obj)
-    _wait(
-        lambda: cluster.status(name).get("phase") == "Failed", RUN_TIMEOUT, "phase Failed", operator
+    # kubectl wait on the typed condition (a watch on the object)
+    r = cluster.kubectl(
+        "wait", "--for=condition=Failed", f"mft/{name}", "--timeout=240s", timeout=250, check=False
     )
+    assert r.returncode == 0, (r.stdout, r.stderr, operator.log())
     st = cluster.status(name)
     conds = {c["type"]: c for c in st["conditions"]}
     assert conds["Failed"]["status"] == "True"

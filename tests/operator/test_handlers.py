@@ -125,3 +125,31 @@ def test_settings() -> None:
     assert s.persistence.finalizer.startswith("npu-lora.io/")
     assert s.peering.standalone is True
     assert s.scanning.disabled is True
+
+
+def test_rejected_child_fails_the_run(env: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import logging
+
+    from npu_lora_operator.kube import KubeError
+
+    emu, body = env
+    kube = handlers.STATE.kube
+    real_create = kube.create
+
+    def create(obj: dict[str, Any]) -> dict[str, Any]:
+        if obj["kind"] == "Job":
+            raise KubeError(422, "Invalid", 'Job.batch "r1" is invalid: spec.template: bad')
+        return real_create(obj)
+
+    monkeypatch.setattr(kube, "create", create)
+    with pytest.raises(kopf.PermanentError):
+        handlers.ensure_run(
+            body=body, name="r1", namespace="default", logger=logging.getLogger("t")
+        )
+    st = emu.get(*MFT, "r1", namespace="default")["status"]
+    assert st["phase"] == "Failed"
+    failed = next(c for c in st["conditions"] if c["type"] == "Failed")
+    assert failed["status"] == "True" and failed["reason"] == "InvalidSpec"
+    assert "spec.template: bad" in st["message"]
+    # a later reconcile keeps the verdict (there is no Job)
+    assert handlers.reconcile_status("default", "r1")["phase"] == "Failed"

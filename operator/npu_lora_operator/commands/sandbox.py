@@ -152,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
     quiet_kopf_logs()
     for noisy in ("aiohttp.access", "urllib3", "kmock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # "OS signals are ignored: running not in the main thread": expected, the sandbox handles them
+    logging.getLogger("kopf._core.reactor.running").setLevel(logging.ERROR)
 
     parts = start_sandbox(
         args.root,

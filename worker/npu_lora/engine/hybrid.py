@@ -334,11 +334,13 @@ def build_engine(
     backend: Backend | str | None = None,
     experts_implementation: str = "grouped_mm",
     model_root: str | Path | None = None,
+    device_dtype: torch.dtype = torch.float32,
 ) -> HybridEngine:
     """Build model (``spec.model``, ``spec.lora``), backend (``spec.device.backend`` unless
     ``backend`` is given) and engine. ``vocab_size``: the tokenizer's size (the embedding grows
     to it). ``experts_implementation``: the host experts kernel (a key of transformers'
-    ``ALL_EXPERTS_FUNCTIONS``). ``moe.hostThreads`` sets ``torch.set_num_threads`` (process-wide)."""
+    ``ALL_EXPERTS_FUNCTIONS``). ``device_dtype``: dtype of everything but the MoE blocks
+    (embeddings, attention, norms, head, LoRA; no spec field yet). ``moe.hostThreads`` sets ``torch.set_num_threads`` (process-wide)."""
     if spec.moe.host_threads:
         torch.set_num_threads(spec.moe.host_threads)
     be = backend if isinstance(backend, Backend) else get_backend(backend or spec.device.backend)
@@ -350,6 +352,7 @@ def build_engine(
         host_dtype=to_dtype(spec.moe.host_dtype),
         experts_implementation=experts_implementation,
         model_root=model_root,
+        device_dtype=device_dtype,
     )
     return HybridEngine(
         model,

@@ -303,17 +303,15 @@ class _FunctionRecorder(TorchFunctionMode):
 
 
 def _function_level(inv: Inventory, fn: Callable[..., Any], *args: Any) -> None:
-    """Flag denylisted torch functions the aten trace did not show (decomposed away)."""
+    """Flag denylisted torch functions (the caller drops those the aten trace also shows)."""
     rec = _FunctionRecorder()
     with torch.no_grad(), rec:
         fn(*args)
-    seen = {op.split(".")[1] for op in inv.failed_ops() if op.startswith("aten.")}
     for name, count in rec.hits.items():
-        if name not in seen:
-            reason = DENYLIST.get((name, None)) or next(
-                r for p, r in _DENY_PREFIXES.items() if name.startswith(p)
-            )
-            inv.violations.append(Violation(f"torch.{name}", "denylist", reason, count))
+        reason = DENYLIST.get((name, None)) or next(
+            r for p, r in _DENY_PREFIXES.items() if name.startswith(p)
+        )
+        inv.violations.append(Violation(f"torch.{name}", "denylist", reason, count))
 
 
 def record_ops(inv: Inventory, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -602,8 +600,8 @@ def inventory(graph: Any, *, mode: str = "aot", seed: int = 0) -> dict[str, Inve
     t1 = time.perf_counter()
     _, _, names, params, ins, _ = _prepare(graph)
     _function_level(fn_level, _flat_call(module, names, len(params)), *params, *ins)
-    seen = set(fwd.failed_ops())
-    fwd.violations += [v for v in fn_level.violations if v.op not in seen]
+    seen = {op.split(".")[1] for op in fwd.failed_ops() if op.startswith("aten.")}
+    fwd.violations += [v for v in fn_level.violations if v.op.removeprefix("torch.") not in seen]
     fwd.seconds += time.perf_counter() - t1
     return {"forward": fwd, "backward": bwd}
 
