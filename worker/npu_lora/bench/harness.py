@@ -518,7 +518,12 @@ def derived_targets(
         else:
             out.append(f"{key} = {r:.2f} (paired median over {n} rounds, {same}/{n} same sign)")
     if not any("peer" in k for k in pairs):
-        out.append("step vs stock transformers+peft: not measured (no peer variant in this run)")
+        why = (
+            "needs the host-only+keep_graph variant"
+            if any(v.startswith("peer") for v in med)
+            else "no peer variant in this run"
+        )
+        out.append(f"step vs stock transformers+peft: not measured ({why})")
     if limits:
         copy = limits.get("copy_gbs", math.nan)
         for v in med:
