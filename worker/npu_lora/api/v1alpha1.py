@@ -233,6 +233,13 @@ class MoESpec(_Model):
     host_dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="dtype of the expert weights and compute on the host."
     )
+    experts_kernel: Literal["grouped_mm", "eager", "npu_lora_sorted"] = Field(
+        "grouped_mm",
+        description=(
+            "Host experts kernel: transformers' `grouped_mm` or `eager` (per-expert loop), or "
+            "`npu_lora_sorted` (tokens sorted by expert, fused gate/up, deterministic backward)."
+        ),
+    )
     host_threads: int | None = Field(
         None, ge=1, le=1024, description="torch intra-op threads for the host (default: all cores)."
     )
@@ -281,6 +288,13 @@ class DeviceSpec(_Model):
         ge=0,
         le=8,
         description="Accelerator cards requested from Kubernetes (`furiosa.ai/rngd`). 0: none.",
+    )
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description=(
+            "dtype of the device side (embeddings, attention, norms, head, LoRA). RNGD compiles "
+            "the fp32 softmax backward poorly; bfloat16 is the usual choice there."
+        ),
     )
     compile_cache: VolumeRef | None = Field(
         None,

@@ -575,8 +575,10 @@ def plot(summary: dict[str, Any], variants: list[str], path: Path, title: str = 
         ("HostMLP fwd", lambda m: m["host_fwd_s"]),
         ("HostMLP bwd (excl. recompute)", lambda m: m["host_bwd_s"] - m["recompute_s"]),
         ("recompute", lambda m: m["recompute_s"]),
+        ("stock fwd (peers)", lambda m: m["fwd_s"]),
+        ("stock bwd (peers)", lambda m: m["bwd_s"]),
     ]
-    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(variants) + 2), 4.5))
+    fig, ax = plt.subplots(figsize=(max(8, 1.3 * len(variants) + 4.5), 4.8))
     bottoms = [0.0] * len(variants)
     for label, f in parts:
         vals = []
@@ -596,17 +598,17 @@ def plot(summary: dict[str, Any], variants: list[str], path: Path, title: str = 
         variants,
         other,
         bottom=bottoms,
-        label="other (step − parts; peers: whole step)",
+        label="other (step − parts)",
         color="lightgray",
     )
     for i, v in enumerate(variants):
         ax.text(
             i, med[v]["step_s"], f"{med[v]['step_s']:.2f}", ha="center", va="bottom", fontsize=8
         )
-    ax.set_ylabel("seconds per step (median)")
+    ax.set_ylabel("seconds per step (medians; parts are medians too)")
     ax.set_title(title or "npu-lora bench")
     ax.tick_params(axis="x", labelrotation=20)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -332,15 +332,23 @@ def build_engine(
     *,
     vocab_size: int | None = None,
     backend: Backend | str | None = None,
-    experts_implementation: str = "grouped_mm",
+    experts_implementation: str | None = None,
     model_root: str | Path | None = None,
-    device_dtype: torch.dtype = torch.float32,
+    device_dtype: torch.dtype | None = None,
 ) -> HybridEngine:
     """Build model (``spec.model``, ``spec.lora``), backend (``spec.device.backend`` unless
     ``backend`` is given) and engine. ``vocab_size``: the tokenizer's size (the embedding grows
     to it). ``experts_implementation``: the host experts kernel (a key of transformers'
-    ``ALL_EXPERTS_FUNCTIONS``). ``device_dtype``: dtype of everything but the MoE blocks
-    (embeddings, attention, norms, head, LoRA; no spec field yet). ``moe.hostThreads`` sets ``torch.set_num_threads`` (process-wide)."""
+    ``ALL_EXPERTS_FUNCTIONS``; default ``spec.moe.expertsKernel``). ``device_dtype``: dtype of
+    everything but the MoE blocks (embeddings, attention, norms, head, LoRA; default
+    ``spec.device.dtype``). ``moe.hostThreads`` sets ``torch.set_num_threads`` (process-wide)."""
+    experts_implementation = experts_implementation or spec.moe.experts_kernel
+    if experts_implementation.startswith("npu_lora_sorted"):
+        from npu_lora.moe import experts as sorted_experts
+
+        sorted_experts.register()
+    if device_dtype is None:
+        device_dtype = to_dtype(spec.device.dtype)
     if spec.moe.host_threads:
         torch.set_num_threads(spec.moe.host_threads)
     be = backend if isinstance(backend, Backend) else get_backend(backend or spec.device.backend)

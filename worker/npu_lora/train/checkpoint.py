@@ -228,10 +228,7 @@ def load_checkpoint(path: Path, engine: Any, optimizer: Any) -> dict[str, Any]:
         # Routing counts matter when the checkpoint predates the hot-set choice: the resumed
         # run must choose the same hot set as an uninterrupted one.
         counts = torch.load(routing_path, map_location="cpu", weights_only=True)
-        if hasattr(engine, "load_routing_counts"):
-            engine.load_routing_counts(counts)
-        elif isinstance(getattr(engine, "counts_LE", None), torch.Tensor):  # HybridEngine today
-            engine.counts_LE.copy_(counts)
+        engine.load_routing_counts(counts)
     hot = json.loads((path / "hot.json").read_text(encoding="utf-8"))
     if hot is not None:
         engine.load_hot_state(hot)
