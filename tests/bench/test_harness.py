@@ -172,3 +172,22 @@ def test_kernels_bench_tiny(tmp_path):
     }
     assert all(r["rounds"] == 2 and r["fwd_ms"] > 0 for r in rows)
     assert "| 16 | float32 | frozen | npu_lora_sorted |" in (tmp_path / "kernels.md").read_text()
+
+
+def test_build_spec_from_manifest_and_preset():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    manifests = sorted((root / "examples").glob("*.yaml"))
+    if manifests:
+        cfg = h.BenchConfig(
+            config=str(manifests[0]), preset=None, layers=1, seq_len=64, host_dtype="bfloat16"
+        )
+        spec = h.build_spec(cfg, placement="hot")
+        assert spec.model.layers == 1 and spec.training.seq_len == 64
+        assert spec.moe.placement == "hot" and spec.moe.host_dtype == "bfloat16"
+    spec = h.build_spec(
+        h.BenchConfig(preset="qwen3-30b-a3b", layers=2, threads=1), placement="host-only"
+    )
+    assert spec.model.preset == "qwen3-30b-a3b" and spec.model.layers == 2
+    assert spec.moe.host_threads == 1 and spec.device.backend == "cpu"
