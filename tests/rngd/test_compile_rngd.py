@@ -1,7 +1,11 @@
 """furiosa-torch's compiler (on the CPU, no NPU) accepts every device graph: per-op probes and
 whole-graph compiles at tiny widths. Needs the RNGD venv (scripts/rngd-env.sh); run by
-.ci/rngd-tests.sh. Cold compiles take minutes (an attention block ~5-10 min per direction on
-2 cores); the compile cache (``NPU_LORA_RNGD_CACHE``) makes reruns take seconds."""
+.ci/rngd-tests.sh. Cold compiles take minutes; the compile cache (``NPU_LORA_RNGD_CACHE``) makes
+reruns take seconds per job.
+
+The attention graphs are opt-in (``NPU_LORA_RNGD_ATTENTION=1``): cold, their whole-graph
+forward compile took 11-23 min and each direction's per-op probes 11-14 min on this 2-core
+machine under load (experiments/2026-11-30-rngd-compile-tiny.md) -- too long for every CI run."""
 
 from __future__ import annotations
 
@@ -29,6 +33,19 @@ CACHE = Path(
 )
 # Known formulation problems in graphs.py (see test_inventory_graphs.KNOWN_FAILURES).
 KNOWN = {("attention", "backward"), ("head", "forward")}
+# With softmax_rngd the attention backward passes the inventory, but the whole graph still
+# fails: an elementwise kernel of the q_norm/k_norm backward with a transposed write fails the
+# compiler's verification (experiments/2026-11-30-rngd-compile-tiny.md, item 3).
+KNOWN_FORMULATION = {("attention_rngd_softmax", "backward", "compile")}
+ATTENTION = os.environ.get("NPU_LORA_RNGD_ATTENTION") == "1"
+slow_attention = pytest.mark.skipif(
+    not ATTENTION,
+    reason="attention compiles take 10-25 min cold on 2 cores: set NPU_LORA_RNGD_ATTENTION=1",
+)
+
+
+def _graph_param(name: str) -> object:
+    return pytest.param(name, marks=slow_attention) if "attention" in name else name
 
 
 def _check(tmp_path: Path, source: str, graph: str, tier: str, directions: str) -> tuple[int, list]:
@@ -41,10 +58,12 @@ def _check(tmp_path: Path, source: str, graph: str, tier: str, directions: str) 
     return rc, json.loads(out.read_text())["rows"] if out.exists() else []
 
 
-@pytest.mark.timeout(3600)
+@pytest.mark.timeout(2400)
 @pytest.mark.skipif(not HAVE_GRAPHS, reason="npu_lora/device/graphs.py does not exist yet")
 @pytest.mark.parametrize("tier", ["probe", "compile"])
-@pytest.mark.parametrize("graph", ["embed", "attention", "head", f"hot_experts_b{BUCKET}"])
+@pytest.mark.parametrize(
+    "graph", [_graph_param(g) for g in ("embed", "attention", "head", f"hot_experts_b{BUCKET}")]
+)
 def test_device_graph_compiles(tmp_path, graph, tier):
     rc, rows = _check(tmp_path, check.DEFAULT_SOURCE, graph, tier, "forward,backward")
     assert rows, f"rngd-check wrote no rows (rc {rc})"
@@ -56,15 +75,21 @@ def test_device_graph_compiles(tmp_path, graph, tier):
     assert rc == 0
 
 
-@pytest.mark.timeout(3600)
+@pytest.mark.timeout(2400)
 @pytest.mark.skipif(not HAVE_GRAPHS, reason="npu_lora/device/graphs.py does not exist yet")
 @pytest.mark.parametrize("tier", ["probe", "compile"])
-@pytest.mark.parametrize("graph", ["attention_rngd_softmax", "head_rngd_logsumexp"])
+@pytest.mark.parametrize(
+    "graph", [_graph_param(g) for g in ("attention_rngd_softmax", "head_rngd_logsumexp")]
+)
 def test_proposed_formulations_compile(tmp_path, graph, tier):
     """graphs.py's attention and head with the formulations from npu_lora.rngd.formulations
     (softmax_rngd, logsumexp_rngd) compile forward and backward."""
     source = f"{STANDINS_PATH}:graphs_with_rngd_formulations"
     rc, rows = _check(tmp_path, source, graph, tier, "forward,backward")
+    assert rows, f"rngd-check wrote no rows (rc {rc})"
+    failed = [r for r in rows if not r["ok"]]
+    if failed and {(r["graph"], r["direction"], r["tier"]) for r in failed} <= KNOWN_FORMULATION:
+        pytest.xfail("whole-graph attention backward: furiosa compiler layout failure (q/k-norm)")
     assert rc == 0, json.dumps(rows, indent=1)[:4000]
 
 

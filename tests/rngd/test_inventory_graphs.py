@@ -28,9 +28,11 @@ KNOWN_FAILURES: dict[tuple[str, str], tuple[str, str]] = {
     ("attention", "backward"): (
         "aten._softmax_backward_data.default",
         "transformers' eager_attention_forward runs softmax(..., dtype=float32) even for bf16 "
-        "models; its backward _softmax_backward_data in fp32 does not compile on RNGD. Fix: "
-        "npu_lora.rngd.formulations.register_rngd_attention() + "
-        "config._attn_implementation='rngd_eager' (tested equal in test_inventory_formulations)",
+        "models; its backward _softmax_backward_data in fp32 does not compile on RNGD. Fix for "
+        "this op: npu_lora.rngd.formulations.register_rngd_attention() + "
+        "config._attn_implementation='rngd_eager' (tested equal in test_inventory_formulations); "
+        "the whole backward graph then still fails in the compiler (q/k-norm layout, see "
+        "experiments/2026-11-30-rngd-compile-tiny.md)",
     ),
     ("head", "forward"): (
         "aten.logsumexp.default",

@@ -677,6 +677,13 @@ def run_bench(
         log(
             f"engine built in {time.perf_counter() - t0:.1f} s ({engine.num_layers} layers, backend {engine.backend.name})"
         )
+    if engine.backend.device.type != "cpu" and any(v.is_peer for v in variants):
+        # the stock peer runs the whole model on one device; here the MoE blocks are on the host
+        log("peers need the cpu backend (the whole stock model on the host): peers dropped")
+        variants = [v for v in variants if not v.is_peer]
+        names = [v.name for v in variants]
+        if baseline not in names:
+            baseline = names[0]
     vocab = int(engine.config.vocab_size)
     batches = make_batches(
         max(cfg.steps_per_round, 1),

@@ -22,6 +22,12 @@ def load(run_dir: Path) -> list[dict]:
     ]
 
 
+def _when(when: str | None) -> str:
+    if not when or when in ("before", "after"):
+        return f"{when or 'before'} the rounds"
+    return f"at the start of {when}"
+
+
 def draft(run_dir: Path, command: str | None = None) -> str:
     recs = load(run_dir)
     meta = next(r for r in recs if r["kind"] == "meta")
@@ -45,7 +51,7 @@ def draft(run_dir: Path, command: str | None = None) -> str:
         )
     for lim in limits:
         lines.append(
-            f"- copy / triad bandwidth ({lim.get('when', 'before')} the rounds): {lim['copy_gbs']:.1f} / "
+            f"- copy / triad bandwidth ({_when(lim.get('when'))}): {lim['copy_gbs']:.1f} / "
             f"{lim['triad_gbs']:.1f} GB/s (samples {', '.join(f'{x:.1f}' for x in lim['copy_samples_gbs'])})"
         )
     cfg = meta["config"]

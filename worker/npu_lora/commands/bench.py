@@ -47,7 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--host-dtype", choices=["fp32", "bf16", "float32", "bfloat16"], default="fp32"
     )
     parser.add_argument("--backend", choices=["auto", "cpu", "cuda", "furiosa"], default="cpu")
-    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="torch intra-op threads (default: torch's). On a shared, oversubscribed machine use 1: "
+        "2-thread GEMMs there were 5-12x slower and far noisier (experiments/2026-11-30-*)",
+    )
     parser.add_argument("--experts-impl", default="grouped_mm", help="default host experts kernel")
     parser.add_argument(
         "--variants",

@@ -122,14 +122,26 @@ def _seg_weight_grad(
     return out
 
 
-def _resolve_segments(segments: Segments, dtype: torch.dtype) -> Segments:
-    if segments != "auto":
-        if segments == "grouped" and not _has_grouped_mm():
-            return "loop"
-        return segments
-    # Measured on the 2-core AMX host (experiments/2026-11-30-experts-kernel.md): grouped is the
-    # better default for both dtypes when torch has it.
-    return "grouped" if _has_grouped_mm() else "loop"
+def _grouped_ok(gate_up_proj: torch.Tensor, down_proj: torch.Tensor) -> bool:
+    """``torch._grouped_mm`` on the CPU needs 16-byte aligned strides and data pointers."""
+    if not _has_grouped_mm():
+        return False
+    esz = gate_up_proj.element_size()
+    widths = (gate_up_proj.shape[1], gate_up_proj.shape[2], down_proj.shape[1], down_proj.shape[2])
+    return all(w * esz % 16 == 0 for w in widths) and all(
+        t.data_ptr() % 16 == 0 for t in (gate_up_proj, down_proj)
+    )
+
+
+def _resolve_segments(
+    segments: Segments, gate_up_proj: torch.Tensor, down_proj: torch.Tensor
+) -> Segments:
+    if segments == "loop" or not _grouped_ok(gate_up_proj, down_proj):
+        return "loop"
+    # "auto" and "grouped": measured on the 2-core AMX host (experiments/2026-11-30-experts-
+    # kernel.md) grouped is at least as fast as the per-expert loop (whose backward pays a thread
+    # barrier per small GEMM).
+    return "grouped"
 
 
 class SortedExpertsFunction(torch.autograd.Function):
@@ -221,7 +233,7 @@ def sorted_experts(
 ) -> torch.Tensor:
     """Functional form (no module): [T, H] -> [T, H]."""
     routing = build_routing(top_k_index, gate_up_proj.shape[0])
-    seg = _resolve_segments(segments, gate_up_proj.dtype)
+    seg = _resolve_segments(segments, gate_up_proj, down_proj)
     return SortedExpertsFunction.apply(
         hidden_states, top_k_weights, gate_up_proj, down_proj, routing, seg
     )

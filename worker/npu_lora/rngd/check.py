@@ -418,12 +418,18 @@ def run_compile(fn: Any, inputs: Sequence[Any]) -> dict[str, Any]:
     try:
         ft.CompileModule.from_module(fn, tuple(inputs))
     except Exception as exc:  # a compile failure is the result
+        text = str(exc)
+        # The compiler's own diagnosis (which fused kernel failed, and why) follows "Caused by";
+        # the text before it is mostly the whole fx graph.
+        at = text.find("Caused by")
+        cause = text[at : at + 6000] if at >= 0 else ""
+        short = " ".join(cause.split())[:400]
         return {
             "ok": False,
             "ops": n_nodes,
             "failed_ops": ["<whole graph>"],
-            "detail": _root_cause(exc),
-            "extra": {"exception": f"{type(exc).__name__}: {str(exc)[:4000]}"},
+            "detail": _root_cause(exc) + (f" | {short}" if short else ""),
+            "extra": {"exception": f"{type(exc).__name__}: {text[:2000]}", "cause": cause},
         }
     return {"ok": True, "ops": n_nodes, "failed_ops": [], "detail": "", "extra": {}}
 
@@ -585,9 +591,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--_job", help=argparse.SUPPRESS)
     parser.add_argument("--_job-out", dest="job_out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    bad_dirs = [d for d in args.directions if d not in DIRECTIONS]
-    if bad_dirs:
-        parser.error(f"unknown directions {bad_dirs}")
 
     if args._job:  # child: XDG_CACHE_HOME / TMPDIR come from the parent
         graph_name, direction, tier = json.loads(args._job)
@@ -603,7 +606,13 @@ def _exit_on_sigterm(signum: int, _frame: Any) -> None:
 
 
 def run_check(args: argparse.Namespace) -> int:
+    """Run the check for parsed ``add_arguments`` options (what ``npu-lora rngd-check`` calls)."""
     import threading
+
+    bad_dirs = [d for d in args.directions if d not in DIRECTIONS]
+    if bad_dirs:
+        _log(f"unknown directions {bad_dirs}; use {','.join(DIRECTIONS)}")
+        return 2
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _exit_on_sigterm)

@@ -12,17 +12,21 @@ which is the math of ``_softmax_backward_data`` with the row sum written as a ma
 with whole-graph compiles of ``[1, 4, 128, 128]`` inputs: ``_softmax_backward_data`` and the
 plain ``y * (g - sum(g * y, -1))`` fail (fp32 and bf16: the fused mul+reduce kernel fails
 verification), the matmul row sum compiles (fp32 17 s, bf16 12 s). Numerically it equals
-``torch.softmax``'s gradient to rounding (tested in tests/rngd).
+``torch.softmax``'s gradient to rounding (tested in tests/rngd). In graphs.py's attention
+block it removes the ``_softmax_backward_data`` failure, but the whole backward graph then fails
+further on, in the compiler (an elementwise kernel of the q_norm/k_norm backward with a
+transposed write fails verification; experiments/2026-11-30-rngd-compile-tiny.md).
 
 ``rngd_eager_attention_forward``: transformers' ``eager_attention_forward`` with that softmax,
 registrable as an attention implementation (``register_rngd_attention()`` then
 ``config._attn_implementation = "rngd_eager"``), so the stock ``Qwen3MoeAttention`` module (and
 peft's LoRA on it) stays untouched.
 
-``logsumexp_rngd``: ``torch.logsumexp`` does not compile as part of a whole graph on RNGD
+``logsumexp_rngd``: ``torch.logsumexp`` does not compile on RNGD, per op or whole graph
 ("failed to import dfg: Not importable for all cases, logsumexp", measured on graphs.py's head);
 written out as ``m + log(sum(exp(z - m)))`` with ``m = amax(z)`` held constant (its gradient
 cancels exactly), forward and backward are elementwise ops plus ``amax``/``sum`` reductions.
+graphs.py's head with it compiles whole, forward (78 s cold) and backward (121 s).
 
 ``cross_entropy_int32``: cross-entropy with int32 labels via an int32 compare (one-hot) instead
 of ``nll_loss``/``gather`` (which need int64 targets on CPU torch and produce int64 index ops),

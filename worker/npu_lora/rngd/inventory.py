@@ -84,7 +84,7 @@ DENYLIST: dict[tuple[str, str | None], str] = {
     ("floor_divide", None): "floor_divide does not compile",
     ("floor_divide_", None): "floor_divide does not compile",
     ("logsumexp", None): (
-        "logsumexp does not import into a whole graph ('failed to import dfg: Not importable "
+        "logsumexp does not compile, per op or whole graph ('failed to import dfg: Not importable "
         "for all cases, logsumexp'); write it as m + log(sum(exp(z - m))), m = amax(z) detached"
     ),
     ("_local_scalar_dense", None): ".item(): a host sync / data-dependent value in a device graph",
