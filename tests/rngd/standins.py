@@ -238,39 +238,60 @@ def bad_device_graphs(
     return bad_graphs()
 
 
-class HeadRngd(nn.Module):
-    """graphs.py's ``DeviceHead`` with ``formulations.cross_entropy_int32`` (logsumexp written
-    out): the proposed fix for its whole-graph ``logsumexp`` failure."""
+class AttentionStock(nn.Module):
+    """graphs.py's ``DeviceAttentionBlock`` through the stock ``Qwen3MoeAttention.forward`` with
+    transformers' eager attention: what graphs.py's written-out attention replaces (its backward
+    has the fp32 ``_softmax_backward_data``)."""
+
+    def __init__(self, block: nn.Module) -> None:
+        super().__init__()
+        self.block = block
+
+    def forward(self, h_BSD, moe_BSD, pos_BS, mask_B1SS):
+        blk = self.block
+        h = h_BSD + moe_BSD
+        cos, sin = blk.rope(pos_BS, h.dtype)
+        a, _ = blk.self_attn(
+            hidden_states=blk.input_layernorm(h),
+            position_embeddings=(cos, sin),
+            attention_mask=mask_B1SS,
+        )
+        h_mid = h + a
+        return h_mid, blk.post_attention_layernorm(h_mid)
+
+
+class HeadStock(nn.Module):
+    """graphs.py's ``DeviceHead`` with ``torch.logsumexp`` (what ``ops.cross_entropy_int32``
+    replaces: ``aten.logsumexp`` does not compile on RNGD)."""
 
     def __init__(self, head: nn.Module) -> None:
         super().__init__()
         self.head = head
 
     def forward(self, h_BSD, moe_BSD, sel_BNS, labels_BN, w_BN):
-        from npu_lora.rngd.formulations import cross_entropy_int32
-
         z_BNV = self.head.logits(h_BSD, moe_BSD, sel_BNS)
-        return cross_entropy_int32(z_BNV, labels_BN, w_BN)
+        vocab = torch.arange(z_BNV.shape[-1], dtype=torch.int32)
+        onehot_BNV = (vocab == labels_BN[..., None]).to(z_BNV.dtype)
+        ce_BN = torch.logsumexp(z_BNV, dim=-1) - (z_BNV * onehot_BNV).sum(-1)
+        return (ce_BN * w_BN.float()).sum()
 
 
-def graphs_with_rngd_formulations(
+def graphs_with_stock_ops(
     widths: str = "tiny",
     seq_len: int = 128,
     buckets: Sequence[int] | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> list[Any]:
-    """graphs.py's attention and head with the formulations proposed for them
-    (``attention_rngd_softmax``, ``head_rngd_logsumexp``)."""
+    """graphs.py's attention and head computed the stock way (``attention_stock``: the stock
+    attention module with eager attention; ``head_stock``: ``torch.logsumexp``), same weights
+    and inputs as ``device_graphs(...)`` (same seed)."""
     import dataclasses
 
     from npu_lora.device.graphs import device_graphs
-    from npu_lora.rngd.formulations import register_rngd_attention
 
     graphs = {g.name: g for g in device_graphs(widths, seq_len, buckets, dtype)}
-    attn = graphs["attention"]
-    attn.module.self_attn.config._attn_implementation = register_rngd_attention()
-    head = graphs["head"]
+    attn, head = graphs["attention"], graphs["head"]
     return [
-        dataclasses.replace(attn, name="attention_rngd_softmax"),
-        dataclasses.replace(head, name="head_rngd_logsumexp", module=HeadRngd(head.module)),
+        dataclasses.replace(attn, name="attention_stock", module=AttentionStock(attn.module)),
+        dataclasses.replace(head, name="head_stock", module=HeadStock(head.module)),
     ]

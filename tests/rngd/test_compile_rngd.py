@@ -31,12 +31,9 @@ CACHE = Path(
     os.environ.get("NPU_LORA_RNGD_CACHE")
     or Path.home() / ".cache" / "npu-lora" / "furiosa-compile-cache"
 )
-# Known formulation problems in graphs.py (see test_inventory_graphs.KNOWN_FAILURES).
-KNOWN = {("attention", "backward"), ("head", "forward")}
-# With softmax_rngd the attention backward passes the inventory, but the whole graph still
-# fails: an elementwise kernel of the q_norm/k_norm backward with a transposed write fails the
-# compiler's verification (experiments/2026-11-30-rngd-compile-tiny.md, item 3).
-KNOWN_FORMULATION = {("attention_rngd_softmax", "backward", "compile")}
+# Known formulation problems in graphs.py (none since it uses npu_lora.device.ops; see
+# test_inventory_graphs.KNOWN_FAILURES).
+KNOWN: set[tuple[str, str]] = set()
 ATTENTION = os.environ.get("NPU_LORA_RNGD_ATTENTION") == "1"
 slow_attention = pytest.mark.skipif(
     not ATTENTION,
@@ -73,24 +70,6 @@ def test_device_graph_compiles(tmp_path, graph, tier):
     if known:
         pytest.xfail(f"known: {[(r['graph'], r['direction'], r['failed_ops']) for r in known]}")
     assert rc == 0
-
-
-@pytest.mark.timeout(2400)
-@pytest.mark.skipif(not HAVE_GRAPHS, reason="npu_lora/device/graphs.py does not exist yet")
-@pytest.mark.parametrize("tier", ["probe", "compile"])
-@pytest.mark.parametrize(
-    "graph", [_graph_param(g) for g in ("attention_rngd_softmax", "head_rngd_logsumexp")]
-)
-def test_proposed_formulations_compile(tmp_path, graph, tier):
-    """graphs.py's attention and head with the formulations from npu_lora.rngd.formulations
-    (softmax_rngd, logsumexp_rngd) compile forward and backward."""
-    source = f"{STANDINS_PATH}:graphs_with_rngd_formulations"
-    rc, rows = _check(tmp_path, source, graph, tier, "forward,backward")
-    assert rows, f"rngd-check wrote no rows (rc {rc})"
-    failed = [r for r in rows if not r["ok"]]
-    if failed and {(r["graph"], r["direction"], r["tier"]) for r in failed} <= KNOWN_FORMULATION:
-        pytest.xfail("whole-graph attention backward: furiosa compiler layout failure (q/k-norm)")
-    assert rc == 0, json.dumps(rows, indent=1)[:4000]
 
 
 @pytest.mark.timeout(600)

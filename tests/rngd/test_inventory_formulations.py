@@ -1,5 +1,6 @@
-"""Compile-friendly formulations (npu_lora.rngd.formulations) equal the stock ops on CPU, and
-remove the ops the tracer flags."""
+"""Compile-friendly formulations (npu_lora.device.ops, re-exported by npu_lora.rngd.formulations)
+equal the stock ops on CPU, and remove the ops the tracer flags; graphs.py's attention and head,
+which use them, equal the stock modules."""
 
 from __future__ import annotations
 
@@ -73,30 +74,51 @@ def test_cross_entropy_int32_matches_stock():
 
 @pytest.mark.skipif(not HAVE_GRAPHS, reason="npu_lora/device/graphs.py does not exist yet")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_attention_graph_with_rngd_softmax_passes_and_matches(dtype):
-    """graphs.py's attention block with the stock eager attention fails the inventory
-    (fp32 _softmax_backward_data); with ``rngd_eager`` it passes and computes the same outputs
-    and gradients."""
+def test_attention_graph_matches_stock_attention(standins, dtype):
+    """graphs.py's attention block (written out: softmax_rngd, v per head) passes the inventory
+    where the stock module with eager attention fails it (fp32 _softmax_backward_data), and
+    computes the same outputs (bitwise) and gradients."""
     from npu_lora.device.graphs import device_graphs
 
-    def attention():
-        return next(g for g in device_graphs("tiny", 32, dtype=dtype) if g.name == "attention")
-
-    stock = attention()
+    rngd = next(g for g in device_graphs("tiny", 32, dtype=dtype) if g.name == "attention")
+    stock = next(
+        g for g in standins.graphs_with_stock_ops("tiny", 32, dtype=dtype)
+        if g.name == "attention_stock"
+    )  # fmt: skip
     assert not inventory(stock)["backward"].ok
-
-    rngd = attention()
-    rngd.module.self_attn.config._attn_implementation = register_rngd_attention()
     invs = inventory(rngd)
     assert invs["forward"].ok and invs["backward"].ok, invs["backward"].summary()
 
     a, b = capture(stock, mode="eager"), capture(rngd, mode="eager")
-    assert a.wrt == b.wrt
+    names = {w: w.replace("param block.", "param ") for w in a.wrt}  # AttentionStock.block
+    assert list(names.values()) == b.wrt
     tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
     for x, y in zip(a.outputs, b.outputs, strict=True):
         assert torch.equal(x, y)
     for w in a.wrt:
-        torch.testing.assert_close(b.grads[w], a.grads[w], **tol, msg=w)
+        torch.testing.assert_close(b.grads[names[w]], a.grads[w], **tol, msg=w)
+
+
+@pytest.mark.skipif(not HAVE_GRAPHS, reason="npu_lora/device/graphs.py does not exist yet")
+def test_registered_rngd_attention_matches_eager(standins):
+    """The stock module with ``rngd_eager`` (formulations.register_rngd_attention) computes what
+    eager does and traces no _softmax_backward_data."""
+    stock = next(
+        g for g in standins.graphs_with_stock_ops("tiny", 32) if g.name == "attention_stock"
+    )  # fmt: skip
+    a = capture(stock, mode="eager")
+    attn = stock.module.block.self_attn
+    attn.config._attn_implementation = register_rngd_attention()
+    try:
+        b = capture(stock, mode="eager")
+        inv = inventory(stock)["backward"]
+    finally:
+        attn.config._attn_implementation = "eager"
+    assert "aten._softmax_backward_data.default" not in inv.ops
+    for x, y in zip(a.outputs, b.outputs, strict=True):
+        assert torch.equal(x, y)
+    for w in a.wrt:
+        torch.testing.assert_close(b.grads[w], a.grads[w], atol=1e-5, rtol=1e-5, msg=w)
 
 
 def test_logsumexp_rngd_matches_stock():
@@ -116,14 +138,14 @@ def test_logsumexp_rngd_matches_stock():
 @pytest.mark.skipif(not HAVE_GRAPHS, reason="npu_lora/device/graphs.py does not exist yet")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_head_with_rngd_logsumexp_passes_and_matches(standins, dtype):
-    """graphs.py's head computes the same loss and input gradients with logsumexp written out,
-    and no longer traces aten.logsumexp."""
+    """graphs.py's head (logsumexp written out) computes the same loss and input gradients as
+    with torch.logsumexp, and does not trace aten.logsumexp."""
     from npu_lora.device.graphs import device_graphs
 
-    stock = next(g for g in device_graphs("tiny", 32, dtype=dtype) if g.name == "head")
-    rngd = next(
-        g for g in standins.graphs_with_rngd_formulations("tiny", 32, dtype=dtype)
-        if g.name == "head_rngd_logsumexp"
+    rngd = next(g for g in device_graphs("tiny", 32, dtype=dtype) if g.name == "head")
+    stock = next(
+        g for g in standins.graphs_with_stock_ops("tiny", 32, dtype=dtype)
+        if g.name == "head_stock"
     )  # fmt: skip
     assert "aten.logsumexp.default" in inventory(stock)["forward"].ops
     invs = inventory(rngd)

@@ -25,21 +25,9 @@ SEQ = 32
 # Graph/direction -> the one op known to fail, and why. Each entry has an xfail test below
 # (non-strict, so fixing graphs.py does not break the suite: it shows as XPASS; then delete it).
 KNOWN_FAILURES: dict[tuple[str, str], tuple[str, str]] = {
-    ("attention", "backward"): (
-        "aten._softmax_backward_data.default",
-        "transformers' eager_attention_forward runs softmax(..., dtype=float32) even for bf16 "
-        "models; its backward _softmax_backward_data in fp32 does not compile on RNGD. Fix for "
-        "this op: npu_lora.rngd.formulations.register_rngd_attention() + "
-        "config._attn_implementation='rngd_eager' (tested equal in test_inventory_formulations); "
-        "the whole backward graph then still fails in the compiler (q/k-norm layout, see "
-        "experiments/2026-11-30-rngd-compile-tiny.md)",
-    ),
-    ("head", "forward"): (
-        "aten.logsumexp.default",
-        "DeviceHead's torch.logsumexp does not import into a whole RNGD graph ('failed to import "
-        "dfg: Not importable for all cases, logsumexp', measured). Fix: "
-        "npu_lora.rngd.formulations.cross_entropy_int32 / logsumexp_rngd (tested equal)",
-    ),
+    # Fixed by the formulations graphs.py now uses (npu_lora.device.ops), guarded since:
+    # ("attention", "backward"): fp32 aten._softmax_backward_data -> ops.softmax_rngd;
+    # ("head", "forward"): aten.logsumexp -> ops.cross_entropy_int32 / logsumexp_rngd.
 }
 
 

@@ -12,8 +12,12 @@ Compile rules these modules follow (measured with furiosa-torch 2026.4, see NOTE
 - no int64 tensor ops on the device: token ids, positions and labels arrive as **int32**;
 - no ``sort``/``argmax``/``nonzero``/``index_add``/``index_put(accumulate)``/``cumsum``/grouped
   mm: all routing, gathering and dispatch happen on the host; the device gets dense tensors;
-- attention is the stock *eager* attention (no sdpa); the causal + padding mask is built on the
-  host as an additive float tensor (``causal_mask``) and passed in;
+- attention is the stock *eager* attention (no sdpa), written out in ``DeviceAttentionBlock``
+  with the softmax backward of ``ops.softmax_rngd`` (fp32 ``_softmax_backward_data`` does not
+  compile); the causal + padding mask is built on the host as an additive float tensor
+  (``causal_mask``) and passed in;
+- the head's cross-entropy is ``ops.cross_entropy_int32`` (``logsumexp`` does not compile);
+- these formulations are used on every backend: the CPU engine runs the graphs that compile;
 - gathers whose backward would be an ``index_add`` are one-hot matmuls (``bmm``), exact in fp32;
 - the LM head runs only at the label positions (never full-sequence logits).
 
@@ -35,6 +39,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .ops import cross_entropy_int32, eager_attention
 
 # ---------------------------------------------------------------------------------------------
 # host-side input builders (run on the host; their outputs are copied to the device)
@@ -167,13 +173,78 @@ class DeviceAttentionBlock(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         h = h_BSD + moe_BSD
         cos, sin = self.rope(pos_BS, h.dtype)
-        a, _ = self.self_attn(
-            hidden_states=self.input_layernorm(h),
-            position_embeddings=(cos, sin),
-            attention_mask=mask_B1SS,
-        )
-        h_mid = h + a
+        h_mid = h + self.attend(self.input_layernorm(h), cos, sin, mask_B1SS)
         return h_mid, self.post_attention_layernorm(h_mid)
+
+    def attend(
+        self,
+        x_BSD: torch.Tensor,
+        cos_BSd: torch.Tensor,
+        sin_BSd: torch.Tensor,
+        mask_B1SS: torch.Tensor,
+    ) -> torch.Tensor:
+        """``Qwen3MoeAttention.forward`` (transformers 5.x, eager, no cache) written out with the
+        module's own q/k/v/o projections (peft LoRA included) and q/k norms::
+
+            q = rope(q_norm(q_proj(x)))  k = rope(k_norm(k_proj(x)))  v = v_proj(x)   per head
+            o = o_proj(softmax_rngd(q k^T * scaling + mask, fp32) v)
+
+        Same arithmetic as the stock module (outputs bitwise equal in fp32 and bf16, tested);
+        the softmax backward is ``ops.softmax_rngd``'s (no fp32 ``_softmax_backward_data``)."""
+        sa = self.self_attn
+        if sa.training and sa.attention_dropout > 0.0:
+            raise NotImplementedError("attention dropout on the device (Qwen3-MoE uses 0.0)")
+        B, S, _ = x_BSD.shape
+        d = sa.head_dim
+        q_BHSd = sa.q_norm(sa.q_proj(x_BSD).view(B, S, -1, d)).transpose(1, 2)
+        k_BKSd = sa.k_norm(sa.k_proj(x_BSD).view(B, S, -1, d)).transpose(1, 2)
+        # v per head straight from the projection, not view + transpose: with the transpose, the
+        # backward fuses "transpose dV, x LoRA scaling" into one elementwise kernel that RNGD's
+        # compiler fails to verify (experiments/2026-11-30-rngd-compile-tiny.md, attempts).
+        v_BKSd = headwise_linear(sa.v_proj, x_BSD, d)
+        cos, sin = cos_BSd[:, None], sin_BSd[:, None]
+        q_BHSd = q_BHSd * cos + _rotate_half(q_BHSd) * sin
+        k_BKSd = k_BKSd * cos + _rotate_half(k_BKSd) * sin
+        o_BSHd, _ = eager_attention(q_BHSd, k_BKSd, v_BKSd, mask_B1SS, sa.scaling)
+        return sa.o_proj(o_BSHd.reshape(B, S, -1))
+
+
+def headwise_linear(linear: nn.Module, x_BSD: torch.Tensor, d: int) -> torch.Tensor:
+    """``linear(x).view(B, S, K, d).transpose(1, 2)`` computed per head as
+    ``x @ W.view(K, d, D)^T`` (``[B, K, S, d]`` out; no transpose of the activations in the
+    forward or the backward). ``linear`` is an ``nn.Linear`` or a peft LoRA ``Linear``: its active
+    adapters add ``(dropout(x) @ A^T) @ B.view(K, d, r)^T * scaling`` per head, as peft's forward
+    adds ``lora_B(lora_A(dropout(x))) * scaling``. Same products and sums as the plain linear
+    (fp32 outputs equal to ~1e-7; tested against the stock module)."""
+    base = getattr(linear, "base_layer", linear)
+    if not isinstance(base, nn.Linear):
+        raise TypeError(f"headwise_linear needs an nn.Linear (or peft LoRA Linear), not {base!r}")
+    W_KdD = base.weight.view(-1, d, base.in_features)
+    K = W_KdD.shape[0]
+    y_BKSd = torch.matmul(x_BSD[:, None], W_KdD.transpose(1, 2))
+    if base.bias is not None:
+        y_BKSd = y_BKSd + base.bias.view(K, 1, d)
+    lora_A = getattr(linear, "lora_A", None)
+    if lora_A is None or getattr(linear, "disable_adapters", False):
+        return y_BKSd
+    if getattr(linear, "merged", False):
+        raise NotImplementedError("headwise_linear on a merged LoRA layer")
+    for name in linear.active_adapters:
+        if name not in lora_A:
+            continue
+        if linear.use_dora.get(name, False):
+            raise NotImplementedError("headwise_linear with DoRA")
+        A_rD = lora_A[name].weight
+        B_Kdr = linear.lora_B[name].weight.view(K, d, -1)
+        a_BSr = F.linear(linear.lora_dropout[name](x_BSD).to(A_rD.dtype), A_rD)
+        lora_BKSd = torch.matmul(a_BSr[:, None], B_Kdr.transpose(1, 2))
+        y_BKSd = y_BKSd + lora_BKSd * linear.scaling[name]
+    return y_BKSd
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
 
 class DeviceHead(nn.Module):
@@ -184,7 +255,9 @@ class DeviceHead(nn.Module):
         h      = h_BSD + moe_BSD
         hs_BND = bmm(sel_BNS, h)                   # one-hot gather: exact; backward is a bmm
         z_BNV  = lm_head(norm(hs_BND)).float()     # logits only at N positions, never B*S
-        ce_BN  = logsumexp(z) - z[label]           # label picked by an int32 compare, no gather
+        ce_BN  = logsumexp(z) - z[label]           # ops.cross_entropy_int32: label picked by an
+                                                   # int32 compare (no gather), logsumexp written
+                                                   # out (ops.logsumexp_rngd)
         loss   = sum(w_BN * ce_BN)                 # w = 1/#labels (0 on padding) → mean CE
     """
 
@@ -192,9 +265,7 @@ class DeviceHead(nn.Module):
         super().__init__()
         self.norm = norm
         self.lm_head = lm_head
-        self.register_buffer(
-            "vocab_ids_V", torch.arange(vocab_size, dtype=torch.int32), persistent=False
-        )
+        self.vocab_size = vocab_size
 
     def logits(
         self, h_BSD: torch.Tensor, moe_BSD: torch.Tensor, sel_BNS: torch.Tensor
@@ -212,9 +283,7 @@ class DeviceHead(nn.Module):
         w_BN: torch.Tensor,
     ) -> torch.Tensor:
         z_BNV = self.logits(h_BSD, moe_BSD, sel_BNS)
-        onehot_BNV = (self.vocab_ids_V == labels_BN[..., None]).to(z_BNV.dtype)
-        ce_BN = torch.logsumexp(z_BNV, dim=-1) - (z_BNV * onehot_BNV).sum(-1)
-        return (ce_BN * w_BN.float()).sum()
+        return cross_entropy_int32(z_BNV, labels_BN, w_BN)
 
 
 class HotExpertsBatched(nn.Module):

@@ -1,5 +1,9 @@
 """Compile-friendly formulations of ops RNGD's compiler rejects (furiosa-torch 2026.4).
 
+``softmax_rngd``, ``logsumexp_rngd`` and ``cross_entropy_int32`` live in
+``npu_lora.device.ops`` (the device graphs use them on every backend) and are re-exported here;
+this module adds the transformers attention-interface registration.
+
 ``softmax_rngd``: the attention softmax. transformers' eager attention computes
 ``softmax(scores, dim=-1, dtype=torch.float32)`` (an fp32 upcast even for bf16 models); its
 autograd backward is ``aten._softmax_backward_data`` in float32, which does not compile on RNGD
@@ -12,10 +16,11 @@ which is the math of ``_softmax_backward_data`` with the row sum written as a ma
 with whole-graph compiles of ``[1, 4, 128, 128]`` inputs: ``_softmax_backward_data`` and the
 plain ``y * (g - sum(g * y, -1))`` fail (fp32 and bf16: the fused mul+reduce kernel fails
 verification), the matmul row sum compiles (fp32 17 s, bf16 12 s). Numerically it equals
-``torch.softmax``'s gradient to rounding (tested in tests/rngd). In graphs.py's attention
-block it removes the ``_softmax_backward_data`` failure, but the whole backward graph then fails
-further on, in the compiler (an elementwise kernel of the q_norm/k_norm backward with a
-transposed write fails verification; experiments/2026-11-30-rngd-compile-tiny.md).
+``torch.softmax``'s gradient to rounding (tested in tests/rngd). With the stock module
+(this attention interface) the whole backward graph then still fails in the compiler: the
+backward of ``v_proj(x).view(...).transpose(1, 2)`` fuses "transpose dV, x LoRA scaling" into an
+elementwise kernel that fails verification; graphs.py's ``DeviceAttentionBlock`` computes v per
+head instead (experiments/2026-11-30-rngd-compile-tiny.md).
 
 ``rngd_eager_attention_forward``: transformers' ``eager_attention_forward`` with that softmax,
 registrable as an attention implementation (``register_rngd_attention()`` then
@@ -41,6 +46,13 @@ from typing import Any
 
 import torch
 
+from npu_lora.device.ops import (
+    cross_entropy_int32,
+    logsumexp_rngd,
+    softmax_rngd,
+)
+from npu_lora.device.ops import repeat_kv as _repeat_kv
+
 RNGD_ATTENTION = "rngd_eager"
 
 __all__ = [
@@ -51,41 +63,6 @@ __all__ = [
     "rngd_eager_attention_forward",
     "softmax_rngd",
 ]
-
-
-class _SoftmaxExplicitBackward(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, dim: int, dtype: torch.dtype | None) -> torch.Tensor:
-        y = torch.softmax(x if dtype is None else x.to(dtype), dim=dim)
-        ctx.dim = dim
-        ctx.in_dtype = x.dtype
-        ctx.save_for_backward(y)
-        return y
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        (y,) = ctx.saved_tensors
-        g = g.to(y.dtype)
-        gy = (g * y).movedim(ctx.dim, -1)
-        # The row sum as a matmul with a ones column: RNGD's compiler fails to verify the fused
-        # mul + reduce kernel of sum(g * y, dim) on [.., S, S] (fp32 and bf16, measured), and
-        # compiles this form.
-        ones = torch.ones(gy.shape[-1], 1, dtype=gy.dtype, device=gy.device)
-        s = torch.matmul(gy, ones).movedim(-1, ctx.dim)
-        dx = y * (g - s)
-        return dx.to(ctx.in_dtype), None, None
-
-
-def softmax_rngd(x: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """``torch.softmax(x, dim, dtype=dtype)`` whose backward avoids ``_softmax_backward_data``."""
-    return _SoftmaxExplicitBackward.apply(x, dim, dtype)
-
-
-def _repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
-    b, kv, s, d = x.shape
-    if n_rep == 1:
-        return x
-    return x[:, :, None, :, :].expand(b, kv, n_rep, s, d).reshape(b, kv * n_rep, s, d)
 
 
 def rngd_eager_attention_forward(
@@ -123,26 +100,3 @@ def register_rngd_attention(name: str = RNGD_ATTENTION) -> str:
 
     AttentionInterface.register(name, rngd_eager_attention_forward)
     return name
-
-
-def logsumexp_rngd(z: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
-    """``torch.logsumexp(z, dim, keepdim)`` as amax/sub/exp/sum/log/add (no ``aten.logsumexp``).
-
-    The max shift is detached: ``d/dz [m + log sum exp(z - m)]`` does not depend on ``m``, so
-    the gradient is exactly ``softmax(z)`` either way, and no ``amax`` backward is traced."""
-    m = z.detach().amax(dim=dim, keepdim=True)
-    out = m + torch.log(torch.exp(z - m).sum(dim=dim, keepdim=True))
-    return out if keepdim else out.squeeze(dim)
-
-
-def cross_entropy_int32(
-    logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Per-row cross-entropy ``logsumexp(z) - z[label]`` with int32 ``labels`` picked by an int32
-    compare against ``arange(V, dtype=int32)`` (no gather, no int64). ``weights`` (same shape as
-    ``labels``) gives ``sum(w * ce)``; without it the per-row losses are returned."""
-    z = logits.float()
-    vocab = torch.arange(z.shape[-1], dtype=torch.int32, device=z.device)
-    onehot = (vocab == labels[..., None]).to(z.dtype)
-    ce = logsumexp_rngd(z, dim=-1) - (z * onehot).sum(-1)
-    return ce if weights is None else (ce * weights.float()).sum()

@@ -1,0 +1,129 @@
+"""Compile-friendly formulations of ops RNGD's compiler rejects (furiosa-torch 2026.4).
+
+The device graphs (``npu_lora.device.graphs``) use these on every backend, so the CPU engine
+runs exactly the graphs that compile. Measured in experiments/2026-11-30-rngd-compile-tiny.md.
+
+``softmax_rngd``: the attention softmax. transformers' eager attention computes
+``softmax(scores, dim=-1, dtype=torch.float32)`` (an fp32 upcast even for bf16 models); its
+autograd backward is ``aten._softmax_backward_data`` in float32, which does not compile on RNGD
+(bf16 does). ``softmax_rngd`` keeps the forward (``aten._softmax`` in fp32, which compiles) and
+gives it an explicit backward::
+
+    dx = y * (g - (g * y) @ ones[S, 1])
+
+which is the math of ``_softmax_backward_data`` with the row sum written as a matmul. Measured
+with whole-graph compiles of ``[1, 4, 128, 128]`` inputs: ``_softmax_backward_data`` and the
+plain ``y * (g - sum(g * y, -1))`` fail (fp32 and bf16: the fused mul+reduce kernel fails
+verification), the matmul row sum compiles (fp32 17 s, bf16 12 s). Its forward is bitwise
+``torch.softmax``; its gradient equals ``torch.softmax``'s to rounding.
+
+``eager_attention``: transformers' ``eager_attention_forward`` (GQA repeat, scaled scores plus
+an additive mask, fp32 softmax via ``softmax_rngd``, weights @ values), same arithmetic.
+
+``logsumexp_rngd``: ``torch.logsumexp`` does not compile on RNGD, per op or whole graph
+("failed to import dfg: Not importable for all cases, logsumexp"); written out as
+``m + log(sum(exp(z - m)))`` with ``m = amax(z)`` held constant (its gradient cancels exactly),
+forward and backward are elementwise ops plus ``amax``/``sum`` reductions (the head compiles
+whole: forward 78 s, backward 121 s cold).
+
+``cross_entropy_int32``: cross-entropy with int32 labels via an int32 compare (one-hot) instead
+of ``nll_loss``/``gather`` (which need int64 targets and produce int64 index ops), with
+``logsumexp_rngd``.
+
+Pure torch: no transformers, no furiosa-torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = [
+    "cross_entropy_int32",
+    "eager_attention",
+    "logsumexp_rngd",
+    "repeat_kv",
+    "softmax_rngd",
+]
+
+
+class _SoftmaxExplicitBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, dim: int, dtype: torch.dtype | None) -> torch.Tensor:
+        y = torch.softmax(x if dtype is None else x.to(dtype), dim=dim)
+        ctx.dim = dim
+        ctx.in_dtype = x.dtype
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        (y,) = ctx.saved_tensors
+        g = g.to(y.dtype)
+        gy = (g * y).movedim(ctx.dim, -1)
+        # The row sum as a matmul with a ones column: RNGD's compiler fails to verify the fused
+        # mul + reduce kernel of sum(g * y, dim) on [.., S, S] (fp32 and bf16, measured), and
+        # compiles this form.
+        ones = torch.ones(gy.shape[-1], 1, dtype=gy.dtype, device=gy.device)
+        s = torch.matmul(gy, ones).movedim(-1, ctx.dim)
+        dx = y * (g - s)
+        return dx.to(ctx.in_dtype), None, None
+
+
+def softmax_rngd(x: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``torch.softmax(x, dim, dtype=dtype)`` whose backward avoids ``_softmax_backward_data``."""
+    return _SoftmaxExplicitBackward.apply(x, dim, dtype)
+
+
+def repeat_kv(x_BKSd: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """``[B, K, S, d] -> [B, K * n_rep, S, d]`` (transformers' ``repeat_kv``)."""
+    b, kv, s, d = x_BKSd.shape
+    if n_rep == 1:
+        return x_BKSd
+    return x_BKSd[:, :, None, :, :].expand(b, kv, n_rep, s, d).reshape(b, kv * n_rep, s, d)
+
+
+def eager_attention(
+    q_BHSd: torch.Tensor,
+    k_BKSd: torch.Tensor,
+    v_BKSd: torch.Tensor,
+    mask_B1SS: torch.Tensor | None,
+    scaling: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' ``eager_attention_forward`` (no dropout) with ``softmax_rngd``.
+
+    Returns ``(o_BSHd, weights_BHSS)`` like the stock function (output transposed back to
+    ``[B, S, H, d]`` and contiguous)."""
+    n_rep = q_BHSd.shape[1] // k_BKSd.shape[1]
+    k = repeat_kv(k_BKSd, n_rep)
+    v = repeat_kv(v_BKSd, n_rep)
+    w_BHSS = torch.matmul(q_BHSd, k.transpose(2, 3)) * scaling
+    if mask_B1SS is not None:
+        w_BHSS = w_BHSS + mask_B1SS
+    w_BHSS = softmax_rngd(w_BHSS, dim=-1, dtype=torch.float32).to(q_BHSd.dtype)
+    o_BSHd = torch.matmul(w_BHSS, v).transpose(1, 2).contiguous()
+    return o_BSHd, w_BHSS
+
+
+def logsumexp_rngd(z: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
+    """``torch.logsumexp(z, dim, keepdim)`` as amax/sub/exp/sum/log/add (no ``aten.logsumexp``).
+
+    The max shift is detached: ``d/dz [m + log sum exp(z - m)]`` does not depend on ``m``, so
+    the gradient is exactly ``softmax(z)`` either way, and no ``amax`` backward is traced."""
+    m = z.detach().amax(dim=dim, keepdim=True)
+    out = m + torch.log(torch.exp(z - m).sum(dim=dim, keepdim=True))
+    return out if keepdim else out.squeeze(dim)
+
+
+def cross_entropy_int32(
+    logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Per-row cross-entropy ``logsumexp(z) - z[label]`` with int32 ``labels`` picked by an int32
+    compare against ``arange(V, dtype=int32)`` (no gather, no int64). ``weights`` (same shape as
+    ``labels``) gives ``sum(w * ce)``; without it the per-row losses are returned."""
+    z = logits.float()
+    vocab = torch.arange(z.shape[-1], dtype=torch.int32, device=z.device)
+    onehot = (vocab == labels[..., None]).to(z.dtype)
+    ce = logsumexp_rngd(z, dim=-1) - (z * onehot).sum(-1)
+    return ce if weights is None else (ce * weights.float()).sum()
