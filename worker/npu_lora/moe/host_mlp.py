@@ -51,6 +51,7 @@ from torch import nn
 
 from npu_lora.backends.base import Backend
 from npu_lora.moe.hot import HotLayer, hot_cold_forward
+from npu_lora.moe.overlap import hot_cold_forward_overlapped, runner_for
 
 
 @dataclass
@@ -189,7 +190,7 @@ class HostMLP(nn.Module):
         try:
             if self.hot is None:
                 y = self._block(x)
-            else:
+            elif self.backend.device.type == "cpu":  # the host is the device: sequential
                 y = hot_cold_forward(
                     x.reshape(B * S, D),
                     self.gate,
@@ -199,9 +200,28 @@ class HostMLP(nn.Module):
                     self.layer,
                     on_device_s=self._add_hot_s,
                 ).view(B, S, D)
+            else:  # issue the hot call asynchronously; cold experts on the host meanwhile
+                y = hot_cold_forward_overlapped(
+                    x.reshape(B * S, D),
+                    self.gate,
+                    self.experts,
+                    self.hot,
+                    self.backend,
+                    self.layer,
+                    runner=self._runner,
+                    on_device_s=self._add_hot_s,
+                ).view(B, S, D)
         finally:
             self._count = False
         return y.to(x_BSD.dtype)
+
+    @property
+    def _runner(self):
+        """The async runner for the overlapped hot call (one side stream per layer, made lazily)."""
+        runner = self.__dict__.get("_runner_obj")
+        if runner is None:
+            runner = self.__dict__["_runner_obj"] = runner_for(self.backend)
+        return runner
 
     def _add_hot_s(self, s: float) -> None:
         self.times.hot_s += s

@@ -136,19 +136,32 @@ def refresh_hot_layer(layer: HotLayer, experts_module: nn.Module, backend: Backe
         )
 
 
-def hot_cold_forward(
-    x_TD: torch.Tensor,
-    gate: nn.Module,
-    experts: nn.Module,
-    hot: HotLayer,
-    backend: Backend,
-    layer: int,
-    *,
-    on_device_s: Callable[[float], None] | None = None,
-) -> torch.Tensor:
-    """The MoE block output ``y_TD`` with hot experts on the device (see module doc)."""
-    T, D = x_TD.shape
-    _, r_TK, idx_TK = gate(x_TD)  # stock router: fp32 softmax, top-k, renormalise
+@dataclass
+class HotPlan:
+    """Routing and dispatch of one block call (indices only; no graph through ``x``).
+
+    ``P = T*K`` (token, expert) pairs; ``cold_Pc``/``hot_Ph`` index them; hot pairs are grouped
+    by hot slot and padded to one bucket ``Bk``: ``src_EhB`` is the pair feeding each padded row
+    (``P`` = the zero padding row), ``dest_Ph`` each hot pair's padded row.
+    """
+
+    T: int
+    K: int
+    r_P: torch.Tensor
+    e_P: torch.Tensor
+    tok_P: torch.Tensor
+    cold_Pc: torch.Tensor
+    hot_Ph: torch.Tensor
+    dest_Ph: torch.Tensor
+    src_EhB: torch.Tensor
+    Eh: int
+    Bk: int
+
+
+def plan_hot_cold(x_TD: torch.Tensor, gate: nn.Module, hot: HotLayer) -> HotPlan:
+    """Route on the host (stock router: fp32 softmax, top-k, renormalise) and plan the dispatch."""
+    T, _ = x_TD.shape
+    _, r_TK, idx_TK = gate(x_TD)
     K = idx_TK.shape[1]
     P = T * K
     e_P = idx_TK.reshape(-1)
@@ -158,14 +171,6 @@ def hot_cold_forward(
     is_hot_P = slot_P >= 0
     cold_Pc = (~is_hot_P).nonzero().squeeze(1)
     hot_Ph = is_hot_P.nonzero().squeeze(1)
-
-    # cold pairs: the model's experts kernel, one (token, expert) pair per row
-    if cold_Pc.numel():
-        y_cold = experts(x_TD[tok_P[cold_Pc]], e_P[cold_Pc, None], r_P[cold_Pc, None])
-    else:
-        y_cold = x_TD.new_zeros(0, D)
-
-    # hot pairs: group by slot, pad each group to one bucket Bk → dense [Eh, Bk, D]
     Eh = hot.num_hot
     slot_Ph = slot_P[hot_Ph]
     order = torch.argsort(slot_Ph, stable=True)
@@ -177,12 +182,63 @@ def hot_cold_forward(
     dest_Ph = slot_Ph * Bk + (torch.arange(hot_Ph.numel()) - start_Eh[slot_Ph])
     src_EhB = torch.full((Eh * Bk,), P, dtype=torch.int64)  # P = the padding row
     src_EhB[dest_Ph] = hot_Ph
-    tok_ext = torch.cat([tok_P, torch.tensor([T])])
+    return HotPlan(T, K, r_P, e_P, tok_P, cold_Pc, hot_Ph, dest_Ph, src_EhB, Eh, Bk)
+
+
+def hot_inputs(
+    x_TD: torch.Tensor, r_P: torch.Tensor, plan: HotPlan
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense padded hot inputs ``x_EhBD``, ``r_EhB`` (routing weight 0 on padding rows)."""
+    T, D = x_TD.shape
+    tok_ext = torch.cat([plan.tok_P, torch.tensor([T])])
     x_ext_TD = torch.cat([x_TD, x_TD.new_zeros(1, D)])
     r_ext_P = torch.cat([r_P, r_P.new_zeros(1)])
-    x_EhBD = x_ext_TD[tok_ext[src_EhB]].view(Eh, Bk, D)
-    r_EhB = r_ext_P[src_EhB].view(Eh, Bk)
+    x_EhBD = x_ext_TD[tok_ext[plan.src_EhB]].view(plan.Eh, plan.Bk, D)
+    r_EhB = r_ext_P[plan.src_EhB].view(plan.Eh, plan.Bk)
+    return x_EhBD, r_EhB
 
+
+def cold_inputs(x_TD: torch.Tensor, plan: HotPlan):
+    """The cold pairs' rows for the model's experts kernel (one (token, expert) pair a row)."""
+    c = plan.cold_Pc
+    return x_TD[plan.tok_P[c]], plan.e_P[c, None], plan.r_P[c, None]
+
+
+def combine(
+    y_cold: torch.Tensor, y_EhBD: torch.Tensor, x_TD: torch.Tensor, plan: HotPlan, backend: Backend
+) -> torch.Tensor:
+    """Unpad the hot result, put per-pair outputs back in pair order, then the stock top-k sum."""
+    D = x_TD.shape[1]
+    y_hot = backend.to_host(y_EhBD).to(x_TD.dtype).reshape(plan.Eh * plan.Bk, D)[plan.dest_Ph]
+    perm_P = torch.cat([plan.cold_Pc, plan.hot_Ph])
+    inv_P = torch.empty_like(perm_P)
+    inv_P[perm_P] = torch.arange(plan.T * plan.K)
+    y_PD = torch.cat([y_cold.to(x_TD.dtype), y_hot])[inv_P]
+    return y_PD.view(plan.T, plan.K, D).sum(dim=1)
+
+
+def hot_cold_forward(
+    x_TD: torch.Tensor,
+    gate: nn.Module,
+    experts: nn.Module,
+    hot: HotLayer,
+    backend: Backend,
+    layer: int,
+    *,
+    on_device_s: Callable[[float], None] | None = None,
+) -> torch.Tensor:
+    """The MoE block output ``y_TD`` with hot experts on the device (see module doc).
+
+    Sequential: cold experts on the host, then the one hot-expert device call. The overlapped
+    variant (``npu_lora.moe.overlap``) issues the device call first; same arithmetic.
+    """
+    plan = plan_hot_cold(x_TD, gate, hot)
+    if plan.cold_Pc.numel():
+        y_cold = experts(*cold_inputs(x_TD, plan))
+    else:
+        y_cold = x_TD.new_zeros(0, x_TD.shape[1])
+
+    x_EhBD, r_EhB = hot_inputs(x_TD, plan.r_P, plan)
     t0 = time.perf_counter()
     y_EhBD = backend.call(
         "hot_experts",
@@ -191,13 +247,7 @@ def hot_cold_forward(
         backend.to_device(r_EhB.to(hot.device_dtype)),
         layer=layer,
     )
-    y_hot = backend.to_host(y_EhBD).to(x_TD.dtype).reshape(Eh * Bk, D)[dest_Ph]
+    y_TD = combine(y_cold, y_EhBD, x_TD, plan, backend)
     if on_device_s is not None:
         on_device_s(time.perf_counter() - t0)
-
-    # per-pair outputs back in pair order, then the stock top-k sum
-    perm_P = torch.cat([cold_Pc, hot_Ph])
-    inv_P = torch.empty_like(perm_P)
-    inv_P[perm_P] = torch.arange(P)
-    y_PD = torch.cat([y_cold.to(x_TD.dtype), y_hot])[inv_P]
-    return y_PD.view(T, K, D).sum(dim=1)
+    return y_TD

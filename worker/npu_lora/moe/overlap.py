@@ -29,9 +29,8 @@ Device-call counting: the overlapped call is counted like ``Backend.call`` count
 ``hot_experts`` call with ``layer=<i>``; ``call_s`` gets the time the host *waited* for it, not
 the device time), via ``count_call``; it does not synchronise the device inside the call.
 
-Engine hook (for the engine, not wired in by this module): in ``HostMLP.block_forward`` replace
-``hot_cold_forward(...)`` by ``hot_cold_forward_overlapped(..., runner=runner_for(backend))``
-when ``backend.name != "cpu"`` (``runner_for`` returns ``SyncRunner`` for the cpu backend anyway).
+Engine hook: ``HostMLP`` calls ``hot_cold_forward_overlapped`` with ``runner_for(backend)``
+when the backend's device is not the CPU (the ``cpu`` backend stays sequential).
 """
 
 from __future__ import annotations
@@ -45,7 +44,7 @@ import torch
 from torch import nn
 
 from npu_lora.backends.base import Backend
-from npu_lora.moe.hot import HotLayer, pick_bucket
+from npu_lora.moe.hot import HotLayer, cold_inputs, combine, hot_inputs, plan_hot_cold
 
 
 class AsyncRunner(Protocol):
@@ -165,24 +164,6 @@ class _JoinDevice(torch.autograd.Function):
         return gx, gr, None
 
 
-def _hot_inputs(
-    x_TD: torch.Tensor,
-    r_P: torch.Tensor,
-    tok_P: torch.Tensor,
-    src_EhB: torch.Tensor,
-    Eh: int,
-    Bk: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dense padded hot inputs (the sequential function's exact op sequence)."""
-    T, D = x_TD.shape
-    tok_ext = torch.cat([tok_P, torch.tensor([T])])
-    x_ext_TD = torch.cat([x_TD, x_TD.new_zeros(1, D)])
-    r_ext_P = torch.cat([r_P, r_P.new_zeros(1)])
-    x_EhBD = x_ext_TD[tok_ext[src_EhB]].view(Eh, Bk, D)
-    r_EhB = r_ext_P[src_EhB].view(Eh, Bk)
-    return x_EhBD, r_EhB
-
-
 def hot_cold_forward_overlapped(
     x_TD: torch.Tensor,
     gate: nn.Module,
@@ -197,36 +178,15 @@ def hot_cold_forward_overlapped(
     """``hot_cold_forward`` with the hot device call issued before, and overlapped with, the cold
     experts on the host. Same outputs and gradients, bitwise (see module doc)."""
     runner = runner or runner_for(backend)
-    T, D = x_TD.shape
-    _, r_TK, idx_TK = gate(x_TD)  # stock router: fp32 softmax, top-k, renormalise
-    K = idx_TK.shape[1]
-    P = T * K
-    e_P = idx_TK.reshape(-1)
-    r_P = r_TK.reshape(-1)
-    tok_P = torch.arange(P) // K
-    slot_P = hot.slot_of_expert_E[e_P]
-    is_hot_P = slot_P >= 0
-    cold_Pc = (~is_hot_P).nonzero().squeeze(1)
-    hot_Ph = is_hot_P.nonzero().squeeze(1)
+    plan = plan_hot_cold(x_TD, gate, hot)
     # the cold gathers first: the sequential function creates them before the hot ones
-    if cold_Pc.numel():
-        x_cold, e_cold, r_cold = x_TD[tok_P[cold_Pc]], e_P[cold_Pc, None], r_P[cold_Pc, None]
+    if plan.cold_Pc.numel():
+        cold_args = cold_inputs(x_TD, plan)
 
     # 1. hot pairs: dense padded values (no graph yet), issue the device call asynchronously
-    Eh = hot.num_hot
-    slot_Ph = slot_P[hot_Ph]
-    order = torch.argsort(slot_Ph, stable=True)
-    hot_Ph, slot_Ph = hot_Ph[order], slot_Ph[order]
-    counts_Eh = torch.bincount(slot_Ph, minlength=Eh)
-    Bk = pick_bucket(int(counts_Eh.max()) if hot_Ph.numel() else 1, hot.buckets)
-    hot.bucket_hist[Bk] = hot.bucket_hist.get(Bk, 0) + 1
-    start_Eh = torch.cumsum(counts_Eh, 0) - counts_Eh
-    dest_Ph = slot_Ph * Bk + (torch.arange(hot_Ph.numel()) - start_Eh[slot_Ph])
-    src_EhB = torch.full((Eh * Bk,), P, dtype=torch.int64)  # P = the padding row
-    src_EhB[dest_Ph] = hot_Ph
-    needs_graph = torch.is_grad_enabled() and (x_TD.requires_grad or r_P.requires_grad)
+    needs_graph = torch.is_grad_enabled() and (x_TD.requires_grad or plan.r_P.requires_grad)
     with torch.no_grad():
-        xv, rv = _hot_inputs(x_TD.detach(), r_P.detach(), tok_P, src_EhB, Eh, Bk)
+        xv, rv = hot_inputs(x_TD.detach(), plan.r_P.detach(), plan)
         x_dev = backend.to_device(xv.to(hot.device_dtype))
         r_dev = backend.to_device(rv.to(hot.device_dtype))
 
@@ -242,28 +202,22 @@ def hot_cold_forward_overlapped(
     handle = runner.submit(device_fn, x_dev, r_dev)
 
     # 2. cold pairs on the host, meanwhile
-    if cold_Pc.numel():
-        y_cold = experts(x_cold, e_cold, r_cold)
+    if plan.cold_Pc.numel():
+        y_cold = experts(*cold_args)
     else:
-        y_cold = x_TD.new_zeros(0, D)
+        y_cold = x_TD.new_zeros(0, x_TD.shape[1])
 
-    # 3. wait for the device; join its graph here (sequential order), back to the host, unpad
+    # 3. wait for the device; join its graph here (sequential order), then combine
     t0 = time.perf_counter()
     res = runner.wait(handle)
     if needs_graph:
-        x_EhBD, r_EhB = _hot_inputs(x_TD, r_P, tok_P, src_EhB, Eh, Bk)
+        x_EhBD, r_EhB = hot_inputs(x_TD, plan.r_P, plan)
         y_EhBD = _JoinDevice.apply(x_EhBD, r_EhB, res)
     else:
         y_EhBD = res[2]
-    y_hot = backend.to_host(y_EhBD).to(x_TD.dtype).reshape(Eh * Bk, D)[dest_Ph]
+    y_TD = combine(y_cold, y_EhBD, x_TD, plan, backend)
     waited = time.perf_counter() - t0
     backend.call_s += waited
     if on_device_s is not None:
         on_device_s(waited)
-
-    # 4. per-pair outputs back in pair order, then the stock top-k sum
-    perm_P = torch.cat([cold_Pc, hot_Ph])
-    inv_P = torch.empty_like(perm_P)
-    inv_P[perm_P] = torch.arange(P)
-    y_PD = torch.cat([y_cold.to(x_TD.dtype), y_hot])[inv_P]
-    return y_PD.view(T, K, D).sum(dim=1)
+    return y_TD
