@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from npu_lora.api.load import SpecError, load_manifest
 
 BASE = {"model": {"preset": "tiny-qwen3-moe"}, "data": {"path": "example:nsmc-mini"}}
@@ -39,7 +38,7 @@ def test_invalid_field_is_named(override, needle):
 def test_manifest_kind_and_version_are_checked(tmp_path):
     p = tmp_path / "m.yaml"
     p.write_text("apiVersion: npu-lora.io/v1\nkind: MoEFinetune\nspec: {}\n")
-    with pytest.raises(SpecError, match="apiVersion: expected 'npu-lora.io/v1alpha1'"):
+    with pytest.raises(SpecError, match=r"apiVersion: expected 'npu-lora\.io/v1alpha1'"):
         load_manifest(p)
 
 

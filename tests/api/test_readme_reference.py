@@ -18,7 +18,12 @@ def test_readme_field_reference_matches_models():
 
 def test_reference_lists_every_spec_field_with_a_description():
     rendered = reference.render()
-    for path in ("spec.moe.keepGraph", "spec.moe.hotFraction", "spec.training.seqLen", "spec.lora.r"):
+    for path in (
+        "spec.moe.keepGraph",
+        "spec.moe.hotFraction",
+        "spec.training.seqLen",
+        "spec.lora.r",
+    ):
         assert f"`{path}`" in rendered
     for line in rendered.splitlines()[2:]:
         assert not line.rstrip().endswith("|  |"), f"field without description: {line}"

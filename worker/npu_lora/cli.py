@@ -21,7 +21,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "npu_lora.commands.rngd_check",
         "compile every device graph with furiosa-torch's compiler on the CPU",
     ),
-    "crd": ("npu_lora_operator.commands.crd", "print the MoEFinetune CRD (generated from the models)"),
+    "crd": (
+        "npu_lora_operator.commands.crd",
+        "print the MoEFinetune CRD (generated from the models)",
+    ),
     "operator": ("npu_lora_operator.commands.operator", "run the kopf operator"),
     "sandbox": (
         "npu_lora_operator.commands.sandbox",

@@ -387,9 +387,7 @@ class MoEFinetuneSpec(_Model):
     training: TrainingSpec = Field(default_factory=TrainingSpec, description="The loop.")
     device: DeviceSpec = Field(default_factory=DeviceSpec, description="The accelerator.")
     output: OutputSpec = Field(default_factory=OutputSpec, description="The run directory.")
-    checkpoint: CheckpointSpec = Field(
-        default_factory=CheckpointSpec, description="Checkpointing."
-    )
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing.")
     reporting: ReportingSpec = Field(
         default_factory=ReportingSpec, description="How often the worker patches status."
     )
