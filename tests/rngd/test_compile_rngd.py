@@ -31,9 +31,12 @@ CACHE = Path(
     os.environ.get("NPU_LORA_RNGD_CACHE")
     or Path.home() / ".cache" / "npu-lora" / "furiosa-compile-cache"
 )
-# Known formulation problems in graphs.py (none since it uses npu_lora.device.ops; see
-# test_inventory_graphs.KNOWN_FAILURES).
-KNOWN: set[tuple[str, str]] = set()
+# Known failures (graph, direction, tier). No op of graphs.py is known to fail any more (it uses
+# npu_lora.device.ops; test_inventory_graphs.KNOWN_FAILURES is empty), but the whole-graph
+# attention backward still fails inside furiosa's compiler after ~11 min cold, in its scheduler
+# ("T2405 ... is used without wait", global-compiler lib.rs:60; experiments/
+# 2026-11-30-rngd-compile-tiny.md, final formulation). Opt-in only (NPU_LORA_RNGD_ATTENTION=1).
+KNOWN: set[tuple[str, str, str]] = {("attention", "backward", "compile")}
 ATTENTION = os.environ.get("NPU_LORA_RNGD_ATTENTION") == "1"
 slow_attention = pytest.mark.skipif(
     not ATTENTION,
@@ -64,7 +67,9 @@ def _check(tmp_path: Path, source: str, graph: str, tier: str, directions: str) 
 def test_device_graph_compiles(tmp_path, graph, tier):
     rc, rows = _check(tmp_path, check.DEFAULT_SOURCE, graph, tier, "forward,backward")
     assert rows, f"rngd-check wrote no rows (rc {rc})"
-    unexpected = [r for r in rows if not r["ok"] and (r["graph"], r["direction"]) not in KNOWN]
+    unexpected = [
+        r for r in rows if not r["ok"] and (r["graph"], r["direction"], r["tier"]) not in KNOWN
+    ]
     assert not unexpected, json.dumps(unexpected, indent=1)[:4000]
     known = [r for r in rows if not r["ok"]]
     if known:
