@@ -191,9 +191,10 @@ class DeviceAttentionBlock(nn.Module):
 
         Same arithmetic as the stock module (outputs bitwise equal in fp32 and bf16, tested);
         the softmax backward is ``ops.softmax_rngd``'s (no fp32 ``_softmax_backward_data``).
-        RNGD (furiosa-torch 2026.4, tiny widths, fp32): the forward compiles whole; every op of
-        the backward passes, but the whole backward graph fails after ~11 min in the compiler's
-        own scheduler ("... is used without wait"; experiments/2026-11-30-rngd-compile-tiny.md)."""
+        RNGD (furiosa-torch 2026.4, tiny widths, fp32): the forward compiles whole; the whole
+        backward gets past the kernel verification that failed before, but fails after ~11 min
+        in the compiler's own scheduler ("... is used without wait";
+        experiments/2026-11-30-rngd-compile-tiny.md)."""
         sa = self.self_attn
         if sa.training and sa.attention_dropout > 0.0:
             raise NotImplementedError("attention dropout on the device (Qwen3-MoE uses 0.0)")

@@ -59,7 +59,7 @@ class Attn(nn.Module):
         q = sa.q_proj(x).view(B, S, -1, d)
         k = sa.k_proj(x).view(B, S, -1, d)
         v = sa.v_proj(x).view(B, S, -1, d).transpose(1, 2)
-        if V == "Q":
+        if V in ("Q", "W"):
             v = headwise_linear(sa.v_proj, x, d)
         if V == "A":  # stock norm modules after the transpose
             q = sa.q_norm(q.transpose(1, 2))
@@ -77,6 +77,9 @@ class Attn(nn.Module):
         elif V == "E":  # hand norm, ones variance, before transpose, contiguous after
             q = hand_norm(sa.q_norm, q, True).transpose(1, 2).contiguous()
             k = hand_norm(sa.k_norm, k, True).transpose(1, 2).contiguous()
+        elif V == "W":  # q, k per head too: no activation transpose before the scores
+            q = sa.q_norm(headwise_linear(sa.q_proj, x, d))
+            k = sa.k_norm(headwise_linear(sa.k_proj, x, d))
         elif V in ("S", "H", "N", "Q"):  # stock order (norm then transpose), stock norm modules
             q = sa.q_norm(q).transpose(1, 2)
             k = sa.k_norm(k).transpose(1, 2)
