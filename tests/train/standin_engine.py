@@ -9,28 +9,11 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-
-
-@dataclass
-class Profile:
-    loss: float
-    attn_head_s: float
-    host_fwd_s: float
-    host_bwd_s: float
-    recompute_s: float
-    device_calls_per_layer: float
-    tokens: int
-    hot_experts: int
-    keep_graph: bool
-    placement: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+from npu_lora.engine.profile import StepProfile as Profile
 
 
 class StandinEngine:
