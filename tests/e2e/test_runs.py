@@ -200,10 +200,27 @@ def test_suspend_and_resume(cluster: Cluster, operator: OperatorProcess) -> None
         "the Job's activeDeadlineSeconds",
         operator,
     )
-    cm = cluster.emulator.get("v1", "ConfigMap", f"{name}-config", namespace="default")
-    assert "everySteps: 2" in cm["data"]["config.yaml"]
-    events = cluster.kubectl("get", "events").stdout
-    assert "ChangeNotApplied" in events and "spec.image" in events
+    # the handler patches the Job, then the ConfigMap, then emits the event: wait for each
+    _wait(
+        lambda: (
+            "everySteps: 2"
+            in cluster.emulator.get("v1", "ConfigMap", f"{name}-config", namespace="default")[
+                "data"
+            ]["config.yaml"]
+        ),
+        30,
+        "the worker ConfigMap rewritten with reporting.everySteps 2",
+        operator,
+    )
+    _wait(
+        lambda: (
+            "ChangeNotApplied" in (ev := cluster.kubectl("get", "events").stdout)
+            and "spec.image" in ev
+        ),
+        30,
+        "a ChangeNotApplied event naming spec.image",
+        operator,
+    )
     time.sleep(1.0)
     assert _step(cluster, name) == suspended_at  # nothing trains while suspended
 
