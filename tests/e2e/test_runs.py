@@ -125,10 +125,21 @@ def test_run_succeeds_across_operator_restart(cluster: Cluster, operator: Operat
         records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
         assert [r["step"] for r in records] == list(range(1, 41))
         assert (run_dir / "summary.json").exists()
-        events = cluster.kubectl(
-            "get", "events", "--field-selector", f"involvedObject.name={name}"
-        ).stdout
-        assert "JobCreated" in events and "Completed" in events
+        # kopf posts events asynchronously: they may land just after the status patch
+        _wait(
+            lambda: (
+                "JobCreated"
+                in (
+                    ev := cluster.kubectl(
+                        "get", "events", "--field-selector", f"involvedObject.name={name}"
+                    ).stdout
+                )
+                and "Completed" in ev
+            ),
+            30,
+            "JobCreated and Completed events",
+            operator,
+        )
     finally:
         watch.terminate()
         out, _ = watch.communicate(timeout=10)
