@@ -23,7 +23,18 @@ def test_variant_parse():
     )
     assert h.Variant.parse("host-only") == h.Variant("host-only", "host-only", False, None)
     assert h.Variant.parse("peer@eager").is_peer
-    for bad in ("device", "hot+fast", "peer+keep_graph"):
+    assert h.Variant.parse("hot+keep_graph+sequential").sequential
+    assert not h.Variant.parse("hot+keep_graph").sequential
+    assert h.Variant.parse("hot+padmax").padmax and not h.Variant.parse("hot").padmax
+    assert h.Variant.parse("hot+overlap").overlap and not h.Variant.parse("hot").overlap
+    for bad in (
+        "hot+overlap+sequential",
+        "device",
+        "hot+fast",
+        "peer+keep_graph",
+        "host-only+sequential",
+        "host-only+padmax",
+    ):
         with pytest.raises(ValueError):
             h.Variant.parse(bad)
 

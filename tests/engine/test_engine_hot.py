@@ -10,6 +10,7 @@ from npu_lora.backends import CpuBackend
 from npu_lora.engine import build_engine
 from npu_lora.moe import (
     HostMLP,
+    choose_bucket,
     default_buckets,
     hot_count,
     make_hot_layer,
@@ -42,9 +43,30 @@ def test_buckets():
         assert pick_bucket(40, (8, 16, 32)) == 64
 
 
-@pytest.mark.parametrize("fraction", [0.25, 1.0])
-def test_hot_cold_equals_host_only(tiny, fraction):
-    """Block output and input gradient with hot experts == the host-only block (tolerance)."""
+def test_choose_bucket_trades_padding_against_host_overflow():
+    counts = torch.tensor([100, 5, 5, 5])
+    b = (8, 16, 32, 64, 128)
+    # pad to the largest group: 4·128 rows
+    assert choose_bucket(counts, b, capacity="max", row_bytes=10, expert_bytes=1000) == 128
+    # cost: 128 → 5120; 64 → 2560 + 1000; 32 → 2280; 16 → 1640; 8 → 320 + 1000 = 1320 (min)
+    assert choose_bucket(counts, b, row_bytes=10, expert_bytes=1000) == 8
+    # an overflowing expert costs more than any padding saved: no overflow
+    assert choose_bucket(counts, b, row_bytes=10, expert_bytes=10**9) == 128
+    # tie (128·4·1 = 512 vs 8·4·1 + 480 = 512): the larger bucket, less host work
+    assert choose_bucket(counts, b, row_bytes=1, expert_bytes=480) == 128
+    # no expert size known: the old rule
+    assert choose_bucket(counts, b, row_bytes=10, expert_bytes=0) == 128
+    assert choose_bucket(torch.tensor([3, 0]), b, row_bytes=10, expert_bytes=10) == 8
+    with pytest.raises(ValueError, match="capacity"):
+        choose_bucket(counts, b, capacity="min", row_bytes=1, expert_bytes=1)
+
+
+@pytest.mark.parametrize(
+    ("fraction", "capacity"), [(0.25, "max"), (1.0, "max"), (0.25, "overflow"), (1.0, "overflow")]
+)
+def test_hot_cold_equals_host_only(tiny, fraction, capacity):
+    """Block output and input gradient with hot experts == the host-only block (tolerance),
+    also when hot pairs overflow their bucket and are computed on the host."""
     eng = build_engine(tiny.spec())
     block = eng.mlps[0]._block
     backend = CpuBackend()
@@ -54,6 +76,10 @@ def test_hot_cold_equals_host_only(tiny, fraction):
     hot.hot = make_hot_layer(
         hot.experts, ids, backend, buckets=(8, 16, 32, 64), device_dtype=torch.float32
     )
+    if capacity == "max":
+        hot.hot.capacity = "max"
+    else:  # overflow is nearly free: the smallest bucket wins and the big groups overflow
+        hot.hot.expert_bytes = 1
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 32, 64, generator=g)
     gy = torch.randn(2, 32, 64, generator=g)
@@ -66,6 +92,14 @@ def test_hot_cold_equals_host_only(tiny, fraction):
     torch.testing.assert_close(outs[1][0], outs[0][0], rtol=HOT_RTOL, atol=HOT_ATOL)
     torch.testing.assert_close(outs[1][1], outs[0][1], rtol=HOT_RTOL, atol=HOT_ATOL)
     assert backend.calls_by_name["hot_experts"] == 1
+    h = hot.hot
+    hot_pairs = h.pairs_device + h.pairs_overflow  # one plan: 2·32 tokens × top-2 = 128 pairs
+    assert hot_pairs == 128 if fraction == 1.0 else 0 < hot_pairs < 128
+    if capacity == "max":
+        assert h.pairs_overflow == 0 and not h.overflow_E.any()
+    else:
+        assert h.pairs_overflow > 0 and list(h.bucket_hist) == [8]
+        assert set(h.overflow_E.nonzero().flatten().tolist()) <= set(ids)
 
 
 @pytest.mark.parametrize(

@@ -156,3 +156,22 @@ def test_head_with_rngd_logsumexp_passes_and_matches(standins, dtype):
     torch.testing.assert_close(b.outputs[0], a.outputs[0], atol=1e-5, rtol=1e-5)
     for w in a.wrt:
         torch.testing.assert_close(b.grads[w], a.grads[w], atol=1e-5, rtol=1e-4, msg=w)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotate_half_matrix_is_bitwise_rotate_half(dtype):
+    """``x @ rotate_half_matrix(d)`` == transformers' ``rotate_half(x)``, bit for bit, and its
+    gradient is the rotation's transpose applied to the cotangent (exact)."""
+    from npu_lora.device.graphs import rotate_half_matrix
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import rotate_half
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 4, 32, 128, generator=g).to(dtype).requires_grad_(True)
+    R = rotate_half_matrix(128, dtype)
+    y = torch.matmul(x, R)
+    assert torch.equal(y, rotate_half(x.detach()))
+    gy = torch.randn(y.shape, generator=g).to(dtype)
+    y.backward(gy)
+    x2 = x.detach().clone().requires_grad_(True)
+    rotate_half(x2).backward(gy)
+    assert torch.equal(x.grad, x2.grad)

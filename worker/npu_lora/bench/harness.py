@@ -58,12 +58,20 @@ PROFILE_COLUMNS = (
 
 @dataclass(frozen=True)
 class Variant:
-    """``<placement>[+keep_graph][@<experts_impl>]`` or ``peer[@<experts_impl>]``."""
+    """``<placement>[+keep_graph][+sequential][@<experts_impl>]`` or ``peer[@<experts_impl>]``.
+
+    ``+overlap``: hot placement with the overlapped device call (``HostMLP.overlap``; only
+    differs on a non-CPU device); ``+sequential``: without it (the default, named explicitly).
+    ``+padmax``: hot groups padded to
+    the largest group (``HotLayer.capacity="max"``, no host overflow) instead of the cost rule."""
 
     name: str
     placement: str  # host-only | hot | peer
     keep_graph: bool
     experts_impl: str | None  # None: the bench default
+    sequential: bool = False
+    padmax: bool = False
+    overlap: bool = False
 
     @property
     def is_peer(self) -> bool:
@@ -77,10 +85,23 @@ class Variant:
         placement, flags = parts[0], set(parts[1:])
         if placement not in ("host-only", "hot", "peer"):
             raise ValueError(f"variant {name!r}: placement must be host-only, hot or peer")
-        unknown = flags - {"keep_graph"}
+        unknown = flags - {"keep_graph", "sequential", "padmax", "overlap"}
         if unknown or (placement == "peer" and flags):
             raise ValueError(f"variant {name!r}: unknown modifiers {sorted(flags)}")
-        return cls(name, placement, "keep_graph" in flags, impl or None)
+        hot_only = flags & {"sequential", "padmax", "overlap"}
+        if {"sequential", "overlap"} <= flags:
+            raise ValueError(f"variant {name!r}: +sequential and +overlap exclude each other")
+        if hot_only and placement != "hot":
+            raise ValueError(f"variant {name!r}: +{min(hot_only)} applies to hot placement only")
+        return cls(
+            name,
+            placement,
+            "keep_graph" in flags,
+            impl or None,
+            "sequential" in flags,
+            "padmax" in flags,
+            "overlap" in flags,
+        )
 
 
 @dataclass
@@ -249,7 +270,10 @@ class VariantRunner:
         for i, m in enumerate(eng.mlps):
             m.free_kept()
             m.keep_graph = v.keep_graph
+            m.overlap = v.overlap
             m.hot = self.hot_layers[i] if v.placement == "hot" and self.hot_layers else None
+            if m.hot is not None:
+                m.hot.capacity = "max" if v.padmax else "cost"
 
     def _clear_grads(self) -> None:
         for p in self.params:
@@ -260,6 +284,10 @@ class VariantRunner:
             return self.peer_step(v, batch)
         eng = self.engine
         before = eng.counts_LE.clone()
+        hot_stats0 = self._hot_stats()
+        for h in self.hot_layers or []:
+            if h.overflow_E is not None:
+                h.overflow_E.zero_()
         c0 = time.process_time()
         t0 = time.perf_counter()
         prof = eng.forward_backward(batch, loss_scale=1.0)
@@ -272,10 +300,24 @@ class VariantRunner:
         hits = (eng.counts_LE - before) > 0  # [L, E] experts hit in this step's forward
         if v.placement == "hot" and self.hot_layers:
             for i, h in enumerate(self.hot_layers):
-                hits[i, list(h.experts)] = False  # hot experts are not read on the host
+                on_device = torch.zeros_like(hits[i])
+                on_device[list(h.experts)] = True
+                if h.overflow_E is not None:
+                    on_device &= ~h.overflow_E  # overflowing hot experts are read on the host
+                hits[i, on_device] = False  # hot experts are not read on the host
+            d = [b - a for a, b in zip(hot_stats0, self._hot_stats(), strict=True)]
+            rec["hot_pairs_device"], rec["hot_pairs_overflow"], rec["hot_rows_padded"] = d
         rec["host_hit_experts"] = int(hits.sum())
         rec["host_hit_bytes"] = int(hits.sum()) * self.expert_bytes
         return rec
+
+    def _hot_stats(self) -> tuple[int, int, int]:
+        hs = self.hot_layers or []
+        return (
+            sum(h.pairs_device for h in hs),
+            sum(h.pairs_overflow for h in hs),
+            sum(h.rows_padded for h in hs),
+        )
 
     def peer_step(self, v: Variant, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
         """Stock transformers + peft step on the same model: HostMLP swapped for the stock block,
@@ -368,6 +410,25 @@ def measure_kept_graph_bytes(engine: Any, cfg: BenchConfig) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- statistics
+
+
+def hot_dispatch_lines(records: Sequence[dict[str, Any]], names: Sequence[str]) -> list[str]:
+    """Per hot variant, medians per step: hot pairs on the device, overflow pairs computed on
+    the host, padded rows sent (the dense tensor's size), and the padding's share."""
+    out = []
+    for name in names:
+        rs = [r for r in records if r.get("variant") == name and "hot_rows_padded" in r]
+        if not rs:
+            continue
+        dev = statistics.median(r["hot_pairs_device"] for r in rs)
+        ovf = statistics.median(r["hot_pairs_overflow"] for r in rs)
+        rows = statistics.median(r["hot_rows_padded"] for r in rs)
+        pad = 1 - dev / rows if rows else math.nan
+        out.append(
+            f"Hot dispatch {name}: {dev:.0f} pairs on the device in {rows:.0f} padded rows "
+            f"({pad:.0%} padding), {ovf:.0f} overflow pairs on the host (medians per step)."
+        )
+    return ["", *out] if out else []
 
 
 def _median(xs: Sequence[float]) -> float:
@@ -790,6 +851,7 @@ def run_bench(
             f"(before {limits['copy_samples_gbs'] and statistics.median(limits['copy_samples_gbs']):.1f}, after {limits.get('copy_gbs_after', math.nan):.1f}), "
             f"triad {limits['triad_gbs']:.1f} GB/s."
         )
+    md += hot_dispatch_lines(records, names)
     md += ["", "Targets:", *[f"- {t}" for t in targets], ""]
     (out / "bench.md").write_text("\n".join(md))
     try:

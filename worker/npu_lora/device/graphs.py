@@ -150,6 +150,10 @@ class DeviceAttentionBlock(nn.Module):
         self.post_attention_layernorm = post_attention_layernorm
         self.register_buffer("inv_freq", rotary_emb.inv_freq.detach().clone(), persistent=False)
         self.attention_scaling = float(rotary_emb.attention_scaling)
+        w = input_layernorm.weight  # the block's activation dtype
+        self.register_buffer(
+            "rot_dd", rotate_half_matrix(self_attn.head_dim, w.dtype, w.device), persistent=False
+        )
 
     @classmethod
     def from_layer(cls, layer: nn.Module, rotary_emb: nn.Module) -> DeviceAttentionBlock:
@@ -187,14 +191,16 @@ class DeviceAttentionBlock(nn.Module):
         module's own q/k/v/o projections (peft LoRA included) and q/k norms::
 
             q = rope(q_norm(q_proj(x)))  k = rope(k_norm(k_proj(x)))  v = v_proj(x)   per head
+            rope(x) = x * cos + (x @ R) * sin           # R = rotate_half_matrix(d)
             o = o_proj(softmax_rngd(q k^T * scaling + mask, fp32) v)
 
         Same arithmetic as the stock module (outputs bitwise equal in fp32 and bf16, tested);
         the softmax backward is ``ops.softmax_rngd``'s (no fp32 ``_softmax_backward_data``).
-        RNGD (furiosa-torch 2026.4, tiny widths, fp32): the forward compiles whole; the whole
-        backward gets past the kernel verification that failed before, but fails after ~11 min
-        in the compiler's own scheduler ("... is used without wait";
-        experiments/2026-11-30-rngd-compile-tiny.md)."""
+        RNGD (furiosa-torch 2026.4): with v per head and rotate_half as a matmul, forward and
+        backward compile whole (experiments/2026-11-30-rngd-attention-split.md: with the
+        slice/cat rotate_half the backward failed in the compiler's scheduler, "... is used
+        without wait"; split into parts, only the norm+rope part failed, and the matmul form
+        fixed it)."""
         sa = self.self_attn
         if sa.training and sa.attention_dropout > 0.0:
             raise NotImplementedError("attention dropout on the device (Qwen3-MoE uses 0.0)")
@@ -207,8 +213,11 @@ class DeviceAttentionBlock(nn.Module):
         # compiler fails to verify (experiments/2026-11-30-rngd-compile-tiny.md, attempts).
         v_BKSd = headwise_linear(sa.v_proj, x_BSD, d)
         cos, sin = cos_BSd[:, None], sin_BSd[:, None]
-        q_BHSd = q_BHSd * cos + _rotate_half(q_BHSd) * sin
-        k_BKSd = k_BKSd * cos + _rotate_half(k_BKSd) * sin
+        # rotate_half as a matmul by a fixed signed permutation (bitwise the same values): the
+        # slice/neg/cat backward of rotate_half fails RNGD's scheduler, the matmul compiles.
+        rot = self.rot_dd.to(q_BHSd.dtype)
+        q_BHSd = q_BHSd * cos + torch.matmul(q_BHSd, rot) * sin
+        k_BKSd = k_BKSd * cos + torch.matmul(k_BKSd, rot) * sin
         o_BSHd, _ = eager_attention(q_BHSd, k_BKSd, v_BKSd, mask_B1SS, sa.scaling)
         return sa.o_proj(o_BSHd.reshape(B, S, -1))
 
@@ -244,6 +253,22 @@ def headwise_linear(linear: nn.Module, x_BSD: torch.Tensor, d: int) -> torch.Ten
         lora_BKSd = torch.matmul(a_BSr[:, None], B_Kdr.transpose(1, 2))
         y_BKSd = y_BKSd + lora_BKSd * linear.scaling[name]
     return y_BKSd
+
+
+def rotate_half_matrix(
+    d: int, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """``R [d, d]`` with ``x @ R == rotate_half(x) == cat(-x[..., d/2:], x[..., :d/2])``.
+
+    Entries are 0, +1, -1, so every output element is one input element (negated or not) plus
+    exact zeros: the product equals ``rotate_half`` bit for bit in any float dtype (tested).
+    Its backward is ``g @ R^T`` (a matmul) instead of slices, a negation and a concatenation."""
+    h = d // 2
+    R = torch.zeros(d, d, dtype=dtype, device=device)
+    eye = torch.eye(h, dtype=dtype, device=device)
+    R[h:, :h] = -eye  # out[..., :h] = -x[..., h:]
+    R[:h, h:] = eye  # out[..., h:] = x[..., :h]
+    return R
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

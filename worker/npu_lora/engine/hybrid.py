@@ -64,6 +64,7 @@ class HybridEngine:
         *,
         placement: str = "hot",
         keep_graph: bool = True,
+        overlap: bool = False,
         hot_fraction: float = 0.25,
         warmup_steps: int = 4,
         bucket_sizes: list[int] | tuple[int, ...] | None = None,
@@ -91,7 +92,12 @@ class HybridEngine:
         self.times = HostTimes()
         self.counts_LE = torch.zeros(self.num_layers, E, dtype=torch.int64)
         self.mlps: list[HostMLP] = install_host_mlp(
-            model, backend, keep_graph=keep_graph, times=self.times, counts_LE=self.counts_LE
+            model,
+            backend,
+            keep_graph=keep_graph,
+            overlap=overlap,
+            times=self.times,
+            counts_LE=self.counts_LE,
         )
         self.hot_selected_at: int | None = None
         self._place_on_device()
@@ -368,6 +374,7 @@ def build_engine(
         be,
         placement=spec.moe.placement,
         keep_graph=spec.moe.keep_graph,
+        overlap=spec.moe.overlap,
         hot_fraction=spec.moe.hot_fraction,
         warmup_steps=spec.moe.warmup_steps,
         bucket_sizes=spec.moe.bucket_sizes,

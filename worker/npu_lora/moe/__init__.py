@@ -3,6 +3,7 @@
 from npu_lora.moe.host_mlp import HostMLP, HostMLPFunction, install_host_mlp
 from npu_lora.moe.hot import (
     HotLayer,
+    choose_bucket,
     default_buckets,
     hot_cold_forward,
     hot_count,
@@ -16,6 +17,7 @@ __all__ = [
     "HostMLP",
     "HostMLPFunction",
     "HotLayer",
+    "choose_bucket",
     "default_buckets",
     "hot_cold_forward",
     "hot_count",

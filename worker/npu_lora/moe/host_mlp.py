@@ -144,6 +144,9 @@ class HostMLP(nn.Module):
         counts_LE: shared ``[L, E] int64`` routing counts (forward passes only, not recomputes;
             every token including padding: all of them are computed).
         host_dtype: dtype of the block's weights and compute (input/output are cast).
+        overlap: with hot experts on a non-CPU device, issue the hot call asynchronously and
+            compute the cold experts meanwhile (``moe/overlap.py``; spec ``moe.overlap``);
+            ``False`` (default) runs the synchronised sequential ``hot_cold_forward``.
     """
 
     def __init__(
@@ -156,6 +159,7 @@ class HostMLP(nn.Module):
         times: HostTimes | None = None,
         counts_LE: torch.Tensor | None = None,
         host_dtype: torch.dtype | None = None,
+        overlap: bool = False,
     ) -> None:
         super().__init__()
         self.gate = block.gate
@@ -164,6 +168,7 @@ class HostMLP(nn.Module):
         self.layer = layer
         self.backend = backend
         self.keep_graph = keep_graph
+        self.overlap = overlap
         self.times = times if times is not None else HostTimes()
         self.counts_LE = counts_LE
         self.host_dtype = host_dtype or block.experts.gate_up_proj.dtype
@@ -190,7 +195,7 @@ class HostMLP(nn.Module):
         try:
             if self.hot is None:
                 y = self._block(x)
-            elif self.backend.device.type == "cpu":  # the host is the device: sequential
+            elif self.backend.device.type == "cpu" or not self.overlap:  # sequential
                 y = hot_cold_forward(
                     x.reshape(B * S, D),
                     self.gate,
@@ -252,6 +257,7 @@ def install_host_mlp(
     backend: Backend,
     *,
     keep_graph: bool = True,
+    overlap: bool = False,
     times: HostTimes | None = None,
     counts_LE: torch.Tensor | None = None,
 ) -> list[HostMLP]:
@@ -272,6 +278,7 @@ def install_host_mlp(
                 layer=i,
                 backend=backend,
                 keep_graph=keep_graph,
+                overlap=overlap,
                 times=times,
                 counts_LE=counts_LE,
             )

@@ -16,11 +16,27 @@ Hybrid forward of one MoE block (``hot_cold_forward``), all on the host except o
 1. router on the host (the stock module: linear, softmax in fp32, top-k, renormalise);
 2. pairs ``(t, k)`` whose expert is cold → the model's experts kernel (``experts_implementation``,
    default transformers' ``grouped_mm``) on those pairs, one pair per row (top-k = 1);
-3. pairs whose expert is hot → grouped by slot, each group padded to one bucket size Bk (the
-   smallest bucket ≥ the largest group) → dense ``x_EhBD`` and ``r_EhB`` (0 on padding) →
-   ONE ``HotExpertsBatched`` device call → back to the host, unpadded;
+3. pairs whose expert is hot → grouped by slot, each group padded to one bucket size Bk
+   (``choose_bucket``) → dense ``x_EhBD`` and ``r_EhB`` (0 on padding) → ONE
+   ``HotExpertsBatched`` device call → back to the host, unpadded. A slot's pairs beyond Bk
+   (*overflow*, in pair order) are computed on the host with the cold pairs, by the same expert
+   weights and kernel;
 4. per-pair outputs back in pair order, then ``view(T, K, D).sum(1)``: the same per-pair
    products and the same top-k summation order as the stock ``grouped_mm`` kernel.
+
+Bucket choice (``choose_bucket``, ``capacity="cost"``, the default). Padding every slot to the
+largest group wastes most of the dense tensor when routing is skewed, and hot experts are skewed
+by construction: measured on an H200 + 16-core host (Qwen3-30B-A3B widths, S=512, hot 0.25),
+padding to the largest group sent 32×512 rows for ~1,600 real pairs, and hot placement was
+2.1× *slower* than host-only (experiments/2026-11-30-cuda-backend-h200.md). The cost model
+picks the Bk, among the buckets, that minimises the bytes moved per call::
+
+    cost(Bk) = Eh·Bk·row_bytes                       # padded rows to the device and back
+             + #{slots with count > Bk}·expert_bytes  # overflowing experts read on the host
+
+``row_bytes = 2·D·sizeof(transfer dtype)``, ``expert_bytes`` = one expert's host weights
+(gate_up + down). Ties go to the larger bucket (less host work). ``capacity="max"`` is the old
+rule (the smallest bucket ≥ the largest group; never overflows).
 
 Exactness: per pair the arithmetic is the stock one (linear, silu·up, linear, × weight); only the
 GEMM reduction order of the hot bmm vs grouped_mm may differ (fp32: ≲1e-6 relative; see tests).
@@ -69,6 +85,34 @@ def pick_bucket(n: int, buckets: tuple[int, ...]) -> int:
     return big
 
 
+def choose_bucket(
+    counts_Eh: torch.Tensor,
+    buckets: tuple[int, ...],
+    *,
+    capacity: str = "cost",
+    row_bytes: int = 1,
+    expert_bytes: int = 0,
+) -> int:
+    """The padded rows per hot slot (``Bk``) for this call's per-slot pair counts.
+
+    ``capacity="max"``: the smallest bucket ≥ the largest count (no overflow).
+    ``capacity="cost"``: among the buckets up to that one, the one minimising
+    ``Eh·Bk·row_bytes + #{count > Bk}·expert_bytes`` (ties: the larger bucket)."""
+    n_max = int(counts_Eh.max()) if counts_Eh.numel() else 0
+    fit = pick_bucket(max(n_max, 1), buckets)
+    if capacity == "max" or expert_bytes <= 0:
+        return fit
+    if capacity != "cost":
+        raise ValueError(f"capacity must be 'cost' or 'max', not {capacity!r}")
+    Eh = counts_Eh.numel()
+    best, best_cost = fit, Eh * fit * row_bytes
+    for b in sorted((b for b in buckets if b < fit), reverse=True):
+        cost = Eh * b * row_bytes + int((counts_Eh > b).sum()) * expert_bytes
+        if cost < best_cost:
+            best, best_cost = b, cost
+    return best
+
+
 def hot_count(fraction: float, num_experts: int) -> int:
     """``ceil(fraction * E)`` clamped to [1, E] (with a 1e-9 guard against float noise)."""
     return min(num_experts, max(1, math.ceil(fraction * num_experts - 1e-9)))
@@ -96,6 +140,13 @@ class HotLayer:
     buckets: tuple[int, ...]
     device_dtype: torch.dtype
     bucket_hist: dict[int, int] = field(default_factory=dict)
+    capacity: str = "cost"  # "cost" (padded rows vs host overflow) or "max" (pad to the largest)
+    row_bytes: int = 0  # one padded row to the device and back (2·D·sizeof(device dtype))
+    expert_bytes: int = 0  # one expert's host weights (gate_up + down)
+    pairs_device: int = 0  # statistics, per plan (recomputes too): real pairs sent to the device,
+    pairs_overflow: int = 0  # hot pairs computed on the host (overflow),
+    rows_padded: int = 0  # padded rows sent (Eh·Bk per call)
+    overflow_E: torch.Tensor | None = None  # bool [E]: hot experts that overflowed (ever)
 
     @property
     def num_hot(self) -> int:
@@ -109,8 +160,10 @@ def make_hot_layer(
     *,
     buckets: tuple[int, ...],
     device_dtype: torch.dtype,
+    capacity: str = "cost",
 ) -> HotLayer:
-    """Copy the chosen experts' weights to the device as stacked ``[Eh, 2I, D]`` / ``[Eh, D, I]``."""
+    """Copy the chosen experts' weights to the device as stacked ``[Eh, 2I, D]`` / ``[Eh, D, I]``.
+    ``capacity``: the bucket rule (``choose_bucket``)."""
     E = experts_module.gate_up_proj.shape[0]
     ids = torch.tensor(expert_ids, dtype=torch.int64)
     slot = torch.full((E,), -1, dtype=torch.int64)
@@ -121,8 +174,20 @@ def make_hot_layer(
         module = HotExpertsBatched(backend.to_device(w_gu), backend.to_device(w_dn)).to(
             backend.device
         )
+    D = experts_module.gate_up_proj.shape[-1]
+    host = experts_module.gate_up_proj
+    per_expert = (host[0].numel() + experts_module.down_proj[0].numel()) * host.element_size()
     return HotLayer(
-        list(expert_ids), slot, module, backend.compile(module), tuple(buckets), device_dtype
+        list(expert_ids),
+        slot,
+        module,
+        backend.compile(module),
+        tuple(buckets),
+        device_dtype,
+        capacity=capacity,
+        row_bytes=2 * D * torch.empty((), dtype=device_dtype).element_size(),
+        expert_bytes=per_expert,
+        overflow_E=torch.zeros(E, dtype=torch.bool),
     )
 
 
@@ -176,13 +241,36 @@ def plan_hot_cold(x_TD: torch.Tensor, gate: nn.Module, hot: HotLayer) -> HotPlan
     order = torch.argsort(slot_Ph, stable=True)
     hot_Ph, slot_Ph = hot_Ph[order], slot_Ph[order]
     counts_Eh = torch.bincount(slot_Ph, minlength=Eh)
-    Bk = pick_bucket(int(counts_Eh.max()) if hot_Ph.numel() else 1, hot.buckets)
-    hot.bucket_hist[Bk] = hot.bucket_hist.get(Bk, 0) + 1
+    Bk = choose_bucket(
+        counts_Eh,
+        hot.buckets,
+        capacity=hot.capacity,
+        row_bytes=hot.row_bytes,
+        expert_bytes=hot.expert_bytes,
+    )
     start_Eh = torch.cumsum(counts_Eh, 0) - counts_Eh
-    dest_Ph = slot_Ph * Bk + (torch.arange(hot_Ph.numel()) - start_Eh[slot_Ph])
+    rank_Ph = torch.arange(hot_Ph.numel()) - start_Eh[slot_Ph]  # position within its slot
+    over = rank_Ph >= Bk  # overflow: computed on the host with the cold pairs
+    if bool(over.any()):
+        if hot.overflow_E is not None:
+            hot.overflow_E[e_P[hot_Ph[over]]] = True
+        cold_Pc = torch.cat([cold_Pc, hot_Ph[over]]).sort().values
+        keep = ~over
+        hot_Ph, slot_Ph, rank_Ph = hot_Ph[keep], slot_Ph[keep], rank_Ph[keep]
+        hot.pairs_overflow += int(over.sum())
+    hot.bucket_hist[Bk] = hot.bucket_hist.get(Bk, 0) + 1
+    hot.pairs_device += hot_Ph.numel()
+    hot.rows_padded += Eh * Bk
+    dest_Ph = slot_Ph * Bk + rank_Ph
     src_EhB = torch.full((Eh * Bk,), P, dtype=torch.int64)  # P = the padding row
     src_EhB[dest_Ph] = hot_Ph
     return HotPlan(T, K, r_P, e_P, tok_P, cold_Pc, hot_Ph, dest_Ph, src_EhB, Eh, Bk)
+
+
+# Gathers use ``index_select`` (backward: ``index_add_``) rather than ``a[idx]`` (backward:
+# ``index_put_(accumulate=True)``): same forward values; the backward of a [4096, 2048] gather
+# from 512 rows took 19.7 vs 88.8 ms (bf16) and 21.1 vs 40.0 ms (fp32, bitwise-equal grads),
+# one thread, this 2-core VM (experiments/2026-11-30-cuda-backend-h200.md).
 
 
 def hot_inputs(
@@ -193,15 +281,19 @@ def hot_inputs(
     tok_ext = torch.cat([plan.tok_P, torch.tensor([T])])
     x_ext_TD = torch.cat([x_TD, x_TD.new_zeros(1, D)])
     r_ext_P = torch.cat([r_P, r_P.new_zeros(1)])
-    x_EhBD = x_ext_TD[tok_ext[plan.src_EhB]].view(plan.Eh, plan.Bk, D)
-    r_EhB = r_ext_P[plan.src_EhB].view(plan.Eh, plan.Bk)
+    x_EhBD = x_ext_TD.index_select(0, tok_ext[plan.src_EhB]).view(plan.Eh, plan.Bk, D)
+    r_EhB = r_ext_P.index_select(0, plan.src_EhB).view(plan.Eh, plan.Bk)
     return x_EhBD, r_EhB
 
 
 def cold_inputs(x_TD: torch.Tensor, plan: HotPlan):
     """The cold pairs' rows for the model's experts kernel (one (token, expert) pair a row)."""
     c = plan.cold_Pc
-    return x_TD[plan.tok_P[c]], plan.e_P[c, None], plan.r_P[c, None]
+    return (
+        x_TD.index_select(0, plan.tok_P[c]),
+        plan.e_P[c, None],
+        plan.r_P.index_select(0, c)[:, None],
+    )
 
 
 def combine(
@@ -209,11 +301,16 @@ def combine(
 ) -> torch.Tensor:
     """Unpad the hot result, put per-pair outputs back in pair order, then the stock top-k sum."""
     D = x_TD.shape[1]
-    y_hot = backend.to_host(y_EhBD).to(x_TD.dtype).reshape(plan.Eh * plan.Bk, D)[plan.dest_Ph]
+    y_hot = (
+        backend.to_host(y_EhBD)
+        .to(x_TD.dtype)
+        .reshape(plan.Eh * plan.Bk, D)
+        .index_select(0, plan.dest_Ph)
+    )
     perm_P = torch.cat([plan.cold_Pc, plan.hot_Ph])
     inv_P = torch.empty_like(perm_P)
     inv_P[perm_P] = torch.arange(plan.T * plan.K)
-    y_PD = torch.cat([y_cold.to(x_TD.dtype), y_hot])[inv_P]
+    y_PD = torch.cat([y_cold.to(x_TD.dtype), y_hot]).index_select(0, inv_P)
     return y_PD.view(plan.T, plan.K, D).sum(dim=1)
 
 

@@ -52,6 +52,8 @@ class AsyncRunner(Protocol):
 
     def wait(self, handle: Any) -> Any: ...
 
+    def run_backward(self, fn: Callable[[], Any], *inputs: Any) -> Any: ...
+
 
 class SyncRunner:
     """Runs the call at once (the host stands in for the device: nothing to overlap)."""
@@ -61,6 +63,9 @@ class SyncRunner:
 
     def wait(self, handle: Any) -> Any:
         return handle
+
+    def run_backward(self, fn: Callable[[], Any], *inputs: Any) -> Any:
+        return fn()
 
 
 class ThreadRunner:
@@ -80,6 +85,9 @@ class ThreadRunner:
 
     def wait(self, handle: Future) -> Any:
         return handle.result()
+
+    def run_backward(self, fn: Callable[[], Any], *inputs: Any) -> Any:
+        return fn()  # the caller's thread; the worker thread's results are complete
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -115,6 +123,28 @@ class StreamRunner:
                 t.record_stream(current)  # allocated on the side stream, consumed on this one
         return out
 
+    def run_backward(self, fn: Callable[[], Any], *inputs: Any) -> Any:
+        """Run the device call's backward on the side stream, ordered on both sides.
+
+        Autograd runs each backward op on the stream its forward ran on (here the side
+        stream), while the incoming gradient was produced, and the returned gradients are
+        consumed (copied to the host), on the current stream. Without these waits the side
+        stream can read ``dy`` before its copy finished, or the host copy read ``dx`` before it
+        was written: measured on an H200 as input gradients that differed between two runs of
+        the same step (tests/gpu)."""
+        current = self.mod.current_stream(self.device)
+        self.stream.wait_stream(current)  # dy (and anything before it) is ready
+        for a in inputs:
+            if isinstance(a, torch.Tensor) and a.device.type == self.device.type:
+                a.record_stream(self.stream)
+        with self.mod.stream(self.stream):
+            out = fn()
+        current.wait_stream(self.stream)  # the gradients are written before they are read
+        for t in out if isinstance(out, tuple | list) else (out,):
+            if isinstance(t, torch.Tensor) and t.device.type == self.device.type:
+                t.record_stream(current)
+        return out
+
 
 def runner_for(backend: Backend) -> AsyncRunner:
     """``SyncRunner`` for the cpu backend (sequential by design), else a ``StreamRunner``."""
@@ -141,13 +171,17 @@ class _JoinDevice(torch.autograd.Function):
     thread *after* the cold experts, at the place where the sequential function creates the
     device call's nodes, so autograd runs the two branches and accumulates their gradients into
     the block input in the same order as the sequential function (bitwise-equal gradients).
-    Backward: ``torch.autograd.grad(y, [x̂, r̂], dy)`` then device → host and the host dtypes
+    Backward: ``torch.autograd.grad(y, [x̂, r̂], dy)`` through ``runner.run_backward`` (on a side
+    stream: ordered after dy and before the copies of the result), then device → host and the host dtypes
     (what the sequential ``to_device``/``.to(dtype)`` nodes do)."""
 
     @staticmethod
-    def forward(ctx: Any, x_EhBD: torch.Tensor, r_EhB: torch.Tensor, res: tuple) -> torch.Tensor:  # type: ignore[override]
+    def forward(  # type: ignore[override]
+        ctx: Any, x_EhBD: torch.Tensor, r_EhB: torch.Tensor, res: tuple, runner: AsyncRunner
+    ) -> torch.Tensor:
         y = res[2]
         ctx.res = res
+        ctx.runner = runner
         ctx.x_meta = (x_EhBD.device, x_EhBD.dtype)
         ctx.r_meta = (r_EhB.device, r_EhB.dtype)
         return y.detach()
@@ -155,13 +189,15 @@ class _JoinDevice(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor):  # type: ignore[override]
         x_hat, r_hat, y = ctx.res
-        ctx.res = None
-        gx, gr = torch.autograd.grad(y, [x_hat, r_hat], dy, allow_unused=True)
+        runner, ctx.res, ctx.runner = ctx.runner, None, None
+        gx, gr = runner.run_backward(
+            lambda: torch.autograd.grad(y, [x_hat, r_hat], dy, allow_unused=True), dy
+        )
         if gx is not None:
             gx = gx.to(*ctx.x_meta)
         if gr is not None:
             gr = gr.to(*ctx.r_meta)
-        return gx, gr, None
+        return gx, gr, None, None
 
 
 def hot_cold_forward_overlapped(
@@ -212,7 +248,7 @@ def hot_cold_forward_overlapped(
     res = runner.wait(handle)
     if needs_graph:
         x_EhBD, r_EhB = hot_inputs(x_TD, plan.r_P, plan)
-        y_EhBD = _JoinDevice.apply(x_EhBD, r_EhB, res)
+        y_EhBD = _JoinDevice.apply(x_EhBD, r_EhB, res, runner)
     else:
         y_EhBD = res[2]
     y_TD = combine(y_cold, y_EhBD, x_TD, plan, backend)
