@@ -256,9 +256,10 @@ class MoESpec(_Model):
         None,
         min_length=1,
         description=(
-            "Static token-group sizes for the batched hot-expert call; each hot expert's tokens "
-            "are padded to the smallest bucket that fits (default: powers of two up to the tokens "
-            "per step)."
+            "Static token-group sizes for the batched hot-expert call (default: powers of two up "
+            "to the tokens per step). Per call every hot expert's tokens are padded to one "
+            "bucket, chosen to minimise padded bytes plus host reads of the experts whose tokens "
+            "overflow it; overflow tokens are computed on the host."
         ),
     )
 
