@@ -4,8 +4,10 @@ whole-graph compiles at tiny widths. Needs the RNGD venv (scripts/rngd-env.sh); 
 reruns take seconds per job.
 
 The attention graphs are opt-in (``NPU_LORA_RNGD_ATTENTION=1``): cold, their whole-graph
-forward compile took 11-23 min and each direction's per-op probes 11-14 min on this 2-core
-machine under load (experiments/2026-11-30-rngd-compile-tiny.md) -- too long for every CI run."""
+compiles took 5.5 min (forward) and 8 min (backward) on an idle 2-core machine, 11-23 min under
+load, and each direction's per-op probes 11-14 min under load
+(experiments/2026-11-30-rngd-compile-tiny.md, 2026-11-30-rngd-attention-split.md) -- too long
+for every CI run."""
 
 from __future__ import annotations
 
@@ -31,12 +33,10 @@ CACHE = Path(
     os.environ.get("NPU_LORA_RNGD_CACHE")
     or Path.home() / ".cache" / "npu-lora" / "furiosa-compile-cache"
 )
-# Known failures (graph, direction, tier). No op of graphs.py is known to fail any more (it uses
-# npu_lora.device.ops; test_inventory_graphs.KNOWN_FAILURES is empty), but the whole-graph
-# attention backward still fails inside furiosa's compiler after ~11 min cold, in its scheduler
-# ("T2405 ... is used without wait", global-compiler lib.rs:60; experiments/
-# 2026-11-30-rngd-compile-tiny.md, final formulation). Opt-in only (NPU_LORA_RNGD_ATTENTION=1).
-KNOWN: set[tuple[str, str, str]] = {("attention", "backward", "compile")}
+# Known failures (graph, direction, tier): none. The whole-graph attention backward failed in
+# furiosa's scheduler ("... is used without wait") until rope's rotate_half became a matmul by a
+# signed permutation (experiments/2026-11-30-rngd-attention-split.md); it now compiles.
+KNOWN: set[tuple[str, str, str]] = set()
 ATTENTION = os.environ.get("NPU_LORA_RNGD_ATTENTION") == "1"
 slow_attention = pytest.mark.skipif(
     not ATTENTION,

@@ -302,8 +302,9 @@ class DeviceSpec(_Model):
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32",
         description=(
-            "dtype of the device side (embeddings, attention, norms, head, LoRA). RNGD compiles "
-            "the fp32 softmax backward poorly; bfloat16 is the usual choice there."
+            "dtype of the device side (embeddings, attention, norms, head, LoRA). Every device "
+            "graph compiles for RNGD in float32 (tiny widths, checked with `npu-lora "
+            "rngd-check`); bfloat16 halves device memory and transfers."
         ),
     )
     compile_cache: VolumeRef | None = Field(

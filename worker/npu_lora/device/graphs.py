@@ -15,7 +15,9 @@ Compile rules these modules follow (measured with furiosa-torch 2026.4, see NOTE
 - attention is the stock *eager* attention (no sdpa), written out in ``DeviceAttentionBlock``
   with the softmax backward of ``ops.softmax_rngd`` (fp32 ``_softmax_backward_data`` does not
   compile); the causal + padding mask is built on the host as an additive float tensor
-  (``causal_mask``) and passed in;
+  (``causal_mask``) and passed in; v is computed per head (``headwise_linear``) and rope's
+  ``rotate_half`` is a matmul by a signed permutation (``rotate_half_matrix``): the transposed
+  LoRA-scaling kernel and the slice/cat backward of the stock forms fail RNGD's compiler;
 - the head's cross-entropy is ``ops.cross_entropy_int32`` (``logsumexp`` does not compile);
 - these formulations are used on every backend: the CPU engine runs the graphs that compile;
 - gathers whose backward would be an ``index_add`` are one-hot matmuls (``bmm``), exact in fp32;
