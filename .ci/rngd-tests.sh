@@ -6,9 +6,9 @@
 #   ${NPU_LORA_RNGD_VENV:-$HOME/.cache/npu-lora/rngd-venv}   (built by scripts/rngd-env.sh)
 # and exits 0 with a message when it does not. The furiosa compile cache persists in
 #   ${NPU_LORA_RNGD_CACHE:-$HOME/.cache/npu-lora/furiosa-compile-cache}
-# so only the first run compiles cold; later runs take seconds per graph. By default the
-# attention graphs' compile tests are skipped (cold they take 10-25 min per direction on 2
-# cores); NPU_LORA_RNGD_ATTENTION=1 includes them. Extra arguments go to pytest
+# so only the first run compiles cold; later runs take seconds per graph. The attention's
+# whole-graph compiles always run (cold 5.5 + 8 min on an idle 2-core machine); its per-op probes
+# (cold 11-14 min per direction) only with NPU_LORA_RNGD_ATTENTION=1. Extra arguments go to pytest
 # (e.g. -k hot_experts).
 set -euo pipefail
 
