@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .ops import cross_entropy_int32, eager_attention
+from .ops import cross_entropy_int32, eager_attention, head_label_logits
 
 # ---------------------------------------------------------------------------------------------
 # host-side input builders (run on the host; their outputs are copied to the device)
@@ -285,9 +285,12 @@ class DeviceHead(nn.Module):
 
         h      = h_BSD + moe_BSD
         hs_BND = bmm(sel_BNS, h)                   # one-hot gather: exact; backward is a bmm
-        z_BNV  = lm_head(norm(hs_BND)).float()     # logits only at N positions, never B*S
-        ce_BN  = logsumexp(z) - z[label]           # ops.cross_entropy_int32: label picked by an
-                                                   # int32 compare (no gather), logsumexp written
+        hn_BND = norm(hs_BND)
+        z_BNV  = lm_head(hn_BND).float()           # logits only at N positions, never B*S
+        zl_BN  = hn · W[label]                     # ops.head_label_logits: int32 embedding
+                                                   # lookup of the label rows (frozen plain head;
+                                                   # else an int32 one-hot compare over V)
+        ce_BN  = logsumexp(z) - zl                 # ops.cross_entropy_int32, logsumexp written
                                                    # out (ops.logsumexp_rngd)
         loss   = sum(w_BN * ce_BN)                 # w = 1/#labels (0 on padding) → mean CE
     """
@@ -313,8 +316,15 @@ class DeviceHead(nn.Module):
         labels_BN: torch.Tensor,
         w_BN: torch.Tensor,
     ) -> torch.Tensor:
-        z_BNV = self.logits(h_BSD, moe_BSD, sel_BNS)
-        return cross_entropy_int32(z_BNV, labels_BN, w_BN)
+        lm = self.lm_head
+        plain = type(lm) is nn.Linear and lm.bias is None and not lm.weight.requires_grad
+        if not plain:  # LoRA-wrapped or trained head: pick the label logit from z (one-hot)
+            return cross_entropy_int32(self.logits(h_BSD, moe_BSD, sel_BNS), labels_BN, w_BN)
+        h = h_BSD + moe_BSD
+        hn_BND = self.norm(torch.bmm(sel_BNS.to(h.dtype), h))
+        z_BNV = lm(hn_BND).float()
+        picked_BN = head_label_logits(hn_BND, lm.weight, labels_BN)
+        return cross_entropy_int32(z_BNV, labels_BN, w_BN, label_logits=picked_BN)
 
 
 class HotExpertsBatched(nn.Module):

@@ -38,10 +38,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 __all__ = [
     "cross_entropy_int32",
     "eager_attention",
+    "head_label_logits",
     "logsumexp_rngd",
     "repeat_kv",
     "softmax_rngd",
@@ -117,13 +119,33 @@ def logsumexp_rngd(z: torch.Tensor, dim: int = -1, keepdim: bool = False) -> tor
 
 
 def cross_entropy_int32(
-    logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None = None
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    weights: torch.Tensor | None = None,
+    *,
+    label_logits: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-row cross-entropy ``logsumexp(z) - z[label]`` with int32 ``labels`` picked by an int32
     compare against ``arange(V, dtype=int32)`` (no gather, no int64). ``weights`` (same shape as
-    ``labels``) gives ``sum(w * ce)``; without it the per-row losses are returned."""
+    ``labels``) gives ``sum(w * ce)``; without it the per-row losses are returned.
+    ``label_logits``: ``z[label]`` computed by the caller (``head_label_logits``); then the
+    one-hot pick ``sum(z * onehot)`` over V is not traced. At Qwen3 widths (V = 151,936) RNGD's
+    compiler fails to lower that fused mul + reduce (experiments/2026-11-30-rngd-attention-split.md)."""
     z = logits.float()
-    vocab = torch.arange(z.shape[-1], dtype=torch.int32, device=z.device)
-    onehot = (vocab == labels[..., None]).to(z.dtype)
-    ce = logsumexp_rngd(z, dim=-1) - (z * onehot).sum(-1)
+    if label_logits is None:
+        vocab = torch.arange(z.shape[-1], dtype=torch.int32, device=z.device)
+        onehot = (vocab == labels[..., None]).to(z.dtype)
+        label_logits = (z * onehot).sum(-1)
+    ce = logsumexp_rngd(z, dim=-1) - label_logits.float()
     return ce if weights is None else (ce * weights.float()).sum()
+
+
+def head_label_logits(
+    hn_BND: torch.Tensor, weight_VD: torch.Tensor, labels_BN: torch.Tensor
+) -> torch.Tensor:
+    """``(hn @ W^T)[label]`` as ``hn · W[label]``: the label rows of the LM head's weight gathered
+    with an int32 embedding lookup (which compiles on RNGD), a dot product over D (fp32
+    accumulation), rounded to the logits' dtype as the matmul's output is. Only for a frozen
+    weight: its gradient would be an index-add."""
+    w_BND = F.embedding(labels_BN, weight_VD)
+    return (hn_BND.float() * w_BND.float()).sum(-1).to(hn_BND.dtype)
