@@ -509,6 +509,8 @@ def device_graphs(
     lm_head = nn.Linear(D, V, bias=False).to(dtype)
     _init_(norm, std)
     _init_(lm_head, std)
+    norm.requires_grad_(False)  # frozen base weights, as in the engine (peft freezes them)
+    lm_head.requires_grad_(False)
     head = DeviceHead(norm, lm_head, V)
     labels = torch.full((B, S), -100, dtype=torch.long)
     n_ans = max(S // 4 - 1, 1)
