@@ -12,9 +12,10 @@ Compile rules these modules follow (measured with furiosa-torch 2026.4, see NOTE
 - no int64 tensor ops on the device: token ids, positions and labels arrive as **int32**;
 - no ``sort``/``argmax``/``nonzero``/``index_add``/``index_put(accumulate)``/``cumsum``/grouped
   mm: all routing, gathering and dispatch happen on the host; the device gets dense tensors;
-- attention is the stock *eager* attention (no sdpa), written out in ``DeviceAttentionBlock``
-  with the softmax backward of ``ops.softmax_rngd`` (fp32 ``_softmax_backward_data`` does not
-  compile); the causal + padding mask is built on the host as an additive float tensor
+- attention is the stock *eager* attention (no sdpa), written out in ``DeviceAttentionBlock``,
+  its core (scores, fp32 softmax, @ values) an autograd Function with a FlashAttention-style
+  backward (``ops.eager_attention``: fp32 ``_softmax_backward_data`` does not compile, and at
+  Qwen3 widths the softmax backward's row sum fused with dO·Vᵀ fails to lower); the causal + padding mask is built on the host as an additive float tensor
   (``causal_mask``) and passed in; v is computed per head (``headwise_linear``) and rope's
   ``rotate_half`` is a matmul by a signed permutation (``rotate_half_matrix``): the transposed
   LoRA-scaling kernel and the slice/cat backward of the stock forms fail RNGD's compiler;
@@ -194,10 +195,11 @@ class DeviceAttentionBlock(nn.Module):
 
             q = rope(q_norm(q_proj(x)))  k = rope(k_norm(k_proj(x)))  v = v_proj(x)   per head
             rope(x) = x * cos + (x @ R) * sin           # R = rotate_half_matrix(d)
-            o = o_proj(softmax_rngd(q k^T * scaling + mask, fp32) v)
+            o = o_proj(softmax(q k^T * scaling + mask, fp32) v)   # ops.eager_attention
 
         Same arithmetic as the stock module (outputs bitwise equal in fp32 and bf16, tested);
-        the softmax backward is ``ops.softmax_rngd``'s (no fp32 ``_softmax_backward_data``).
+        the attention core's backward is ``ops.eager_attention``'s (FlashAttention-style, no
+        ``_softmax_backward_data``).
         RNGD (furiosa-torch 2026.4): with v per head and rotate_half as a matmul, forward and
         backward compile whole (experiments/2026-11-30-rngd-attention-split.md: with the
         slice/cat rotate_half the backward failed in the compiler's scheduler, "... is used

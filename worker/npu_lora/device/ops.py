@@ -18,7 +18,9 @@ verification), the matmul row sum compiles (fp32 17 s, bf16 12 s). Its forward i
 ``torch.softmax``; its gradient equals ``torch.softmax``'s to rounding.
 
 ``eager_attention``: transformers' ``eager_attention_forward`` (GQA repeat, scaled scores plus
-an additive mask, fp32 softmax via ``softmax_rngd``, weights @ values), same arithmetic.
+an additive mask, fp32 softmax, weights @ values), same forward arithmetic, as an autograd
+Function with a FlashAttention-style backward (``_AttentionCore``). ``softmax_rngd`` stays for
+``rngd.formulations`` (the stock module with a compile-friendly softmax backward).
 
 ``logsumexp_rngd``: ``torch.logsumexp`` does not compile on RNGD, per op or whole graph
 ("failed to import dfg: Not importable for all cases, logsumexp"); written out as
@@ -86,26 +88,75 @@ def repeat_kv(x_BKSd: torch.Tensor, n_rep: int) -> torch.Tensor:
     return x_BKSd[:, :, None, :, :].expand(b, kv, n_rep, s, d).reshape(b, kv * n_rep, s, d)
 
 
+class _AttentionCore(torch.autograd.Function):
+    """Scores, fp32 softmax, weights @ values, with a FlashAttention-style explicit backward.
+
+    Forward (transformers' eager arithmetic; K/V repeated for GQA)::
+
+        S = q k^T * scaling + mask     P = softmax(S, fp32).to(q.dtype)     O = P v
+
+    Backward (dO in; saved q, K, V (repeated), P, O: the same tensors autograd would keep)::
+
+        dV = P^T dO     dP = dO V^T     D = (dO * O) @ ones[d, 1]     dS = P * (dP - D)  (fp32)
+        dq = dS K * scaling     dK = dS^T q * scaling     (dK, dV summed over each KV head's group)
+
+    ``D = rowsum(dO * O)`` equals the softmax backward's ``rowsum(dP * P)`` (since O = P V) and
+    is a row sum over the head dim, written as a matmul with ones. RNGD: at Qwen3 widths (8 query
+    heads per KV head) the compiler fused the softmax backward's row sum over the keys with
+    ``dO V^T`` into one kernel it failed to lower; this backward compiles whole at tiny and
+    Qwen3-30B-A3B widths (experiments/2026-11-30-rngd-attention-split.md). Outputs bitwise equal
+    to the eager formulation; gradients equal to fp32 rounding (1e-7 relative, measured)."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | None,
+        scaling: float,
+    ) -> torch.Tensor:
+        n_rep = q.shape[1] // k.shape[1]
+        kk, vv = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
+        s = torch.matmul(q, kk.transpose(2, 3)) * scaling
+        if mask is not None:
+            s = s + mask
+        p = torch.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)
+        o = torch.matmul(p, vv)
+        ctx.save_for_backward(q, kk, vv, p, o)
+        ctx.scaling, ctx.n_rep = scaling, n_rep
+        return o
+
+    @staticmethod
+    def backward(ctx: Any, do: torch.Tensor):  # type: ignore[override]
+        q, kk, vv, p, o = ctx.saved_tensors
+        B, H, S, d = q.shape
+        r = ctx.n_rep
+        dv_full = torch.matmul(p.transpose(2, 3), do)
+        dp = torch.matmul(do, vv.transpose(2, 3))
+        ones = torch.ones(d, 1, dtype=torch.float32, device=do.device)
+        D = torch.matmul(do.float() * o.float(), ones)
+        ds = (p.float() * (dp.float() - D)).to(q.dtype)
+        dq = torch.matmul(ds, kk) * ctx.scaling
+        dk_full = torch.matmul(ds.transpose(2, 3), q) * ctx.scaling
+        dk = dk_full.view(B, H // r, r, S, d).sum(2)
+        dv = dv_full.view(B, H // r, r, S, d).sum(2)
+        return dq, dk, dv, None, None
+
+
 def eager_attention(
     q_BHSd: torch.Tensor,
     k_BKSd: torch.Tensor,
     v_BKSd: torch.Tensor,
     mask_B1SS: torch.Tensor | None,
     scaling: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """transformers' ``eager_attention_forward`` (no dropout) with ``softmax_rngd``.
+) -> tuple[torch.Tensor, None]:
+    """transformers' ``eager_attention_forward`` (no dropout) as ``_AttentionCore``.
 
-    Returns ``(o_BSHd, weights_BHSS)`` like the stock function (output transposed back to
-    ``[B, S, H, d]`` and contiguous)."""
-    n_rep = q_BHSd.shape[1] // k_BKSd.shape[1]
-    k = repeat_kv(k_BKSd, n_rep)
-    v = repeat_kv(v_BKSd, n_rep)
-    w_BHSS = torch.matmul(q_BHSd, k.transpose(2, 3)) * scaling
-    if mask_B1SS is not None:
-        w_BHSS = w_BHSS + mask_B1SS
-    w_BHSS = softmax_rngd(w_BHSS, dim=-1, dtype=torch.float32).to(q_BHSd.dtype)
-    o_BSHd = torch.matmul(w_BHSS, v).transpose(1, 2).contiguous()
-    return o_BSHd, w_BHSS
+    Returns ``(o_BSHd, None)`` (output transposed back to ``[B, S, H, d]`` and contiguous; the
+    attention weights are not returned)."""
+    o_BHSd = _AttentionCore.apply(q_BHSd, k_BKSd, v_BKSd, mask_B1SS, scaling)
+    return o_BHSd.transpose(1, 2).contiguous(), None
 
 
 def logsumexp_rngd(z: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
