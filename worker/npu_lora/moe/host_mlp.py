@@ -195,27 +195,15 @@ class HostMLP(nn.Module):
         try:
             if self.hot is None:
                 y = self._block(x)
-            elif self.backend.device.type == "cpu" or not self.overlap:  # sequential
-                y = hot_cold_forward(
-                    x.reshape(B * S, D),
-                    self.gate,
-                    self.experts,
-                    self.hot,
-                    self.backend,
-                    self.layer,
-                    on_device_s=self._add_hot_s,
-                ).view(B, S, D)
-            else:  # issue the hot call asynchronously; cold experts on the host meanwhile
-                y = hot_cold_forward_overlapped(
-                    x.reshape(B * S, D),
-                    self.gate,
-                    self.experts,
-                    self.hot,
-                    self.backend,
-                    self.layer,
-                    runner=self._runner,
-                    on_device_s=self._add_hot_s,
-                ).view(B, S, D)
+            else:
+                args = (x.reshape(B * S, D), self.gate, self.experts, self.hot, self.backend)
+                if self.backend.device.type == "cpu" or not self.overlap:  # sequential
+                    y = hot_cold_forward(*args, self.layer, on_device_s=self._add_hot_s)
+                else:  # issue the hot call asynchronously; cold experts on the host meanwhile
+                    y = hot_cold_forward_overlapped(
+                        *args, self.layer, runner=self._runner, on_device_s=self._add_hot_s
+                    )
+                y = y.view(B, S, D)
         finally:
             self._count = False
         return y.to(x_BSD.dtype)

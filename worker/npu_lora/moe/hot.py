@@ -185,7 +185,7 @@ def make_hot_layer(
         tuple(buckets),
         device_dtype,
         capacity=capacity,
-        row_bytes=2 * D * torch.empty((), dtype=device_dtype).element_size(),
+        row_bytes=2 * D * device_dtype.itemsize,
         expert_bytes=per_expert,
         overflow_E=torch.zeros(E, dtype=torch.bool),
     )
