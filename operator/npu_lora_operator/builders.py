@@ -33,6 +33,7 @@ from npu_lora.api.v1alpha1 import (
     GROUP,
     KIND,
     PLURAL,
+    spec_fields,
 )
 
 from npu_lora_operator.settings import OperatorConfig
@@ -228,16 +229,7 @@ def worker_config(body: Body) -> Body:
     output.pop("volume", None)
     output["path"] = output_path(body)
     # cluster-only fields mean nothing to `npu-lora run`; keep the worker config minimal
-    for key in (
-        "image",
-        "resources",
-        "suspend",
-        "backoffLimit",
-        "activeDeadlineSeconds",
-        "ttlSecondsAfterFinished",
-        "queueName",
-        "podTemplate",
-    ):
+    for key in spec_fields(cluster_only=True):
         spec.pop(key, None)
     return {
         "apiVersion": API_VERSION,

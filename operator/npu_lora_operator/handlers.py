@@ -16,7 +16,8 @@
   the next worker pod (a retry, or after suspend/resume). ``image``, ``resources``,
   ``podTemplate``, ``backoffLimit`` and ``queueName`` cannot change a created Job (its pod
   template is immutable): the operator posts a Warning event and leaves the Job alone; delete and
-  re-create the run to apply them. Training fields are immutable (CEL on the server).
+  re-create the run to apply them. Training fields are immutable (CEL on the server). Which
+  field is which is tagged once on the model (``OnUpdate`` in :mod:`npu_lora.api.v1alpha1`).
 - deletion: nothing to do; the children carry ownerReferences and the garbage collector removes
   them (no finalizer is needed, and none is added: there is no deletion handler).
 
@@ -33,6 +34,7 @@ from typing import Any
 
 import kopf
 import kubernetes
+from npu_lora.api import v1alpha1 as api
 from npu_lora.api.v1alpha1 import API_VERSION, GROUP, PLURAL, VERSION
 
 from npu_lora_operator import builders
@@ -341,17 +343,10 @@ def suspend_changed(
     reconcile_status(namespace, name)
 
 
-_JOB_MUTABLE = ("activeDeadlineSeconds", "ttlSecondsAfterFinished")
-_CONFIG_FIELDS = ("reporting", "checkpoint")
-_NEW_RUN_ONLY = (
-    "image",
-    "resources",
-    "podTemplate",
-    "backoffLimit",
-    "queueName",
-    "output",
-    "device",
-)
+#: copied to the Job (``suspend`` has its own handler: Kueue un-suspends queued Jobs)
+_JOB_MUTABLE = tuple(f for f in api.spec_fields(api.OnUpdate.JOB) if f != "suspend")
+_CONFIG_FIELDS = api.spec_fields(api.OnUpdate.WORKER_CONFIG)
+_NEW_RUN_ONLY = api.spec_fields(api.OnUpdate.NEW_RUN)
 
 
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec", registry=registry)
