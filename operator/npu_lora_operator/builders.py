@@ -28,6 +28,9 @@ from typing import Any
 import yaml
 from npu_lora.api.v1alpha1 import (
     API_VERSION,
+    ENV_NAME,
+    ENV_NAMESPACE,
+    ENV_UID,
     EXIT_CONFIG_ERROR,
     EXIT_NONFINITE_LOSS,
     GROUP,
@@ -58,9 +61,6 @@ TERMINATION_LOG = "/dev/termination-log"
 RNGD_RESOURCE = "furiosa.ai/rngd"
 CUDA_RESOURCE = "nvidia.com/gpu"
 MANAGED_BY = "npu-lora-operator"
-ENV_NAME = "NPU_LORA_RESOURCE_NAME"
-ENV_NAMESPACE = "NPU_LORA_RESOURCE_NAMESPACE"
-ENV_UID = "NPU_LORA_RESOURCE_UID"
 
 _MAX_NAME = 63  # DNS label (Job names feed the pods' job-name label)
 

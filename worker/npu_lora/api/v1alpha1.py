@@ -36,6 +36,15 @@ EXIT_CONFIG_ERROR = 2
 #: Exit code of the worker when the loss became non-finite (not retried either).
 EXIT_NONFINITE_LOSS = 3
 
+#: The worker container's environment naming the MoEFinetune it runs for: set by the operator's
+#: Job builder, read by the worker's status reporter.
+ENV_NAME = "NPU_LORA_RESOURCE_NAME"
+ENV_NAMESPACE = "NPU_LORA_RESOURCE_NAMESPACE"
+ENV_UID = "NPU_LORA_RESOURCE_UID"
+#: Content type of the JSON merge patches that the operator and the worker send to the API
+#: (each owns a disjoint subtree of ``status``).
+MERGE_PATCH = "application/merge-patch+json"
+
 PRESETS = ("tiny-qwen3-moe", "qwen3-30b-a3b")
 
 
