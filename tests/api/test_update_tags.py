@@ -28,3 +28,13 @@ def test_consumers_read_the_tags() -> None:
     cluster = set(api.spec_fields(cluster_only=True))
     assert not cluster & set(immutable)
     assert {"suspend", "image", "podTemplate"} <= cluster
+
+
+def test_architecture_page_lists_the_tags() -> None:
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
+    for tag in api.OnUpdate:
+        row = next(line for line in page.splitlines() if line.startswith(f"| `{tag.value}` |"))
+        fields = [f.strip() for f in row.split("|")[2].split(",")]
+        assert fields == list(api.spec_fields(tag)), f"docs/architecture.md, row {tag.value}"
