@@ -37,18 +37,12 @@ class Value:
     description: str
 
 
+#: helm-docs' type names, the first match wins (a bool is an int to isinstance)
+_TYPES = ((bool, "bool"), (int, "int"), (float, "float"), (str, "string"), (list, "list"))
+
+
 def _type_of(value: Any) -> str:
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int):
-        return "int"
-    if isinstance(value, float):
-        return "float"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "list"
-    return "object"
+    return next((name for cls, name in _TYPES if isinstance(value, cls)), "object")
 
 
 def parse_values(text: str) -> list[Value]:

@@ -8,16 +8,15 @@
 - events of Jobs and Pods labelled ``npu-lora.io/run``: recompute the operator's subtree of the
   run's status (:func:`.status.compute_status`) and merge-patch it through ``/status`` when it
   changed; post an Event for each transition.
-- ``spec.suspend`` changes suspend/resume the Job. With ``queueName`` the Job is created
-  suspended and Kueue un-suspends it on admission; ``spec.suspend: true`` suspends it (Kueue
-  then evicts the workload), ``false`` leaves the re-admission to Kueue. ``activeDeadlineSeconds`` and
-  ``ttlSecondsAfterFinished`` changes are copied to the Job (both are mutable there).
-  ``reporting`` and ``checkpoint`` changes rewrite the worker ConfigMap: they take effect with
-  the next worker pod (a retry, or after suspend/resume). ``image``, ``resources``,
-  ``podTemplate``, ``backoffLimit`` and ``queueName`` cannot change a created Job (its pod
-  template is immutable): the operator posts a Warning event and leaves the Job alone; delete and
-  re-create the run to apply them. Training fields are immutable (CEL on the server). Which
-  field is which is tagged once on the model (``OnUpdate`` in :mod:`npu_lora.api.v1alpha1`).
+- ``spec`` changes, by the field's ``OnUpdate`` tag (:mod:`npu_lora.api.v1alpha1`, the one
+  list): ``job`` fields are copied to the Job; ``worker-config`` fields rewrite the worker
+  ConfigMap and take effect with the next worker pod (a retry, or after suspend/resume);
+  ``new-run`` fields cannot change a created Job (its pod template is immutable): the operator
+  posts a Warning event and leaves the Job alone (delete and re-create the run to apply them);
+  ``immutable`` fields never reach the operator (CEL on the server). ``spec.suspend`` has its
+  own handler: with ``queueName`` the Job is created suspended and Kueue un-suspends it on
+  admission; ``spec.suspend: true`` suspends it (Kueue then evicts the workload), ``false``
+  leaves the re-admission to Kueue.
 - deletion: nothing to do; the children carry ownerReferences and the garbage collector removes
   them (no finalizer is needed, and none is added: there is no deletion handler).
 
