@@ -40,17 +40,12 @@ from typing import Any
 
 import torch
 
+from npu_lora.api import record as step_record
+
 DEFAULT_VARIANTS = ("host-only", "host-only+keep_graph", "hot", "hot+keep_graph")
 DEFAULT_PEERS = ("peer@grouped_mm", "peer@eager")
-PROFILE_COLUMNS = (
-    "step_s",
-    "attn_head_s",
-    "host_fwd_s",
-    "host_bwd_s",
-    "recompute_s",
-    "hot_s",
-    "device_calls_per_layer",
-)
+#: Per-variant medians of the engine's profile (the step record's bench columns).
+PROFILE_COLUMNS = step_record.BENCH_COLUMNS
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -294,7 +289,7 @@ class VariantRunner:
         step_s = time.perf_counter() - t0
         cpu_s = time.process_time() - c0
         self._clear_grads()
-        rec = prof.to_dict() if hasattr(prof, "to_dict") else asdict(prof)
+        rec = prof.to_dict()
         rec["step_s"] = step_s
         rec["cpu_s"] = cpu_s  # process CPU seconds (all threads): less sensitive to descheduling
         hits = (eng.counts_LE - before) > 0  # [L, E] experts hit in this step's forward

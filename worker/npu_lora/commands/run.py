@@ -71,15 +71,10 @@ def _status_reporter(ctx: Any) -> Any | None:
     """``StatusReporter`` when the operator started us (``NPU_LORA_RESOURCE_NAME``)."""
     if not os.environ.get("NPU_LORA_RESOURCE_NAME"):
         return None
+    from npu_lora.report.status import StatusReporter
+
     try:
-        from npu_lora.report.status import StatusReporter  # type: ignore[import-not-found]
-    except ImportError as e:
-        log.warning("status reporting disabled: %s", e)
-        return None
-    try:
-        if hasattr(StatusReporter, "from_env"):
-            return StatusReporter.from_env(ctx)
-        return StatusReporter(ctx)
+        return StatusReporter.from_env(ctx)
     except Exception as e:  # reporting never stops training
         log.warning("status reporting disabled: %s", e)
         return None

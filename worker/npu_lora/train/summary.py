@@ -12,16 +12,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from npu_lora.api import record as step_record
+
 #: Timing/count columns summarised by their median after warm-up (table order).
-TIMING_COLUMNS = (
-    "step_s",
-    "attn_head_s",
-    "host_fwd_s",
-    "host_bwd_s",
-    "recompute_s",
-    "device_calls_per_layer",
-)
-TABLE_LABELS = {"device_calls_per_layer": "device calls/layer"}
+TIMING_COLUMNS = step_record.TABLE_COLUMNS
 
 
 def after_warmup(records: list[dict[str, Any]], warmup_steps: int) -> list[dict[str, Any]]:
@@ -32,7 +26,7 @@ def after_warmup(records: list[dict[str, Any]], warmup_steps: int) -> list[dict[
 
 def medians(records: list[dict[str, Any]]) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
-    for col in (*TIMING_COLUMNS, "opt_s", "hot_s"):
+    for col in step_record.MEDIAN_COLUMNS:
         vals = [float(r[col]) for r in records if isinstance(r.get(col), int | float)]
         out[col] = statistics.median(vals) if vals else None
     return out
@@ -136,10 +130,10 @@ def timing_table(summary: dict[str, Any]) -> str:
     lines = [head]
     for col in TIMING_COLUMNS:
         v = med.get(col)
-        label = TABLE_LABELS.get(col, col)
+        label = step_record.by_name(col).label or col
         if v is None:
             lines.append(f"  {label:<20} {'-':>10}")
-        elif col == "device_calls_per_layer":
+        elif step_record.by_name(col).unit == "calls":
             lines.append(f"  {label:<20} {v:>10.2f}")
         else:
             lines.append(f"  {label:<20} {v:>10.4f}")
