@@ -29,9 +29,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import platform
 import statistics
-import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -41,6 +39,8 @@ from typing import Any
 import torch
 
 from npu_lora.api import record as step_record
+from npu_lora.machine import machine_facts
+from npu_lora.moe.experts import expert_bytes
 
 DEFAULT_VARIANTS = ("host-only", "host-only+keep_graph", "hot", "hot+keep_graph")
 DEFAULT_PEERS = ("peer@grouped_mm", "peer@eager")
@@ -127,46 +127,6 @@ class BenchConfig:
     title: str | None = None
 
 
-# ----------------------------------------------------------------------------- machine facts
-
-
-def machine_facts() -> dict[str, Any]:
-    facts: dict[str, Any] = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "cpu_count": os.cpu_count(),
-        "loadavg": os.getloadavg(),
-        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-    try:
-        import transformers
-
-        facts["transformers"] = transformers.__version__
-    except ImportError:  # pragma: no cover
-        pass
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        for line in out.splitlines():
-            key, _, val = line.partition(":")
-            if key.strip() in ("Model name", "CPU(s)", "Flags"):
-                val = val.strip()
-                if key.strip() == "Flags":
-                    val = " ".join(f for f in val.split() if f.startswith(("amx", "avx512_bf16")))
-                facts[f"lscpu_{key.strip().replace('(s)', 's').replace(' ', '_').lower()}"] = val
-    except (OSError, subprocess.SubprocessError):
-        pass
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith(("MemTotal", "MemAvailable")):
-                    k, v = line.split(":")
-                    facts[k.lower()] = v.strip()
-    except OSError:
-        pass
-    return facts
-
-
 # ----------------------------------------------------------------------------- engine set-up
 
 
@@ -249,9 +209,8 @@ class VariantRunner:
         self.cfg = cfg
         self.hot_layers = hot_layers
         self.params = engine.trainable_parameters()
-        from npu_lora.bench.limits import expert_bytes
-
-        self.expert_bytes = expert_bytes(engine.mlps[0].experts)
+        experts = engine.mlps[0].experts
+        self.expert_bytes = expert_bytes(experts.gate_up_proj, experts.down_proj)
 
     def apply(self, v: Variant) -> None:
         eng = self.engine

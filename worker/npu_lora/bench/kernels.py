@@ -62,7 +62,7 @@ def bench_kernels(
     bw_elems: int | None = None,
 ) -> list[dict]:
     from npu_lora.bench.limits import stream_bandwidth
-    from npu_lora.moe.experts import register
+    from npu_lora.moe.experts import expert_bytes, register
 
     register()
     out.mkdir(parents=True, exist_ok=True)
@@ -77,9 +77,7 @@ def bench_kernels(
         dtype = getattr(torch, dname)
         for mode in modes:
             m, cfg = _module(H, inter, E, K, dtype, mode == "train", seed)
-            per_expert = (
-                m.gate_up_proj[0].numel() + m.down_proj[0].numel()
-            ) * m.gate_up_proj.element_size()
+            per_expert = expert_bytes(m.gate_up_proj, m.down_proj)
             for T in tokens:
                 g = torch.Generator().manual_seed(seed + T)
                 x0 = torch.randn(T, H, generator=g).to(dtype)

@@ -33,7 +33,6 @@ import importlib
 import importlib.util
 import json
 import os
-import platform
 import resource
 import shutil
 import signal
@@ -45,6 +44,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from npu_lora.machine import machine_facts
 
 DEFAULT_SOURCE = "npu_lora.device.graphs:device_graphs"
 TIERS = ("inventory", "probe", "compile")
@@ -549,33 +550,6 @@ def format_table(rows: Sequence[Row]) -> str:
     ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
-
-
-def machine_facts() -> dict[str, Any]:
-    facts: dict[str, Any] = {
-        "loadavg": [round(x, 2) for x in os.getloadavg()],
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        "executable": sys.executable,
-    }
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                facts["cpu"] = line.split(":", 1)[1].strip()
-                break
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal"):
-                facts["mem_total_gb"] = round(int(line.split()[1]) / 1024**2, 1)
-    from importlib.metadata import PackageNotFoundError, version
-
-    for dist in ("torch", "furiosa-torch", "furiosa-kernels", "transformers"):
-        try:
-            facts[dist] = version(dist)
-        except PackageNotFoundError:
-            facts[dist] = None
-    return facts
 
 
 def _log(msg: str) -> None:
