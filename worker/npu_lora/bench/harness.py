@@ -3,7 +3,7 @@
 Design (why it looks like this):
 
 - **One model, one set of weights.** The engine is built once (seed fixed); variants switch its
-  placement / keep_graph / experts kernel in place (``apply_variant``), so every variant runs
+  mode (``HybridEngine.set_mode``) and experts kernel in place (``VariantRunner.apply``), so every variant runs
   exactly the same weights on exactly the same batches. Peers (stock transformers + peft) run the
   *same* peft model with the HostMLP wrappers swapped back to the stock MoE blocks
   (``peer_step``), so they share the weights too and cost no extra memory.
@@ -32,7 +32,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ import torch
 from npu_lora.api import record as step_record
 from npu_lora.machine import machine_facts
 from npu_lora.moe.experts import expert_bytes
+from npu_lora.moe.mode import EngineMode
 
 DEFAULT_VARIANTS = ("host-only", "host-only+keep_graph", "hot", "hot+keep_graph")
 DEFAULT_PEERS = ("peer@grouped_mm", "peer@eager")
@@ -219,13 +220,8 @@ class VariantRunner:
             return
         if v.placement == "hot" and not self.hot_layers:
             raise RuntimeError(f"variant {v.name}: no hot set was selected")
-        eng.keep_graph = v.keep_graph
-        eng.placement = v.placement
-        for i, m in enumerate(eng.mlps):
-            m.free_kept()
-            m.keep_graph = v.keep_graph
-            m.overlap = v.overlap
-            m.hot = self.hot_layers[i] if v.placement == "hot" and self.hot_layers else None
+        eng.set_mode(EngineMode(v.placement, v.keep_graph, v.overlap))  # type: ignore[arg-type]
+        for m in eng.mlps:
             if m.hot is not None:
                 m.hot.capacity = "max" if v.padmax else "cost"
 
@@ -717,7 +713,7 @@ def run_bench(
         for i in range(cfg.hot_warmup_steps):
             engine.forward_backward(batches[i % len(batches)])
             runner._clear_grads()
-        engine.placement = "hot"
+        engine.set_mode(replace(engine.mode, placement="hot"))
         info = engine.select_hot_experts(cfg.hot_warmup_steps)
         hot_layers = [m.hot for m in engine.mlps]
         runner.hot_layers = hot_layers
