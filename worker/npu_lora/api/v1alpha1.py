@@ -33,8 +33,6 @@ EXIT_CONFIG_ERROR = 2
 #: Exit code of the worker when the loss became non-finite (not retried either).
 EXIT_NONFINITE_LOSS = 3
 
-PRESETS = ("tiny-qwen3-moe", "qwen3-30b-a3b")
-
 
 def cel(rule: str, message: str, *, reason: str | None = None, field_path: str | None = None):
     """One ``x-kubernetes-validations`` entry."""
@@ -371,9 +369,6 @@ class PodTemplateSpec(_Model):
     volume_mounts: list[dict[str, Any]] | None = Field(
         None, description="Extra volume mounts for the worker container (core/v1 VolumeMount)."
     )
-
-
-_PRESERVE = {"x-kubernetes-preserve-unknown-fields": True}
 
 
 class ResourceRequirements(_Model):

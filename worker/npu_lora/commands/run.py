@@ -8,7 +8,7 @@ input (``EXIT_CONFIG_ERROR``), 3 non-finite loss (``EXIT_NONFINITE_LOSS``), 1 an
 
 Environment:
 - ``NPU_LORA_RESOURCE_NAME`` (set by the operator): also report to the MoEFinetune's status
-  (``npu_lora.report.status.StatusReporter``, when installed).
+  (``npu_lora.report.status.StatusReporter``).
 - ``NPU_LORA_TERMINATION_LOG``: where to write the termination message (default
   ``/dev/termination-log`` when writable).
 - ``NPU_LORA_DETERMINISTIC=1``: ``torch.use_deterministic_algorithms(True)`` (bitwise
