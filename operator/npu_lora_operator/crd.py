@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from npu_lora.api import record
 from npu_lora.api import v1alpha1 as api
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
@@ -58,90 +59,39 @@ HEADER = (
     "# Regenerate: npu-lora crd --write crds/npu-lora.io_moefinetunes.yaml\n"
 )
 
-#: ``kubectl get mft`` columns (DESIGN §2). priority 1 = only with ``-o wide``.
+
+def _column(name: str, type_: str, path: str, description: str, priority: int = 0) -> dict:
+    col: dict[str, Any] = {"name": name, "type": type_, "jsonPath": path}
+    if priority:
+        col["priority"] = priority
+    col["description"] = description
+    return col
+
+
+#: ``kubectl get mft`` columns. priority 1 = only with ``-o wide``. The last step's columns
+#: come from the step record (:mod:`npu_lora.api.record`): ``Loss`` after ``Step``, the timing
+#: columns after ``S/Step``, the wide ones at the end.
 PRINTER_COLUMNS: list[dict[str, Any]] = [
-    {
-        "name": "Phase",
-        "type": "string",
-        "jsonPath": ".status.phase",
-        "description": "Pending, Running, Succeeded, Failed or Suspended.",
-    },
-    {
-        "name": "Step",
-        "type": "integer",
-        "jsonPath": ".status.progress.step",
-        "description": "Last completed optimizer step.",
-    },
-    {
-        "name": "Loss",
-        "type": "number",
-        "jsonPath": ".status.lastStep.loss",
-        "description": "Training loss of the last reported step.",
-    },
-    {
-        "name": "S/Step",
-        "type": "number",
-        "jsonPath": ".status.stepSecondsMedian",
-        "description": "Median wall seconds per step after warm-up.",
-    },
-    {
-        "name": "Attn",
-        "type": "number",
-        "jsonPath": ".status.lastStep.attnHeadS",
-        "description": "Device seconds of the last step: embeddings, attention, LM head.",
-    },
-    {
-        "name": "Host-Fwd",
-        "type": "number",
-        "jsonPath": ".status.lastStep.hostFwdS",
-        "description": "Host MoE forward seconds of the last step.",
-    },
-    {
-        "name": "Host-Bwd",
-        "type": "number",
-        "jsonPath": ".status.lastStep.hostBwdS",
-        "description": "Host MoE backward seconds of the last step.",
-    },
-    {
-        "name": "Hot",
-        "type": "integer",
-        "jsonPath": ".status.hot.experts",
-        "description": "Hot experts on the device, all layers together.",
-    },
-    {
-        "name": "Age",
-        "type": "date",
-        "jsonPath": ".metadata.creationTimestamp",
-        "description": "Time since the run was created.",
-    },
-    {
-        "name": "Total",
-        "type": "integer",
-        "jsonPath": ".status.progress.totalSteps",
-        "priority": 1,
-        "description": "Steps to run (training.steps).",
-    },
-    {
-        "name": "ETA",
-        "type": "number",
-        "jsonPath": ".status.progress.etaSeconds",
-        "priority": 1,
-        "description": "Estimated seconds to the end.",
-    },
-    {
-        "name": "Node",
-        "type": "string",
-        "jsonPath": ".status.nodeName",
-        "priority": 1,
-        "description": "Node of the current or last worker pod.",
-    },
-    {
-        "name": "Calls/Layer",
-        "type": "number",
-        "jsonPath": ".status.lastStep.deviceCallsPerLayer",
-        "priority": 1,
-        "description": "Forward-direction device calls per decoder layer.",
-    },
+    _column(
+        "Phase", "string", ".status.phase", "Pending, Running, Succeeded, Failed or Suspended."
+    ),
+    _column("Step", "integer", ".status.progress.step", "Last completed optimizer step."),
+    *record.printer_columns(priority=0, only=("loss",)),
+    _column(
+        "S/Step",
+        "number",
+        ".status.stepSecondsMedian",
+        "Median wall seconds per step after warm-up.",
+    ),
+    *record.printer_columns(priority=0, exclude=("loss",)),
+    _column(
+        "Hot", "integer", ".status.hot.experts", "Hot experts on the device, all layers together."
+    ),
+    _column("Age", "date", ".metadata.creationTimestamp", "Time since the run was created."),
+    _column("Total", "integer", ".status.progress.totalSteps", "Steps to run (training.steps).", 1),
+    _column("ETA", "number", ".status.progress.etaSeconds", "Estimated seconds to the end.", 1),
+    _column("Node", "string", ".status.nodeName", "Node of the current or last worker pod.", 1),
+    *record.printer_columns(priority=1),
 ]
 
 _NUMERIC_KEYS = ("minimum", "maximum", "minLength", "maxLength", "minItems", "maxItems")

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from npu_lora.device.graphs import causal_mask, device_graphs, label_gather
+from npu_lora.device.graphs import causal_mask, label_gather
 from npu_lora.models import preset_config
+from npu_lora.rngd.catalogue import device_graphs
 from transformers.masking_utils import create_causal_mask
 
 

@@ -161,3 +161,29 @@ def test_hot_state_roundtrip(tiny):
         eng2.hot_state() is None
         and eng2.forward_backward(tiny.batch()).device_calls_per_layer == 1.0
     )
+
+
+def test_set_mode_is_the_one_owner_of_the_mode(tiny):
+    """HostMLPs read the engine's mode; leaving ``hot`` parks the hot set, coming back restores
+    it; the engine refuses a mode it cannot run; the mode object is immutable."""
+    import dataclasses
+
+    from npu_lora.engine import EngineMode
+
+    eng = build_engine(tiny.spec(moe={"placement": "hot", "warmupSteps": 0, "keepGraph": True}))
+    eng.select_hot_experts(0)
+    hot = [m.hot for m in eng.mlps]
+    assert all(h is not None for h in hot) and all(m.keep_graph for m in eng.mlps)
+    eng.set_mode(EngineMode("host-only", keep_graph=False, overlap=True))
+    assert eng.placement == "host-only" and not eng.keep_graph and eng.overlap
+    assert all(m.hot is None and not m.keep_graph and m.overlap for m in eng.mlps)
+    assert eng.forward_backward(tiny.batch()).hot_experts == 0
+    eng.set_mode(dataclasses.replace(eng.mode, placement="hot"))
+    assert [m.hot for m in eng.mlps] == hot
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        eng.mode.keep_graph = True  # type: ignore[misc]
+    with pytest.raises(ValueError, match="placement must be 'hot' or 'host-only'"):
+        EngineMode("gpu")  # type: ignore[arg-type]
+    eng.train_experts = True
+    with pytest.raises(ValueError, match="train_experts requires placement host-only"):
+        eng.set_mode(eng.mode)

@@ -7,6 +7,7 @@ experiments/2026-11-30-cuda-backend-h200.md.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import warnings
@@ -218,8 +219,7 @@ def _overlap_on_off() -> list:
         eng = build_engine(_spec("hot", True), backend="cuda")
         _randomize_lora(eng.model)
         eng.select_hot_experts(0)
-        for m in eng.mlps:
-            m.overlap = overlap
+        eng.set_mode(dataclasses.replace(eng.mode, overlap=overlap))
         prof = eng.forward_backward(_batch())
         grads = {n: p.grad.detach().cpu().clone() for n, p in eng.named_trainable_parameters()}
         results.append((prof.loss, grads))

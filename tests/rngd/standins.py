@@ -287,7 +287,7 @@ def graphs_with_stock_ops(
     and inputs as ``device_graphs(...)`` (same seed)."""
     import dataclasses
 
-    from npu_lora.device.graphs import device_graphs
+    from npu_lora.rngd.catalogue import device_graphs
 
     graphs = {g.name: g for g in device_graphs(widths, seq_len, buckets, dtype)}
     attn, head = graphs["attention"], graphs["head"]

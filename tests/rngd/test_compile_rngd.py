@@ -21,6 +21,7 @@ pytestmark = pytest.mark.rngd
 
 pytest.importorskip("furiosa.torch", reason="furiosa-torch not installed (the RNGD venv)")
 
+from npu_lora.commands import rngd_check  # noqa: E402
 from npu_lora.rngd import check  # noqa: E402
 
 from .conftest import STANDINS_PATH  # noqa: E402
@@ -57,7 +58,7 @@ def _params() -> list[object]:
 
 def _check(tmp_path: Path, source: str, graph: str, tier: str, directions: str) -> tuple[int, list]:
     out = tmp_path / f"{graph}-{tier}.json"
-    rc = check.main(
+    rc = rngd_check.main(
         ["--source", source, "--graphs", graph, "--tier", tier, "--directions", directions,
          "--seq-len", str(SEQ), "--buckets", str(BUCKET), "--cache-dir", str(CACHE),
          "--json", str(out)]

@@ -78,7 +78,7 @@ def test_attention_graph_matches_stock_attention(standins, dtype):
     """graphs.py's attention block (written out: softmax_rngd, v per head) passes the inventory
     where the stock module with eager attention fails it (fp32 _softmax_backward_data), and
     computes the same outputs (bitwise) and gradients."""
-    from npu_lora.device.graphs import device_graphs
+    from npu_lora.rngd.catalogue import device_graphs
 
     rngd = next(g for g in device_graphs("tiny", 32, dtype=dtype) if g.name == "attention")
     stock = next(
@@ -140,7 +140,7 @@ def test_logsumexp_rngd_matches_stock():
 def test_head_with_rngd_logsumexp_passes_and_matches(standins, dtype):
     """graphs.py's head (logsumexp written out) computes the same loss and input gradients as
     with torch.logsumexp, and does not trace aten.logsumexp."""
-    from npu_lora.device.graphs import device_graphs
+    from npu_lora.rngd.catalogue import device_graphs
 
     rngd = next(g for g in device_graphs("tiny", 32, dtype=dtype) if g.name == "head")
     stock = next(

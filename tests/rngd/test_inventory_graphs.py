@@ -33,7 +33,7 @@ KNOWN_FAILURES: dict[tuple[str, str], tuple[str, str]] = {
 
 @functools.cache
 def _graphs(dtype):
-    from npu_lora.device.graphs import device_graphs
+    from npu_lora.rngd.catalogue import device_graphs
 
     return device_graphs("tiny", SEQ, dtype=dtype)
 

@@ -14,6 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from npu_lora.commands import rngd_check  # noqa: E402
 from npu_lora.rngd import check  # noqa: E402
 from npu_lora.rngd.inventory import capture, check_op, inventory  # noqa: E402
 
@@ -152,7 +153,7 @@ def test_standin_attention_matches_reference(standins):
 
 def test_check_inventory_tier_passes_good_graphs(tmp_path, capsys):
     out = tmp_path / "inv.json"
-    rc = check.main(
+    rc = rngd_check.main(
         ["--tier", "inventory", "--source", f"{STANDINS_PATH}:device_graphs", "--seq-len", "16",
          "--json", str(out)]
     )  # fmt: skip
@@ -168,7 +169,7 @@ def test_check_inventory_tier_passes_good_graphs(tmp_path, capsys):
 
 
 def test_check_inventory_tier_fails_bad_graphs(tmp_path, capsys):
-    rc = check.main(
+    rc = rngd_check.main(
         ["--tier", "inventory", "--source", f"{STANDINS_PATH}:bad_device_graphs",
          "--graphs", "bad_routing", "--directions", "forward", "--json", str(tmp_path / "b.json")]
     )  # fmt: skip
@@ -179,14 +180,14 @@ def test_check_inventory_tier_fails_bad_graphs(tmp_path, capsys):
 
 
 def test_check_unknown_source_or_graph_is_usage_error():
-    assert check.main(["--tier", "inventory", "--source", "no_such_module_xyz:f"]) == 2
+    assert rngd_check.main(["--tier", "inventory", "--source", "no_such_module_xyz:f"]) == 2
     bad = ["--tier", "inventory", "--source", f"{STANDINS_PATH}:device_graphs", "--graphs", "nope"]
-    assert check.main(bad) == 2
+    assert rngd_check.main(bad) == 2
 
 
 @pytest.mark.skipif(check.furiosa_available(), reason="furiosa-torch is installed here")
 def test_check_compile_tiers_without_furiosa_exit_2(capsys):
-    rc = check.main(
+    rc = rngd_check.main(
         ["--tier", "probe", "--source", f"{STANDINS_PATH}:device_graphs", "--seq-len", "16"]
     )
     assert rc == 2

@@ -13,14 +13,18 @@ import sys
 
 from npu_lora import __version__
 
-#: name -> (module, one-line help)
-SUBCOMMANDS: dict[str, tuple[str, str]] = {
+#: This package's commands: name -> (module, one-line help).
+WORKER_COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("npu_lora.commands.run", "train from a MoEFinetune manifest or bare spec, locally"),
     "bench": ("npu_lora.commands.bench", "A/B benchmark of HostMLP variants in one process"),
     "rngd-check": (
         "npu_lora.commands.rngd_check",
         "compile every device graph with furiosa-torch's compiler on the CPU",
     ),
+}
+#: The operator package's commands (``npu_lora_operator``, extra ``operator``): the one place
+#: the worker depends on the operator package; imported only when one of them runs.
+OPERATOR_COMMANDS: dict[str, tuple[str, str]] = {
     "crd": (
         "npu_lora_operator.commands.crd",
         "print the MoEFinetune CRD (generated from the models)",
@@ -31,6 +35,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "API emulator + local kubelet + operator in one process, for kubectl without a cluster",
     ),
 }
+SUBCOMMANDS: dict[str, tuple[str, str]] = {**WORKER_COMMANDS, **OPERATOR_COMMANDS}
 
 
 def build_parser() -> argparse.ArgumentParser:

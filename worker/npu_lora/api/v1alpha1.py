@@ -19,8 +19,10 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 from pydantic.alias_generators import to_camel
+
+from npu_lora.api import record
 
 GROUP = "npu-lora.io"
 VERSION = "v1alpha1"
@@ -44,8 +46,6 @@ ENV_UID = "NPU_LORA_RESOURCE_UID"
 #: Content type of the JSON merge patches that the operator and the worker send to the API
 #: (each owns a disjoint subtree of ``status``).
 MERGE_PATCH = "application/merge-patch+json"
-
-PRESETS = ("tiny-qwen3-moe", "qwen3-30b-a3b")
 
 
 class OnUpdate(StrEnum):
@@ -411,9 +411,6 @@ class PodTemplateSpec(_Model):
     )
 
 
-_PRESERVE = {"x-kubernetes-preserve-unknown-fields": True}
-
-
 class ResourceRequirements(_Model):
     """core/v1 ResourceRequirements of the worker container (the RNGD request is added)."""
 
@@ -554,28 +551,32 @@ class Progress(_Model):
     last_update_time: str | None = Field(None, description="When the worker last reported.")
 
 
-class StepRecord(_Model):
-    """The numbers of one per-step profile record (see metrics.jsonl)."""
+_PY_TYPES: dict[str, type] = {"int": int, "float": float}
 
-    step: int = Field(..., description="Optimizer step (1-based).")
-    loss: float | None = Field(None, description="Training loss of the step.")
-    step_s: float | None = Field(None, description="Wall seconds of the whole step.")
-    attn_head_s: float | None = Field(
-        None, description="Device seconds: embeddings, attention blocks and LM head (fwd+bwd)."
-    )
-    host_fwd_s: float | None = Field(None, description="Host MoE forward seconds.")
-    host_bwd_s: float | None = Field(
-        None, description="Host MoE backward seconds (includes recompute)."
-    )
-    recompute_s: float | None = Field(
-        None, description="Part of host_bwd_s spent recomputing the forward (keepGraph off)."
-    )
-    device_calls_per_layer: float | None = Field(
-        None, description="Forward-direction device calls per decoder layer."
-    )
-    tokens: int | None = Field(None, description="Tokens in the step.")
 
+class _LenientModel(_Model):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+
+def _step_record_model() -> type[BaseModel]:
+    """``status.lastStep``: the status columns of the step record (:mod:`npu_lora.api.record`)."""
+    fields: dict[str, Any] = {}
+    for c in record.STATUS_FIELDS:
+        py = _PY_TYPES[c.kind]
+        if c.required:
+            fields[c.name] = (py, Field(..., description=c.status_doc))
+        else:
+            fields[c.name] = (py | None, Field(None, description=c.status_doc))
+    return create_model(
+        "StepRecord",
+        __base__=_LenientModel,
+        __doc__="The numbers of one per-step profile record (see metrics.jsonl).",
+        __module__=__name__,
+        **fields,
+    )
+
+
+StepRecord = _step_record_model()
 
 
 class HotStatus(_Model):

@@ -3,8 +3,8 @@
 Design (why it looks like this):
 
 - **One model, one set of weights.** The engine is built once (seed fixed); variants switch its
-  placement / keep_graph / experts kernel in place (``apply_variant``), so every variant runs
-  exactly the same weights on exactly the same batches. Peers (stock transformers + peft) run the
+  mode (``HybridEngine.set_mode``) and experts kernel in place (``VariantRunner.apply``), so
+  every variant runs exactly the same weights on exactly the same batches. Peers (stock transformers + peft) run the
   *same* peft model with the HostMLP wrappers swapped back to the stock MoE blocks
   (``peer_step``), so they share the weights too and cost no extra memory.
 - **Warm-up excluded.** First the hot set is chosen as the engine does it (``warmupSteps``
@@ -29,28 +29,24 @@ from __future__ import annotations
 import json
 import math
 import os
-import platform
 import statistics
-import subprocess
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from npu_lora.api import record as step_record
+from npu_lora.machine import machine_facts
+from npu_lora.moe.experts import expert_bytes
+from npu_lora.moe.mode import EngineMode
+
 DEFAULT_VARIANTS = ("host-only", "host-only+keep_graph", "hot", "hot+keep_graph")
 DEFAULT_PEERS = ("peer@grouped_mm", "peer@eager")
-PROFILE_COLUMNS = (
-    "step_s",
-    "attn_head_s",
-    "host_fwd_s",
-    "host_bwd_s",
-    "recompute_s",
-    "hot_s",
-    "device_calls_per_layer",
-)
+#: Per-variant medians of the engine's profile (the step record's bench columns).
+PROFILE_COLUMNS = step_record.BENCH_COLUMNS
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -130,46 +126,6 @@ class BenchConfig:
     seed: int = 0
     out: str = "bench-out"
     title: str | None = None
-
-
-# ----------------------------------------------------------------------------- machine facts
-
-
-def machine_facts() -> dict[str, Any]:
-    facts: dict[str, Any] = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "cpu_count": os.cpu_count(),
-        "loadavg": os.getloadavg(),
-        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-    try:
-        import transformers
-
-        facts["transformers"] = transformers.__version__
-    except ImportError:  # pragma: no cover
-        pass
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        for line in out.splitlines():
-            key, _, val = line.partition(":")
-            if key.strip() in ("Model name", "CPU(s)", "Flags"):
-                val = val.strip()
-                if key.strip() == "Flags":
-                    val = " ".join(f for f in val.split() if f.startswith(("amx", "avx512_bf16")))
-                facts[f"lscpu_{key.strip().replace('(s)', 's').replace(' ', '_').lower()}"] = val
-    except (OSError, subprocess.SubprocessError):
-        pass
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith(("MemTotal", "MemAvailable")):
-                    k, v = line.split(":")
-                    facts[k.lower()] = v.strip()
-    except OSError:
-        pass
-    return facts
 
 
 # ----------------------------------------------------------------------------- engine set-up
@@ -254,9 +210,8 @@ class VariantRunner:
         self.cfg = cfg
         self.hot_layers = hot_layers
         self.params = engine.trainable_parameters()
-        from npu_lora.bench.limits import expert_bytes
-
-        self.expert_bytes = expert_bytes(engine.mlps[0].experts)
+        experts = engine.mlps[0].experts
+        self.expert_bytes = expert_bytes(experts.gate_up_proj, experts.down_proj)
 
     def apply(self, v: Variant) -> None:
         eng = self.engine
@@ -265,13 +220,8 @@ class VariantRunner:
             return
         if v.placement == "hot" and not self.hot_layers:
             raise RuntimeError(f"variant {v.name}: no hot set was selected")
-        eng.keep_graph = v.keep_graph
-        eng.placement = v.placement
-        for i, m in enumerate(eng.mlps):
-            m.free_kept()
-            m.keep_graph = v.keep_graph
-            m.overlap = v.overlap
-            m.hot = self.hot_layers[i] if v.placement == "hot" and self.hot_layers else None
+        eng.set_mode(EngineMode(v.placement, v.keep_graph, v.overlap))  # type: ignore[arg-type]
+        for m in eng.mlps:
             if m.hot is not None:
                 m.hot.capacity = "max" if v.padmax else "cost"
 
@@ -294,7 +244,7 @@ class VariantRunner:
         step_s = time.perf_counter() - t0
         cpu_s = time.process_time() - c0
         self._clear_grads()
-        rec = prof.to_dict() if hasattr(prof, "to_dict") else asdict(prof)
+        rec = prof.to_dict()
         rec["step_s"] = step_s
         rec["cpu_s"] = cpu_s  # process CPU seconds (all threads): less sensitive to descheduling
         hits = (eng.counts_LE - before) > 0  # [L, E] experts hit in this step's forward
@@ -678,19 +628,8 @@ def plot(summary: dict[str, Any], variants: list[str], path: Path, title: str = 
 # ----------------------------------------------------------------------------- run
 
 
-def run_bench(
-    cfg: BenchConfig, *, log: Callable[[str], None] = print, engine: Any = None
-) -> dict[str, Any]:
-    """Run the whole A/B benchmark; returns the summary (also written to ``cfg.out``)."""
-    from npu_lora.moe.experts import register
-
-    register()
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-
+def _variants(cfg: BenchConfig) -> tuple[list[Variant], str]:
+    """The variants to run (peers appended) and the baseline's name."""
     variants = [Variant.parse(v) for v in cfg.variants]
     if cfg.peers:
         have = {v.name for v in variants}
@@ -701,92 +640,133 @@ def run_bench(
     baseline = cfg.baseline or names[0]
     if baseline not in names:
         raise ValueError(f"baseline {baseline!r} is not one of the variants {names}")
-    any_hot = any(v.placement == "hot" for v in variants)
+    return variants, baseline
 
-    jsonl = (out / "bench.jsonl").open("w")
 
-    def emit(rec: dict) -> None:
-        jsonl.write(json.dumps(rec, default=str) + "\n")
-        jsonl.flush()
+class _Emitter:
+    """``bench.jsonl``: one JSON record per line, flushed as written."""
 
-    meta = {
-        "kind": "meta",
-        "config": asdict(cfg),
-        "variants": names,
-        "baseline": baseline,
-        "machine": machine_facts(),
-    }
-    emit(meta)
+    def __init__(self, path: Path) -> None:
+        self._f = path.open("w")
 
-    limits = None
-    if cfg.limits:
-        from npu_lora.bench.limits import stream_bandwidth
+    def __call__(self, rec: dict) -> None:
+        self._f.write(json.dumps(rec, default=str) + "\n")
+        self._f.flush()
 
-        bw = stream_bandwidth()
-        limits = {"kind": "limits", "when": "before", **bw.to_dict()}
-        emit(limits)
-        log(
-            f"bandwidth: copy {bw.copy_gbs:.1f} GB/s, triad {bw.triad_gbs:.1f} GB/s ({bw.threads} threads, load {bw.loadavg})"
-        )
+    def close(self) -> None:
+        self._f.close()
 
-    if engine is None:
-        from npu_lora.engine import build_engine
 
-        spec = build_spec(cfg, placement="hot" if any_hot else "host-only")
-        t0 = time.perf_counter()
-        engine = build_engine(spec, experts_implementation=cfg.experts_impl)
-        log(
-            f"engine built in {time.perf_counter() - t0:.1f} s ({engine.num_layers} layers, backend {engine.backend.name})"
-        )
-    if engine.backend.device.type != "cpu" and any(v.is_peer for v in variants):
-        # the stock peer runs the whole model on one device; here the MoE blocks are on the host
-        log("peers need the cpu backend (the whole stock model on the host): peers dropped")
-        variants = [v for v in variants if not v.is_peer]
-        names = [v.name for v in variants]
-        if baseline not in names:
-            baseline = names[0]
-    vocab = int(engine.config.vocab_size)
-    batches = make_batches(
-        max(cfg.steps_per_round, 1),
-        batch=cfg.batch,
-        seq_len=cfg.seq_len,
-        vocab=vocab,
-        answer_tokens=cfg.answer_tokens,
-        seed=cfg.seed,
+def _bandwidth_before(emit: _Emitter, log: Callable[[str], None]) -> dict[str, Any]:
+    from npu_lora.bench.limits import stream_bandwidth
+
+    bw = stream_bandwidth()
+    limits = {"kind": "limits", "when": "before", **bw.to_dict()}
+    emit(limits)
+    log(
+        f"bandwidth: copy {bw.copy_gbs:.1f} GB/s, triad {bw.triad_gbs:.1f} GB/s ({bw.threads} threads, load {bw.loadavg})"
     )
+    return limits
 
-    # hot-set selection (part of the warm-up): host-only steps counting routing, then select
-    hot_layers = None
-    runner = VariantRunner(engine, cfg, None)
-    if any_hot:
-        runner.apply(Variant("warmup", "host-only", True, None))
-        for i in range(cfg.hot_warmup_steps):
-            engine.forward_backward(batches[i % len(batches)])
-            runner._clear_grads()
-        engine.placement = "hot"
-        info = engine.select_hot_experts(cfg.hot_warmup_steps)
-        hot_layers = [m.hot for m in engine.mlps]
-        runner.hot_layers = hot_layers
-        emit({"kind": "hot", "experts": info.get("experts"), "per_layer": info.get("per_layer")})
-        log(f"hot set: {info.get('experts')} experts over {engine.num_layers} layers")
 
+def _bandwidth_after(limits: dict[str, Any], emit: _Emitter) -> None:
+    from npu_lora.bench.limits import stream_bandwidth
+
+    bw2 = stream_bandwidth()
+    emit({"kind": "limits", "when": "after", **bw2.to_dict()})
+    limits["copy_gbs_after"] = bw2.copy_gbs
+    limits["triad_gbs_after"] = bw2.triad_gbs
+    # the reference for the fraction: the better (quieter) of the two measurements
+    limits["copy_gbs"] = max(limits["copy_gbs"], bw2.copy_gbs)
+
+
+def _build_engine(cfg: BenchConfig, any_hot: bool, log: Callable[[str], None]) -> Any:
+    from npu_lora.engine import build_engine
+
+    spec = build_spec(cfg, placement="hot" if any_hot else "host-only")
+    t0 = time.perf_counter()
+    engine = build_engine(spec, experts_implementation=cfg.experts_impl)
+    log(
+        f"engine built in {time.perf_counter() - t0:.1f} s ({engine.num_layers} layers, backend {engine.backend.name})"
+    )
+    return engine
+
+
+def _select_hot_set(
+    runner: VariantRunner,
+    batches: list[dict[str, torch.Tensor]],
+    emit: _Emitter,
+    log: Callable[[str], None],
+) -> None:
+    """As the engine does it: host-only steps counting routing, then ``select_hot_experts``."""
+    engine, cfg = runner.engine, runner.cfg
+    runner.apply(Variant("warmup", "host-only", True, None))
+    for i in range(cfg.hot_warmup_steps):
+        engine.forward_backward(batches[i % len(batches)])
+        runner._clear_grads()
+    engine.set_mode(replace(engine.mode, placement="hot"))
+    info = engine.select_hot_experts(cfg.hot_warmup_steps)
+    runner.hot_layers = [m.hot for m in engine.mlps]
+    emit({"kind": "hot", "experts": info.get("experts"), "per_layer": info.get("per_layer")})
+    log(f"hot set: {info.get('experts')} experts over {engine.num_layers} layers")
+
+
+def _measure_memory(
+    runner: VariantRunner, variants: list[Variant], emit: _Emitter, log: Callable[[str], None]
+) -> list[dict]:
+    """The kept graph's bytes per experts kernel (host-only + keep_graph)."""
+    cfg = runner.cfg
     memory: list[dict] = []
-    if cfg.memory:
-        impls = dict.fromkeys(v.experts_impl or cfg.experts_impl for v in variants if not v.is_peer)
-        for impl in impls:
-            runner.apply(Variant(f"memory@{impl}", "host-only", True, impl))
-            try:
-                rec = measure_kept_graph_bytes(engine, cfg)
-                memory.append(rec)
-                emit(rec)
-            except Exception as e:  # diagnostics must not kill the benchmark
-                log(f"memory measurement ({impl}) failed: {e!r}")
+    impls = dict.fromkeys(v.experts_impl or cfg.experts_impl for v in variants if not v.is_peer)
+    for impl in impls:
+        runner.apply(Variant(f"memory@{impl}", "host-only", True, impl))
+        try:
+            rec = measure_kept_graph_bytes(runner.engine, cfg)
+            memory.append(rec)
+            emit(rec)
+        except Exception as e:  # diagnostics must not kill the benchmark
+            log(f"memory measurement ({impl}) failed: {e!r}")
+    return memory
 
-    for v in variants:  # per-variant warm-up (unmeasured)
-        runner.apply(v)
-        for i in range(cfg.warmup):
-            runner.step(v, batches[i % len(batches)])
 
+def _measured_step(
+    runner: VariantRunner,
+    v: Variant,
+    batch: dict[str, torch.Tensor],
+    where: tuple[int, int, int],
+    round_copy: float,
+) -> dict[str, Any]:
+    """One measured step's record (``where``: round, position in it, step in the round), with
+    the host forward's achieved bandwidth."""
+    rec = runner.step(v, batch)
+    rnd, pos, s = where
+    rec.update(
+        kind="step",
+        variant=v.name,
+        round=rnd,
+        order_pos=pos,
+        step_in_round=s,
+        loadavg=os.getloadavg(),
+    )
+    rec["loadavg1"] = rec["loadavg"][0]
+    rec["copy_gbs_round"] = round_copy
+    fwd = rec.get("host_fwd_s", 0.0) - rec.get("hot_s", 0.0)
+    if rec.get("host_hit_bytes") and fwd > 0:
+        rec["host_fwd_gbs"] = rec["host_hit_bytes"] / fwd / 1e9
+        rec["host_fwd_copy_fraction"] = rec["host_fwd_gbs"] / round_copy
+    rec["experts_impl"] = v.experts_impl or runner.cfg.experts_impl
+    return rec
+
+
+def _rounds(
+    runner: VariantRunner,
+    variants: list[Variant],
+    batches: list[dict[str, torch.Tensor]],
+    emit: _Emitter,
+    log: Callable[[str], None],
+) -> list[dict]:
+    """``cfg.rounds`` rounds, alternating order; a short copy-bandwidth sample per round."""
+    cfg = runner.cfg
     records: list[dict] = []
     for rnd in range(cfg.rounds):
         order = variants if rnd % 2 == 0 else variants[::-1]
@@ -800,22 +780,8 @@ def run_bench(
         for pos, v in enumerate(order):
             runner.apply(v)
             for s in range(cfg.steps_per_round):
-                rec = runner.step(v, batches[s % len(batches)])
-                rec.update(
-                    kind="step",
-                    variant=v.name,
-                    round=rnd,
-                    order_pos=pos,
-                    step_in_round=s,
-                    loadavg=os.getloadavg(),
-                )
-                rec["loadavg1"] = rec["loadavg"][0]
-                rec["copy_gbs_round"] = round_copy
-                fwd = rec.get("host_fwd_s", 0.0) - rec.get("hot_s", 0.0)
-                if rec.get("host_hit_bytes") and fwd > 0:
-                    rec["host_fwd_gbs"] = rec["host_hit_bytes"] / fwd / 1e9
-                    rec["host_fwd_copy_fraction"] = rec["host_fwd_gbs"] / round_copy
-                rec["experts_impl"] = v.experts_impl or cfg.experts_impl
+                batch = batches[s % len(batches)]
+                rec = _measured_step(runner, v, batch, (rnd, pos, s), round_copy)
                 records.append(rec)
                 emit(rec)
         log(
@@ -823,28 +789,20 @@ def run_bench(
             + ", ".join(f"{r['variant']} {r['step_s']:.2f}s" for r in records if r["round"] == rnd)
             + f" | load {os.getloadavg()[0]:.1f}"
         )
+    return records
 
-    if cfg.limits:
-        from npu_lora.bench.limits import stream_bandwidth
 
-        bw2 = stream_bandwidth()
-        emit({"kind": "limits", "when": "after", **bw2.to_dict()})
-        assert limits is not None
-        limits["copy_gbs_after"] = bw2.copy_gbs
-        limits["triad_gbs_after"] = bw2.triad_gbs
-        # the reference for the fraction: the better (quieter) of the two measurements
-        limits["copy_gbs"] = max(limits["copy_gbs"], bw2.copy_gbs)
-
-    summary = summarize(records, names, baseline)
-    targets = derived_targets(summary, limits, memory)
-    summary["targets"] = targets
-    summary["limits"] = limits
-    summary["memory"] = memory
-    emit({"kind": "summary", **summary})
-    jsonl.close()
-
-    table = render_table(summary, names)
-    md = [f"# {cfg.title or 'npu-lora bench'}", "", table, ""]
+def _write_report(
+    cfg: BenchConfig,
+    summary: dict[str, Any],
+    records: list[dict],
+    names: list[str],
+    log: Callable[[str], None],
+) -> None:
+    """``bench.md`` (table, bandwidth, hot dispatch, targets) and ``bench.png``."""
+    out = Path(cfg.out)
+    limits = summary["limits"]
+    md = [f"# {cfg.title or 'npu-lora bench'}", "", render_table(summary, names), ""]
     if limits:
         md.append(
             f"Bandwidth (torch, {limits['threads']} threads): copy {limits['copy_gbs']:.1f} GB/s "
@@ -852,11 +810,74 @@ def run_bench(
             f"triad {limits['triad_gbs']:.1f} GB/s."
         )
     md += hot_dispatch_lines(records, names)
-    md += ["", "Targets:", *[f"- {t}" for t in targets], ""]
+    md += ["", "Targets:", *[f"- {t}" for t in summary["targets"]], ""]
     (out / "bench.md").write_text("\n".join(md))
     try:
         plot(summary, names, out / "bench.png", title=cfg.title or "")
     except Exception as e:  # pragma: no cover - plotting is a convenience
         log(f"plot failed: {e!r}")
     log("\n".join(md))
+
+
+def run_bench(
+    cfg: BenchConfig, *, log: Callable[[str], None] = print, engine: Any = None
+) -> dict[str, Any]:
+    """Run the whole A/B benchmark; returns the summary (also written to ``cfg.out``)."""
+    from npu_lora.moe.experts import register
+
+    register()
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    variants, baseline = _variants(cfg)
+    any_hot = any(v.placement == "hot" for v in variants)
+    emit = _Emitter(out / "bench.jsonl")
+    names = [v.name for v in variants]
+    emit(
+        {
+            "kind": "meta",
+            "config": asdict(cfg),
+            "variants": names,
+            "baseline": baseline,
+            "machine": machine_facts(),
+        }
+    )
+    limits = _bandwidth_before(emit, log) if cfg.limits else None
+    if engine is None:
+        engine = _build_engine(cfg, any_hot, log)
+    if engine.backend.device.type != "cpu" and any(v.is_peer for v in variants):
+        # the stock peer runs the whole model on one device; here the MoE blocks are on the host
+        log("peers need the cpu backend (the whole stock model on the host): peers dropped")
+        variants = [v for v in variants if not v.is_peer]
+        names = [v.name for v in variants]
+        if baseline not in names:
+            baseline = names[0]
+    batches = make_batches(
+        max(cfg.steps_per_round, 1),
+        batch=cfg.batch,
+        seq_len=cfg.seq_len,
+        vocab=int(engine.config.vocab_size),
+        answer_tokens=cfg.answer_tokens,
+        seed=cfg.seed,
+    )
+    runner = VariantRunner(engine, cfg, None)
+    if any_hot:  # hot-set selection (part of the warm-up)
+        _select_hot_set(runner, batches, emit, log)
+    memory = _measure_memory(runner, variants, emit, log) if cfg.memory else []
+    for v in variants:  # per-variant warm-up (unmeasured)
+        runner.apply(v)
+        for i in range(cfg.warmup):
+            runner.step(v, batches[i % len(batches)])
+    records = _rounds(runner, variants, batches, emit, log)
+    if limits is not None:
+        _bandwidth_after(limits, emit)
+    summary = summarize(records, names, baseline)
+    summary["targets"] = derived_targets(summary, limits, memory)
+    summary["limits"] = limits
+    summary["memory"] = memory
+    emit({"kind": "summary", **summary})
+    emit.close()
+    _write_report(cfg, summary, records, names, log)
     return summary

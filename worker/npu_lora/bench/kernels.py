@@ -20,7 +20,9 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -45,6 +47,114 @@ def _module(H: int, inter: int, E: int, K: int, dtype: torch.dtype, train: bool,
     return m, cfg
 
 
+def _inputs(T: int, H: int, E: int, K: int, dtype: torch.dtype, seed: int) -> tuple:
+    """``x0, idx, w, gy`` for ``T`` tokens (seeded per T) and the number of experts hit."""
+    g = torch.Generator().manual_seed(seed + T)
+    x0 = torch.randn(T, H, generator=g).to(dtype)
+    logits = torch.randn(T, E, generator=g)
+    w, idx = torch.softmax(logits, -1).topk(K, -1)
+    w = (w / w.sum(-1, keepdim=True)).to(dtype)
+    gy = torch.randn(T, H, generator=g).to(dtype)
+    hit = int((torch.bincount(idx.reshape(-1), minlength=E) > 0).sum())
+    return x0, idx, w, gy, hit
+
+
+def _timed_calls(
+    m: torch.nn.Module, cfg: Any, inputs: tuple, impls: list[str], rounds: int
+) -> Iterator[tuple[str, int, float, float, float]]:
+    """Forward + backward per kernel, ``rounds`` rounds (alternating order) after one warm-up
+    round; yields ``(impl, round, fwd_s, bwd_s, cpu_s)`` right after each measured call."""
+    x0, idx, w, gy = inputs
+    for rnd in range(rounds + 1):  # round 0 is warm-up
+        order = impls if rnd % 2 == 0 else impls[::-1]
+        for impl in order:
+            cfg._experts_implementation = impl
+            x = x0.clone().requires_grad_(True)
+            ww = w.clone().requires_grad_(True)
+            m.zero_grad(set_to_none=True)
+            c0 = time.process_time()
+            t0 = time.perf_counter()
+            y = m(x, idx, ww)
+            t1 = time.perf_counter()
+            y.backward(gy)
+            t2 = time.perf_counter()
+            cpu_s = time.process_time() - c0
+            del y
+            if rnd > 0:
+                yield impl, rnd, t1 - t0, t2 - t1, cpu_s
+
+
+def _call_records(
+    jf: Any,
+    m: torch.nn.Module,
+    cfg: Any,
+    inputs: tuple,
+    impls: list[str],
+    rounds: int,
+    where: dict,
+    hit: int,
+    per_expert: int,
+) -> list[dict]:
+    """The ``call`` records of one case (written to ``jf`` as measured)."""
+    recs: list[dict] = []
+    for impl, rnd, fwd_s, bwd_s, cpu_s in _timed_calls(m, cfg, inputs, impls, rounds):
+        rec = {
+            "kind": "call",
+            "impl": impl,
+            **where,
+            "round": rnd,
+            "fwd_s": fwd_s,
+            "bwd_s": bwd_s,
+            "cpu_s": cpu_s,
+            "hit_experts": hit,
+            "hit_bytes": hit * per_expert,
+            "loadavg": os.getloadavg(),
+        }
+        recs.append(rec)
+        jf.write(json.dumps(rec) + "\n")
+        jf.flush()
+    return recs
+
+
+def _median_row(recs: list[dict], impl: str, base: str, hit_bytes: int, where: dict) -> dict:
+    """Medians of one kernel's calls and its per-round ratios against ``base``."""
+    mine = [r for r in recs if r["impl"] == impl]
+    ref = {r["round"]: r for r in recs if r["impl"] == base}
+    row = {
+        "kind": "median",
+        "impl": impl,
+        **where,
+        "fwd_ms": 1e3 * statistics.median(r["fwd_s"] for r in mine),
+        "bwd_ms": 1e3 * statistics.median(r["bwd_s"] for r in mine),
+        "fwd_ratio_vs_base": statistics.median(r["fwd_s"] / ref[r["round"]]["fwd_s"] for r in mine),
+        "bwd_ratio_vs_base": statistics.median(r["bwd_s"] / ref[r["round"]]["bwd_s"] for r in mine),
+        "base": base,
+        "hit_bytes": hit_bytes,
+        "rounds": len(mine),
+        "loadavg_median": statistics.median(r["loadavg"][0] for r in mine),
+    }
+    row["fwd_gbs"] = row["hit_bytes"] / (row["fwd_ms"] / 1e3) / 1e9
+    return row
+
+
+def _table(rows: list[dict], bw: Any, bw2: Any) -> list[str]:
+    copy = max(bw.copy_gbs, bw2.copy_gbs)
+    lines = [
+        f"Copy bandwidth: {bw.copy_gbs:.1f} GB/s before, {bw2.copy_gbs:.1f} GB/s after "
+        f"({bw.threads} threads); fraction below uses {copy:.1f}.",
+        "",
+        "| T | dtype | backward | kernel | fwd ms | bwd ms | fwd ÷ grouped_mm | bwd ÷ grouped_mm | fwd GB/s (hit experts) | % of copy | load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['T']} | {r['dtype']} | {r['mode']} | {r['impl']} | {r['fwd_ms']:.1f} | {r['bwd_ms']:.1f} | "
+            f"{r['fwd_ratio_vs_base']:.2f} | {r['bwd_ratio_vs_base']:.2f} | {r['fwd_gbs']:.1f} | "
+            f"{r['fwd_gbs'] / copy:.0%} | {r['loadavg_median']:.1f} |"
+        )
+    return lines
+
+
 def bench_kernels(
     *,
     tokens: list[int],
@@ -62,7 +172,7 @@ def bench_kernels(
     bw_elems: int | None = None,
 ) -> list[dict]:
     from npu_lora.bench.limits import stream_bandwidth
-    from npu_lora.moe.experts import register
+    from npu_lora.moe.experts import expert_bytes, register
 
     register()
     out.mkdir(parents=True, exist_ok=True)
@@ -73,80 +183,19 @@ def bench_kernels(
     log(f"copy {bw.copy_gbs:.1f} GB/s triad {bw.triad_gbs:.1f} GB/s load {bw.loadavg}")
     rows = []
     modes = ["frozen", "train"] if train_experts else ["frozen"]
+    base = "grouped_mm" if "grouped_mm" in impls else impls[0]
     for dname in dtypes:
         dtype = getattr(torch, dname)
         for mode in modes:
             m, cfg = _module(H, inter, E, K, dtype, mode == "train", seed)
-            per_expert = (
-                m.gate_up_proj[0].numel() + m.down_proj[0].numel()
-            ) * m.gate_up_proj.element_size()
+            per_expert = expert_bytes(m.gate_up_proj, m.down_proj)
             for T in tokens:
-                g = torch.Generator().manual_seed(seed + T)
-                x0 = torch.randn(T, H, generator=g).to(dtype)
-                logits = torch.randn(T, E, generator=g)
-                w, idx = torch.softmax(logits, -1).topk(K, -1)
-                w = (w / w.sum(-1, keepdim=True)).to(dtype)
-                gy = torch.randn(T, H, generator=g).to(dtype)
-                hit = int((torch.bincount(idx.reshape(-1), minlength=E) > 0).sum())
-                recs: list[dict] = []
-                for rnd in range(rounds + 1):  # round 0 is warm-up
-                    order = impls if rnd % 2 == 0 else impls[::-1]
-                    for impl in order:
-                        cfg._experts_implementation = impl
-                        x = x0.clone().requires_grad_(True)
-                        ww = w.clone().requires_grad_(True)
-                        m.zero_grad(set_to_none=True)
-                        c0 = time.process_time()
-                        t0 = time.perf_counter()
-                        y = m(x, idx, ww)
-                        t1 = time.perf_counter()
-                        y.backward(gy)
-                        t2 = time.perf_counter()
-                        cpu_s = time.process_time() - c0
-                        del y
-                        if rnd == 0:
-                            continue
-                        rec = {
-                            "kind": "call",
-                            "impl": impl,
-                            "dtype": dname,
-                            "mode": mode,
-                            "T": T,
-                            "round": rnd,
-                            "fwd_s": t1 - t0,
-                            "bwd_s": t2 - t1,
-                            "cpu_s": cpu_s,
-                            "hit_experts": hit,
-                            "hit_bytes": hit * per_expert,
-                            "loadavg": os.getloadavg(),
-                        }
-                        recs.append(rec)
-                        jf.write(json.dumps(rec) + "\n")
-                        jf.flush()
-                base = "grouped_mm" if "grouped_mm" in impls else impls[0]
+                x0, idx, w, gy, hit = _inputs(T, H, E, K, dtype, seed)
+                inputs = (x0, idx, w, gy)
+                where = {"dtype": dname, "mode": mode, "T": T}
+                recs = _call_records(jf, m, cfg, inputs, impls, rounds, where, hit, per_expert)
                 for impl in impls:
-                    mine = [r for r in recs if r["impl"] == impl]
-                    ref = {r["round"]: r for r in recs if r["impl"] == base}
-                    row = {
-                        "kind": "median",
-                        "impl": impl,
-                        "dtype": dname,
-                        "mode": mode,
-                        "T": T,
-                        "fwd_ms": 1e3 * statistics.median(r["fwd_s"] for r in mine),
-                        "bwd_ms": 1e3 * statistics.median(r["bwd_s"] for r in mine),
-                        "fwd_ratio_vs_base": statistics.median(
-                            r["fwd_s"] / ref[r["round"]]["fwd_s"] for r in mine
-                        ),
-                        "bwd_ratio_vs_base": statistics.median(
-                            r["bwd_s"] / ref[r["round"]]["bwd_s"] for r in mine
-                        ),
-                        "base": base,
-                        "hit_bytes": hit * per_expert,
-                        "rounds": len(mine),
-                        "loadavg_median": statistics.median(r["loadavg"][0] for r in mine),
-                    }
-                    row["fwd_gbs"] = row["hit_bytes"] / (row["fwd_ms"] / 1e3) / 1e9
+                    row = _median_row(recs, impl, base, hit * per_expert, where)
                     rows.append(row)
                     jf.write(json.dumps(row) + "\n")
                     log(
@@ -157,20 +206,7 @@ def bench_kernels(
     bw2 = stream_bandwidth(**bw_kw)
     jf.write(json.dumps({"kind": "limits", "when": "after", **bw2.to_dict()}) + "\n")
     jf.close()
-    copy = max(bw.copy_gbs, bw2.copy_gbs)
-    lines = [
-        f"Copy bandwidth: {bw.copy_gbs:.1f} GB/s before, {bw2.copy_gbs:.1f} GB/s after "
-        f"({bw.threads} threads); fraction below uses {copy:.1f}.",
-        "",
-        "| T | dtype | backward | kernel | fwd ms | bwd ms | fwd ÷ grouped_mm | bwd ÷ grouped_mm | fwd GB/s (hit experts) | % of copy | load |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['T']} | {r['dtype']} | {r['mode']} | {r['impl']} | {r['fwd_ms']:.1f} | {r['bwd_ms']:.1f} | "
-            f"{r['fwd_ratio_vs_base']:.2f} | {r['bwd_ratio_vs_base']:.2f} | {r['fwd_gbs']:.1f} | "
-            f"{r['fwd_gbs'] / copy:.0%} | {r['loadavg_median']:.1f} |"
-        )
+    lines = _table(rows, bw, bw2)
     (out / "kernels.md").write_text("\n".join(lines) + "\n")
     log("\n".join(lines))
     return rows

@@ -74,12 +74,6 @@ def stream_bandwidth(
     )
 
 
-def expert_bytes(experts: torch.nn.Module) -> int:
-    """Bytes of one expert's weights (gate/up + down) in its stored dtype."""
-    gu, dn = experts.gate_up_proj, experts.down_proj
-    return (gu[0].numel() + dn[0].numel()) * gu.element_size()
-
-
 def hit_bytes(counts_E: torch.Tensor, per_expert_bytes: int) -> int:
     """Weight bytes a forward must read: experts with at least one token × their bytes."""
     return int((counts_E > 0).sum()) * per_expert_bytes

@@ -39,9 +39,9 @@ def draft(run_dir: Path, command: str | None = None) -> str:
     lines = [
         f"- date (UTC): {m.get('time_utc')}",
         f"- command: `{command or '(see config below)'}`",
-        f"- machine: {m.get('lscpu_model_name')}, {m.get('lscpu_cpus')} CPUs, flags {m.get('lscpu_flags')}, "
-        f"{m.get('memtotal')} RAM; torch {m.get('torch')}, transformers {m.get('transformers')}, "
-        f"python {m.get('python')}; intra-op threads {m.get('threads')}",
+        f"- machine: {m.get('cpu_model')}, {m.get('cpu_count')} CPUs, flags {m.get('cpu_flags')}, "
+        f"{m.get('mem_gib')} GiB RAM; torch {m.get('torch')}, transformers {m.get('transformers')}, "
+        f"python {m.get('python')}; intra-op threads {m.get('torch_threads')}",
         f"- raw: `{run_dir}/bench.jsonl` (one record per measured step), `{run_dir}/bench.png`, `{run_dir}/log.txt`",
     ]
     if loads:

@@ -8,7 +8,7 @@ input (``EXIT_CONFIG_ERROR``), 3 non-finite loss (``EXIT_NONFINITE_LOSS``), 1 an
 
 Environment:
 - ``NPU_LORA_RESOURCE_NAME`` (set by the operator): also report to the MoEFinetune's status
-  (``npu_lora.report.status.StatusReporter``, when installed).
+  (``npu_lora.report.status.StatusReporter``).
 - ``NPU_LORA_TERMINATION_LOG``: where to write the termination message (default
   ``/dev/termination-log`` when writable).
 - ``NPU_LORA_DETERMINISTIC=1``: ``torch.use_deterministic_algorithms(True)`` (bitwise
@@ -71,15 +71,10 @@ def _status_reporter(ctx: Any) -> Any | None:
     """``StatusReporter`` when the operator started us (``NPU_LORA_RESOURCE_NAME``)."""
     if not os.environ.get("NPU_LORA_RESOURCE_NAME"):
         return None
+    from npu_lora.report.status import StatusReporter
+
     try:
-        from npu_lora.report.status import StatusReporter  # type: ignore[import-not-found]
-    except ImportError as e:
-        log.warning("status reporting disabled: %s", e)
-        return None
-    try:
-        if hasattr(StatusReporter, "from_env"):
-            return StatusReporter.from_env(ctx)
-        return StatusReporter(ctx)
+        return StatusReporter.from_env(ctx)
     except Exception as e:  # reporting never stops training
         log.warning("status reporting disabled: %s", e)
         return None

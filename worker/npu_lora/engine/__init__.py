@@ -22,7 +22,8 @@ Also: ``engine.model`` (peft model), ``engine.config`` (HF config), ``engine.bac
 ``load_hot_state(state)`` (JSON-able; for checkpoints), ``hot_summary()`` (``fraction, experts,
 selected_at_step, per_layer``; ``{}`` before selection), ``adapter_state_dict()`` /
 ``load_adapter_state_dict(sd)`` (for checkpoints), ``named_trainable_parameters()``,
-``StepProfile.to_dict()``.
+``StepProfile.to_dict()``, ``engine.mode`` / ``set_mode(EngineMode(...))`` (placement,
+keep_graph, overlap: one owner, checked by the engine; HostMLP reads it from there).
 
 Label convention (Hugging Face): ``labels`` has the same shape as ``input_ids``; it equals
 ``input_ids`` at the answer positions and ``-100`` elsewhere; the engine shifts internally:
@@ -32,5 +33,6 @@ all (shifted) label positions of the micro-batch.
 
 from npu_lora.engine.hybrid import HybridEngine, build_engine
 from npu_lora.engine.profile import HostTimes, StepProfile
+from npu_lora.moe.mode import EngineMode
 
-__all__ = ["HostTimes", "HybridEngine", "StepProfile", "build_engine"]
+__all__ = ["EngineMode", "HostTimes", "HybridEngine", "StepProfile", "build_engine"]

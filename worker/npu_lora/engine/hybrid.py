@@ -44,7 +44,14 @@ from npu_lora.models.build import (
     to_dtype,
 )
 from npu_lora.moe.host_mlp import HostMLP, install_host_mlp
-from npu_lora.moe.hot import default_buckets, make_hot_layer, refresh_hot_layer, select_hot
+from npu_lora.moe.hot import (
+    HotLayer,
+    default_buckets,
+    make_hot_layer,
+    refresh_hot_layer,
+    select_hot,
+)
+from npu_lora.moe.mode import EngineMode
 
 EXPERTS_FILE = "experts.safetensors"
 
@@ -71,18 +78,15 @@ class HybridEngine:
         tokens_per_batch: int | None = None,
         train_experts: bool = False,
     ) -> None:
-        if placement not in ("hot", "host-only"):
-            raise ValueError(f"placement must be 'hot' or 'host-only', not {placement!r}")
-        if train_experts and placement == "hot":
-            raise ValueError("train_experts requires placement host-only")
+        self.train_experts = train_experts
+        self._mode = EngineMode(placement, keep_graph, overlap)  # type: ignore[arg-type]
+        self._check_mode(self._mode)
+        self._parked_hot: list[HotLayer | None] | None = None
         self.model = model
         self.config = config
         self.backend = backend
-        self.placement = placement
-        self.keep_graph = keep_graph
         self.hot_fraction = hot_fraction
         self.warmup_steps = warmup_steps
-        self.train_experts = train_experts
         self.lm = causal_lm(model)
         self.layers = decoder_layers(model)
         self.num_layers = len(self.layers)
@@ -94,8 +98,7 @@ class HybridEngine:
         self.mlps: list[HostMLP] = install_host_mlp(
             model,
             backend,
-            keep_graph=keep_graph,
-            overlap=overlap,
+            mode=self,
             times=self.times,
             counts_LE=self.counts_LE,
         )
@@ -118,6 +121,46 @@ class HybridEngine:
         self.bucket_sizes = tuple(sorted(bucket_sizes)) if bucket_sizes else None
         self.tokens_per_batch = tokens_per_batch
         self.model.train()
+
+    # --- mode --------------------------------------------------------------------------------
+    @property
+    def mode(self) -> EngineMode:
+        """The current mode (placement, keep_graph, overlap); change it with :meth:`set_mode`."""
+        return self._mode
+
+    @property
+    def placement(self) -> str:
+        return self._mode.placement
+
+    @property
+    def keep_graph(self) -> bool:
+        return self._mode.keep_graph
+
+    @property
+    def overlap(self) -> bool:
+        return self._mode.overlap
+
+    def _check_mode(self, mode: EngineMode) -> None:
+        if self.train_experts and mode.placement == "hot":
+            raise ValueError("train_experts requires placement host-only")
+
+    def set_mode(self, mode: EngineMode) -> None:
+        """Switch the mode between steps (the bench's variants). Kept graphs are freed; leaving
+        placement ``hot`` parks the hot set (the MoE blocks run all experts on the host) and
+        coming back restores it."""
+        self._check_mode(mode)
+        for mlp in self.mlps:
+            mlp.free_kept()
+        if mode.placement != self._mode.placement:
+            if mode.placement == "host-only":
+                self._parked_hot = [mlp.hot for mlp in self.mlps]
+                for mlp in self.mlps:
+                    mlp.hot = None
+            elif self._parked_hot is not None:
+                for mlp, hot in zip(self.mlps, self._parked_hot, strict=True):
+                    mlp.hot = hot
+                self._parked_hot = None
+        self._mode = mode
 
     # --- placement -----------------------------------------------------------------------------
     def _place_on_device(self) -> None:

@@ -13,22 +13,17 @@ __all__ = ["HostTimes", "StepProfile"]
 class StepProfile:
     """Timings and counts of one ``HybridEngine.forward_backward`` call (one micro-batch).
 
-    All times are wall seconds from ``time.perf_counter`` around synchronised work.
+    All times are wall seconds from ``time.perf_counter`` around synchronised work. Each field
+    named in :mod:`npu_lora.api.record` means what its column there says; the rest:
 
-    - ``attn_head_s``: device work outside the MoE blocks: embeddings, attention blocks and LM
-      head, forward + backward. Forward: measured around each synchronised device call.
+    - ``attn_head_s`` is measured as follows. Forward: around each synchronised device call.
       Backward: (wall time of ``loss.backward()``) − ``host_bwd_s`` (HostMLP's backward runs
       nested inside autograd's backward, so the rest of the backward is the device side).
-    - ``host_fwd_s``: HostMLP forward (router, dispatch, cold experts, the hot-expert device
-      call and its transfers) over all layers.
-    - ``host_bwd_s``: HostMLP backward over all layers, *including* ``recompute_s``.
-    - ``recompute_s``: the part of ``host_bwd_s`` that re-ran the block forward (keep_graph off,
-      or keep_graph on but the kept graph was not usable).
-    - ``device_calls_per_layer``: forward-direction device calls made in decoder layers
-      divided by the number of layers (see ``npu_lora.backends.base.Backend``); embedding and
-      head calls and backward-direction work are not in it.
+    - ``recompute_s``: keep_graph off, or keep_graph on but the kept graph was not usable.
+    - ``device_calls_per_layer``: see ``npu_lora.backends.base.Backend``; embedding and head
+      calls and backward-direction work are not in it.
     - ``tokens``: B*S of the micro-batch (all positions, padding included: all are computed).
-    - ``hot_experts``: hot experts over all layers (0 while host-only).
+    - ``device_calls``: forward-direction device calls by kind.
     """
 
     loss: float

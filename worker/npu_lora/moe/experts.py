@@ -298,6 +298,11 @@ def register() -> list[str]:
     return list(fns)
 
 
+def expert_bytes(gate_up_proj: torch.Tensor, down_proj: torch.Tensor) -> int:
+    """Bytes of one expert's weights (gate/up + down) in their stored dtype."""
+    return (gate_up_proj[0].numel() + down_proj[0].numel()) * gate_up_proj.element_size()
+
+
 def hit_expert_bytes(
     top_k_index: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor
 ) -> int:
@@ -305,5 +310,4 @@ def hit_expert_bytes(
     num_experts = gate_up_proj.shape[0]
     ids = top_k_index.reshape(-1)
     hit = int((torch.bincount(ids[ids < num_experts], minlength=num_experts) > 0).sum())
-    per_expert = (gate_up_proj[0].numel() + down_proj[0].numel()) * gate_up_proj.element_size()
-    return hit * per_expert
+    return hit * expert_bytes(gate_up_proj, down_proj)

@@ -51,6 +51,7 @@ from torch import nn
 
 from npu_lora.backends.base import Backend
 from npu_lora.moe.hot import HotLayer, hot_cold_forward
+from npu_lora.moe.mode import EngineMode, FixedMode, ModeSource
 from npu_lora.moe.overlap import hot_cold_forward_overlapped, runner_for
 
 
@@ -139,14 +140,18 @@ class HostMLP(nn.Module):
         block: the stock MoE block (``gate`` → ``(logits, weights, indices)``, ``experts(x, idx, w)``).
         layer: decoder layer index (for device-call counting and routing counts).
         backend: the device seam (``to_host``/``to_device``/``call``).
-        keep_graph: keep the block's graph from forward to backward (see module doc).
+        mode: where the engine mode is read (the engine, ``moe/mode.py``); alone (``None``), a
+            fixed mode of ``keep_graph`` and ``overlap``.
+        keep_graph: keep the block's graph from forward to backward (see module doc); only
+            without ``mode``.
         times: shared timing accumulator (one per engine).
         counts_LE: shared ``[L, E] int64`` routing counts (forward passes only, not recomputes;
             every token including padding: all of them are computed).
         host_dtype: dtype of the block's weights and compute (input/output are cast).
         overlap: with hot experts on a non-CPU device, issue the hot call asynchronously and
             compute the cold experts meanwhile (``moe/overlap.py``; spec ``moe.overlap``);
-            ``False`` (default) runs the synchronised sequential ``hot_cold_forward``.
+            ``False`` (default) runs the synchronised sequential ``hot_cold_forward``; only
+            without ``mode``.
     """
 
     def __init__(
@@ -155,6 +160,7 @@ class HostMLP(nn.Module):
         *,
         layer: int,
         backend: Backend,
+        mode: ModeSource | None = None,
         keep_graph: bool = True,
         times: HostTimes | None = None,
         counts_LE: torch.Tensor | None = None,
@@ -167,8 +173,13 @@ class HostMLP(nn.Module):
         object.__setattr__(self, "_block", block)  # stock forward; shares gate/experts
         self.layer = layer
         self.backend = backend
-        self.keep_graph = keep_graph
-        self.overlap = overlap
+        self._mode = (
+            mode
+            if mode is not None
+            else FixedMode(
+                EngineMode(placement="host-only", keep_graph=keep_graph, overlap=overlap)
+            )
+        )
         self.times = times if times is not None else HostTimes()
         self.counts_LE = counts_LE
         self.host_dtype = host_dtype or block.experts.gate_up_proj.dtype
@@ -178,6 +189,14 @@ class HostMLP(nn.Module):
         self.reused = 0
         self.recomputed = 0
         self.gate.register_forward_hook(self._count_hook)
+
+    @property
+    def keep_graph(self) -> bool:
+        return self._mode.mode.keep_graph
+
+    @property
+    def overlap(self) -> bool:
+        return self._mode.mode.overlap
 
     def _count_hook(self, _mod: nn.Module, _inp: Any, out: Any) -> None:
         if self._count and self.counts_LE is not None:
@@ -244,8 +263,7 @@ def install_host_mlp(
     model: nn.Module,
     backend: Backend,
     *,
-    keep_graph: bool = True,
-    overlap: bool = False,
+    mode: ModeSource,
     times: HostTimes | None = None,
     counts_LE: torch.Tensor | None = None,
 ) -> list[HostMLP]:
@@ -265,8 +283,7 @@ def install_host_mlp(
                 mlp,
                 layer=i,
                 backend=backend,
-                keep_graph=keep_graph,
-                overlap=overlap,
+                mode=mode,
                 times=times,
                 counts_LE=counts_LE,
             )

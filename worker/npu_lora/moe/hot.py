@@ -57,6 +57,7 @@ from torch import nn
 
 from npu_lora.backends.base import Backend
 from npu_lora.device.graphs import HotExpertsBatched, next_pow2
+from npu_lora.moe.experts import expert_bytes
 
 
 def default_buckets(tokens: int, top_k: int = 1, *, smallest: int = 8) -> tuple[int, ...]:
@@ -175,8 +176,6 @@ def make_hot_layer(
             backend.device
         )
     D = experts_module.gate_up_proj.shape[-1]
-    host = experts_module.gate_up_proj
-    per_expert = (host[0].numel() + experts_module.down_proj[0].numel()) * host.element_size()
     return HotLayer(
         list(expert_ids),
         slot,
@@ -186,7 +185,7 @@ def make_hot_layer(
         device_dtype,
         capacity=capacity,
         row_bytes=2 * D * device_dtype.itemsize,
-        expert_bytes=per_expert,
+        expert_bytes=expert_bytes(experts_module.gate_up_proj, experts_module.down_proj),
         overflow_E=torch.zeros(E, dtype=torch.bool),
     )
 

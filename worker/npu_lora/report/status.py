@@ -33,38 +33,12 @@ from collections.abc import Callable
 from typing import Any
 
 from npu_lora.api.v1alpha1 import ENV_NAME, ENV_NAMESPACE, GROUP, MERGE_PATCH, PLURAL, VERSION
-
-try:  # the training loop's callback interface (torch-free module)
-    from npu_lora.train.callbacks import TrainCallback
-except ImportError:  # pragma: no cover - the trainer package missing or broken
-
-    class TrainCallback:  # type: ignore[no-redef]
-        """Fallback with the same interface as ``npu_lora.train.callbacks.TrainCallback``."""
-
-        def on_start(self, ctx: Any) -> None: ...
-        def on_step(self, record: dict[str, Any], ctx: Any) -> None: ...
-        def on_hot_selected(self, info: dict[str, Any], ctx: Any) -> None: ...
-        def on_checkpoint(self, step: int, path: str, ctx: Any) -> None: ...
-        def on_end(self, summary: dict[str, Any], ctx: Any) -> None: ...
-        def on_error(self, message: str, exit_code: int, ctx: Any) -> None: ...
-
+from npu_lora.api import record as step_record
+from npu_lora.train.callbacks import TrainCallback  # torch-free
 
 log = logging.getLogger(__name__)
 
 WORKER_KEYS = ("progress", "lastStep", "stepSecondsMedian", "hot", "lastCheckpoint")
-
-#: metrics.jsonl record key → status.lastStep key
-_RECORD_KEYS = {
-    "step": "step",
-    "loss": "loss",
-    "step_s": "stepS",
-    "attn_head_s": "attnHeadS",
-    "host_fwd_s": "hostFwdS",
-    "host_bwd_s": "hostBwdS",
-    "recompute_s": "recomputeS",
-    "device_calls_per_layer": "deviceCallsPerLayer",
-    "tokens": "tokens",
-}
 
 
 def now_iso() -> str:
@@ -88,16 +62,17 @@ def _sig(x: Any, digits: int = 4) -> float | None:
 def last_step_status(record: dict[str, Any]) -> dict[str, Any]:
     """The ``status.lastStep`` object of a metrics record (camelCase, rounded, finite only)."""
     out: dict[str, Any] = {}
-    for src, dst in _RECORD_KEYS.items():
+    for col in step_record.STATUS_FIELDS:
+        src, dst = col.name, col.status_key
         if src not in record or record[src] is None:
             continue
-        if dst in ("step", "tokens"):
+        if col.kind == "int":
             try:
                 out[dst] = int(record[src])
             except (TypeError, ValueError):
                 continue
         else:
-            v = _sig(record[src], 5 if dst == "loss" else 4)
+            v = _sig(record[src], col.digits)
             if v is not None:
                 out[dst] = v
     return out

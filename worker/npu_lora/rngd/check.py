@@ -1,6 +1,6 @@
 """``npu-lora rngd-check``: compile every device graph with furiosa-torch's compiler on the CPU.
 
-For each device graph (``npu_lora.device.graphs.device_graphs``) and each direction (forward;
+For each device graph (``npu_lora.rngd.catalogue.device_graphs``) and each direction (forward;
 backward = AOTAutograd's partitioned backward graph, see ``inventory.capture``), up to three
 tiers:
 
@@ -22,7 +22,9 @@ Exit status: 0 when every requested check passed, 1 when any failed, 2 when it c
 
 Run in the RNGD venv (``scripts/rngd-env.sh``)::
 
-    ~/.cache/npu-lora/rngd-venv/bin/python -m npu_lora.rngd.check --tier all --json out.json
+    ~/.cache/npu-lora/rngd-venv/bin/npu-lora rngd-check --tier all --json out.json
+
+The arguments are parsed in :mod:`npu_lora.commands.rngd_check`.
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ import importlib
 import importlib.util
 import json
 import os
-import platform
 import resource
 import shutil
 import signal
@@ -46,7 +47,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-DEFAULT_SOURCE = "npu_lora.device.graphs:device_graphs"
+from npu_lora.machine import machine_facts
+
+DEFAULT_SOURCE = "npu_lora.rngd.catalogue:device_graphs"
 TIERS = ("inventory", "probe", "compile")
 DIRECTIONS = ("forward", "backward")
 DEFAULT_VENV = "${NPU_LORA_RNGD_VENV:-$HOME/.cache/npu-lora/rngd-venv}"
@@ -71,81 +74,6 @@ class Row:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-# ----------------------------------------------------------------------------------------------
-# Arguments
-# ----------------------------------------------------------------------------------------------
-
-
-def _csv(value: str) -> list[str]:
-    return [v for v in (s.strip() for s in value.split(",")) if v]
-
-
-def _buckets(value: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(v) for v in _csv(value))
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"buckets are integers: {value!r}") from exc
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``rngd-check`` options (shared by ``npu-lora rngd-check`` and ``python -m``)."""
-    parser.add_argument(
-        "--widths",
-        choices=("tiny", "qwen3-30b-a3b"),
-        default="tiny",
-        help="model widths of the device graphs (default: tiny)",
-    )
-    parser.add_argument("--seq-len", type=int, default=128, help="sequence length (default 128)")
-    parser.add_argument(
-        "--buckets",
-        type=_buckets,
-        default=None,
-        help="hot-expert bucket sizes, comma separated (default: the graphs' own)",
-    )
-    parser.add_argument(
-        "--graphs", type=_csv, default=None, help="only these graphs, comma separated"
-    )
-    parser.add_argument(
-        "--directions",
-        type=_csv,
-        default=list(DIRECTIONS),
-        help="forward,backward (default both)",
-    )
-    parser.add_argument(
-        "--tier",
-        choices=(*TIERS, "all"),
-        default="all",
-        help="inventory (seconds), probe (per-op compiles), compile (whole graphs), all",
-    )
-    parser.add_argument("--json", dest="json_out", type=Path, default=None, help="write results")
-    parser.add_argument(
-        "--cache-dir",
-        type=Path,
-        default=None,
-        help="persistent furiosa compile cache (XDG_CACHE_HOME); default: a scratch dir, removed",
-    )
-    parser.add_argument(
-        "--source",
-        default=DEFAULT_SOURCE,
-        help=f"where the graphs come from, MODULE:FUNC or FILE.py:FUNC (default {DEFAULT_SOURCE})",
-    )
-    parser.add_argument(
-        "--dtype", default=None, help="device dtype passed to the graph factory (e.g. bfloat16)"
-    )
-    parser.add_argument(
-        "--timeout",
-        type=float,
-        default=1800.0,
-        help="seconds per probe/compile job before it is killed (default 1800)",
-    )
-    parser.add_argument(
-        "--in-process",
-        action="store_true",
-        help="run probe/compile jobs in this process (no isolation; peak RSS is the process's)",
-    )
-    parser.add_argument("--list", action="store_true", help="list the graphs and exit")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -478,7 +406,7 @@ def run_job_subprocess(args: argparse.Namespace, graph_name: str, direction: str
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out_path = Path(f.name)
     cmd = [
-        sys.executable, "-m", "npu_lora.rngd.check", *_job_argv(args),
+        sys.executable, "-m", "npu_lora.commands.rngd_check", *_job_argv(args),
         "--_job", json.dumps([graph_name, direction, tier]), "--_job-out", str(out_path),
     ]  # fmt: skip
     t0 = time.perf_counter()
@@ -551,54 +479,8 @@ def format_table(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
-def machine_facts() -> dict[str, Any]:
-    facts: dict[str, Any] = {
-        "loadavg": [round(x, 2) for x in os.getloadavg()],
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        "executable": sys.executable,
-    }
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                facts["cpu"] = line.split(":", 1)[1].strip()
-                break
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal"):
-                facts["mem_total_gb"] = round(int(line.split()[1]) / 1024**2, 1)
-    from importlib.metadata import PackageNotFoundError, version
-
-    for dist in ("torch", "furiosa-torch", "furiosa-kernels", "transformers"):
-        try:
-            facts[dist] = version(dist)
-        except PackageNotFoundError:
-            facts[dist] = None
-    return facts
-
-
 def _log(msg: str) -> None:
     print(f"[rngd-check] {msg}", file=sys.stderr, flush=True)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="npu-lora rngd-check",
-        description="Compile every device graph with furiosa-torch's compiler on the CPU.",
-    )
-    add_arguments(parser)
-    parser.add_argument("--_job", help=argparse.SUPPRESS)
-    parser.add_argument("--_job-out", dest="job_out", type=Path, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-
-    if args._job:  # child: XDG_CACHE_HOME / TMPDIR come from the parent
-        graph_name, direction, tier = json.loads(args._job)
-        row = run_job(args, graph_name, direction, tier)
-        args.job_out.write_text(json.dumps(row.to_dict()))
-        return 0
-
-    return run_check(args)
 
 
 def _exit_on_sigterm(signum: int, _frame: Any) -> None:
@@ -606,7 +488,7 @@ def _exit_on_sigterm(signum: int, _frame: Any) -> None:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    """Run the check for parsed ``add_arguments`` options (what ``npu-lora rngd-check`` calls)."""
+    """Run the check for parsed ``npu-lora rngd-check`` options."""
     import threading
 
     bad_dirs = [d for d in args.directions if d not in DIRECTIONS]
@@ -717,7 +599,3 @@ def _write_json(
     tmp = args.json_out.with_suffix(args.json_out.suffix + ".tmp")
     tmp.write_text(json.dumps(doc, indent=1, default=str))
     tmp.replace(args.json_out)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -13,9 +13,7 @@ Order of calls in a run::
     on_end(summary, ctx)                      # success (summary.json written)
     on_error(message, exit_code, ctx)         # instead of on_end on failure
 
-``record`` is the metrics.jsonl record (``step, loss, step_s, attn_head_s, host_fwd_s,
-host_bwd_s, recompute_s, device_calls_per_layer, tokens, hot_experts, keep_graph, placement,
-lr, grad_norm, time`` ...); ``info`` is ``{fraction, experts, selected_at_step, per_layer}``;
+``record`` is the metrics.jsonl record (its columns: :mod:`npu_lora.api.record`); ``info`` is ``{fraction, experts, selected_at_step, per_layer}``;
 ``summary`` is summary.json's content.
 """
 

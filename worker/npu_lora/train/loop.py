@@ -28,22 +28,40 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from npu_lora.api import record as step_record
 from npu_lora.api.v1alpha1 import EXIT_NONFINITE_LOSS
 from npu_lora.train import rundir
 from npu_lora.train.callbacks import CallbackList, RunContext, TrainCallback
 from npu_lora.train.checkpoint import clean_stale, fsync_dir, load_checkpoint, save_checkpoint
 from npu_lora.train.summary import build_summary, plot_step_times
 
-_SUM_FIELDS = (
-    "attn_head_s",
-    "host_fwd_s",
-    "host_bwd_s",
-    "recompute_s",
-    "hot_s",
-    "device_calls_per_layer",
-)
+if TYPE_CHECKING:
+    import torch
+
+    from npu_lora.data.dataset import TokenizedDataset
+    from npu_lora.engine.profile import StepProfile
+
+
+class TrainEngine(Protocol):
+    """What the loop needs of an engine (:class:`npu_lora.engine.HybridEngine`; the tests'
+    stand-in runs the plain peft model behind the same interface)."""
+
+    backend: Any
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]: ...
+    def forward_backward(
+        self, batch: dict[str, torch.Tensor], loss_scale: float = 1.0
+    ) -> StepProfile: ...
+    def after_optimizer_step(self) -> None: ...
+    def select_hot_experts(self, step: int) -> dict[str, Any]: ...
+    def hot_state(self) -> dict[str, Any] | None: ...
+    def load_hot_state(self, state: dict[str, Any] | None) -> None: ...
+    def routing_counts(self) -> torch.Tensor: ...
+    def load_routing_counts(self, counts: torch.Tensor) -> None: ...
+    def save_adapter(self, path: str | Path) -> None: ...
+    def adapter_state_dict(self) -> dict[str, torch.Tensor]: ...
 
 
 class Stopped(RuntimeError):
@@ -78,14 +96,6 @@ def _iso(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
 
 
-def _profile_dict(prof: Any) -> dict[str, Any]:
-    if hasattr(prof, "to_dict"):
-        return dict(prof.to_dict())
-    if isinstance(prof, dict):
-        return dict(prof)
-    return dict(vars(prof))
-
-
 def _deterministic() -> bool:
     import torch
 
@@ -102,8 +112,8 @@ class Trainer:
     def __init__(
         self,
         ctx: RunContext,
-        engine: Any,
-        dataset: Any,
+        engine: TrainEngine,
+        dataset: TokenizedDataset,
         *,
         plan: rundir.ResumePlan | None = None,
         callbacks: list[TrainCallback] | CallbackList | None = None,
@@ -189,16 +199,16 @@ class Trainer:
         t = self.spec.training
         accum = t.grad_accumulation
         t0 = time.perf_counter()
-        agg: dict[str, Any] = dict.fromkeys(_SUM_FIELDS, 0.0)
+        agg: dict[str, Any] = dict.fromkeys(step_record.SUMMED, 0.0)
         losses: list[float] = []
         tokens = 0
         last: dict[str, Any] = {}
         for m in range(accum):
             batch = self.dataset.batch(step, m, t.batch_size, accum)
-            last = _profile_dict(self.engine.forward_backward(batch, loss_scale=1.0 / accum))
+            last = self.engine.forward_backward(batch, loss_scale=1.0 / accum).to_dict()
             losses.append(float(last["loss"]))
             tokens += int(last.get("tokens") or 0)
-            for k in _SUM_FIELDS:
+            for k in step_record.SUMMED:
                 agg[k] += float(last.get(k) or 0.0)
         loss = sum(losses) / len(losses)
         params = [p for p in opt.param_groups[0]["params"]]
@@ -218,26 +228,23 @@ class Trainer:
                 self.engine.after_optimizer_step()
         opt.zero_grad(set_to_none=True)
         t1 = time.perf_counter()
-        rec: dict[str, Any] = {
-            "step": step,
-            "loss": loss if _finite(loss) else None,
-            "step_s": t1 - t0,
-            "attn_head_s": agg["attn_head_s"],
-            "host_fwd_s": agg["host_fwd_s"],
-            "host_bwd_s": agg["host_bwd_s"],
-            "recompute_s": agg["recompute_s"],
-            "device_calls_per_layer": agg["device_calls_per_layer"],
-            "tokens": tokens,
-            "hot_experts": int(last.get("hot_experts") or 0),
-            "keep_graph": bool(last.get("keep_graph", self.spec.moe.keep_graph)),
-            "placement": str(last.get("placement", self.spec.moe.placement)),
-            "lr": opt.param_groups[0]["lr"],
-            "grad_norm": grad_norm if grad_norm is None or _finite(grad_norm) else None,
-            "time": _iso(time.time()),
-            "hot_s": agg["hot_s"],
-            "opt_s": t1 - t_opt,
-            "micro_batches": accum,
-        }
+        rec = step_record.ordered(
+            {
+                **agg,
+                "step": step,
+                "loss": loss if _finite(loss) else None,
+                "step_s": t1 - t0,
+                "tokens": tokens,
+                "hot_experts": int(last.get("hot_experts") or 0),
+                "keep_graph": bool(last.get("keep_graph", self.spec.moe.keep_graph)),
+                "placement": str(last.get("placement", self.spec.moe.placement)),
+                "lr": opt.param_groups[0]["lr"],
+                "grad_norm": grad_norm if grad_norm is None or _finite(grad_norm) else None,
+                "time": _iso(time.time()),
+                "opt_s": t1 - t_opt,
+                "micro_batches": accum,
+            }
+        )
         if nonfinite:
             rec["nonfinite"] = nonfinite
             rec["nonfinite_value"] = repr(loss if nonfinite == "loss" else grad_norm)

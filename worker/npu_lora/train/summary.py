@@ -6,22 +6,15 @@ import contextlib
 import math
 import os
 import platform
-import socket
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
+from npu_lora.api import record as step_record
+from npu_lora.machine import machine_facts
+
 #: Timing/count columns summarised by their median after warm-up (table order).
-TIMING_COLUMNS = (
-    "step_s",
-    "attn_head_s",
-    "host_fwd_s",
-    "host_bwd_s",
-    "recompute_s",
-    "device_calls_per_layer",
-)
-TABLE_LABELS = {"device_calls_per_layer": "device calls/layer"}
+TIMING_COLUMNS = step_record.TABLE_COLUMNS
 
 
 def after_warmup(records: list[dict[str, Any]], warmup_steps: int) -> list[dict[str, Any]]:
@@ -32,7 +25,7 @@ def after_warmup(records: list[dict[str, Any]], warmup_steps: int) -> list[dict[
 
 def medians(records: list[dict[str, Any]]) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
-    for col in (*TIMING_COLUMNS, "opt_s", "hot_s"):
+    for col in step_record.MEDIAN_COLUMNS:
         vals = [float(r[col]) for r in records if isinstance(r.get(col), int | float)]
         out[col] = statistics.median(vals) if vals else None
     return out
@@ -46,42 +39,6 @@ def versions() -> dict[str, str]:
         with contextlib.suppress(metadata.PackageNotFoundError):
             out[pkg] = metadata.version(pkg)
     return out
-
-
-def machine(engine: Any = None) -> dict[str, Any]:
-    info: dict[str, Any] = {
-        "hostname": socket.gethostname(),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu_count": os.cpu_count(),
-    }
-    with contextlib.suppress(AttributeError, OSError):
-        info["cpu_affinity"] = len(os.sched_getaffinity(0))
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    info["cpu_model"] = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    try:
-        with open("/proc/meminfo", encoding="utf-8") as f:
-            kb = int(f.readline().split()[1])
-            info["mem_gib"] = round(kb / 2**20, 1)
-    except (OSError, ValueError, IndexError):
-        pass
-    if "torch" in sys.modules:
-        import torch
-
-        info["torch_threads"] = torch.get_num_threads()
-    backend = getattr(engine, "backend", None)
-    if backend is not None:
-        info["backend"] = getattr(backend, "name", type(backend).__name__)
-        dev = getattr(backend, "device", None)
-        if dev is not None:
-            info["device"] = str(dev)
-    return info
 
 
 def build_summary(
@@ -121,7 +78,7 @@ def build_summary(
         "placement": records[-1].get("placement") if records else None,
         "wall_s": wall_s,
         "versions": versions(),
-        "machine": machine(engine),
+        "machine": machine_facts(engine),
     }
     summary.update(extra or {})
     return summary
@@ -136,10 +93,10 @@ def timing_table(summary: dict[str, Any]) -> str:
     lines = [head]
     for col in TIMING_COLUMNS:
         v = med.get(col)
-        label = TABLE_LABELS.get(col, col)
+        label = step_record.by_name(col).label or col
         if v is None:
             lines.append(f"  {label:<20} {'-':>10}")
-        elif col == "device_calls_per_layer":
+        elif step_record.by_name(col).unit == "calls":
             lines.append(f"  {label:<20} {v:>10.2f}")
         else:
             lines.append(f"  {label:<20} {v:>10.4f}")

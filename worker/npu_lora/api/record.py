@@ -1,0 +1,249 @@
+"""The per-step record: one torch-free definition of every column of ``metrics.jsonl``.
+
+Everything that lists step columns is derived from :data:`RECORD`, so adding a column is a
+change here (plus the code that measures it):
+
+- the training loop's record (key order, micro-batch sums: :data:`SUMMED`);
+- ``summary.json``'s medians and the printed timing table (:data:`TABLE_COLUMNS`,
+  :data:`MEDIAN_COLUMNS`);
+- the bench's per-variant medians (:data:`BENCH_COLUMNS`);
+- ``status.lastStep`` (:data:`STATUS_FIELDS`, keys camelCase) and its API model;
+- the ``kubectl get mft`` columns that show the last step (:func:`printer_columns`).
+
+Imports only the standard library (the operator imports it and must never import torch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+__all__ = [
+    "BENCH_COLUMNS",
+    "MEDIAN_COLUMNS",
+    "NAMES",
+    "RECORD",
+    "STATUS_FIELDS",
+    "SUMMED",
+    "TABLE_COLUMNS",
+    "Column",
+    "Printer",
+    "by_name",
+    "camel",
+    "ordered",
+    "printer_columns",
+]
+
+
+@dataclass(frozen=True)
+class Printer:
+    """A ``kubectl get mft`` column showing ``status.lastStep.<key>``."""
+
+    name: str
+    description: str
+    priority: int = 0  # 1: only with ``-o wide``
+
+
+@dataclass(frozen=True)
+class Column:
+    """One key of the per-step record.
+
+    ``summed``: the sum over the step's micro-batches of the engine's profile value;
+    ``table``: in the printed timing table (median after warm-up; ``label`` names it there);
+    ``median``: median after warm-up in ``summary.json`` (every ``table`` column is);
+    ``bench``: median per variant in the bench; ``status``: in ``status.lastStep`` (with
+    ``digits`` significant digits, ``status_doc`` as the API field's description).
+    """
+
+    name: str
+    kind: Literal["int", "float", "bool", "str"]
+    unit: str
+    doc: str
+    summed: bool = False
+    table: bool = False
+    median: bool = False
+    bench: bool = False
+    status: bool = False
+    status_doc: str = ""
+    required: bool = False  # required in the status model
+    digits: int = 4
+    label: str = ""
+    printer: Printer | None = None
+
+    @property
+    def status_key(self) -> str:
+        return camel(self.name)
+
+
+def camel(name: str) -> str:
+    """``attn_head_s`` → ``attnHeadS`` (the API's spelling)."""
+    head, *rest = name.split("_")
+    return head + "".join(p[:1].upper() + p[1:] for p in rest)
+
+
+_TIME = {"table": True, "median": True, "bench": True, "status": True}
+
+#: The record's keys, in the order they appear in ``metrics.jsonl``.
+RECORD: tuple[Column, ...] = (
+    Column(
+        "step",
+        "int",
+        "",
+        "Optimizer step (1-based).",
+        status=True,
+        status_doc="Optimizer step (1-based).",
+        required=True,
+    ),
+    Column(
+        "loss",
+        "float",
+        "",
+        "Mean training loss of the micro-batches (null when not finite).",
+        status=True,
+        status_doc="Training loss of the step.",
+        digits=5,
+        printer=Printer("Loss", "Training loss of the last reported step."),
+    ),
+    Column(
+        "step_s",
+        "float",
+        "s",
+        "Wall seconds of the whole step (micro-batches, clipping, optimizer).",
+        **_TIME,
+        status_doc="Wall seconds of the whole step.",
+    ),
+    Column(
+        "attn_head_s",
+        "float",
+        "s",
+        "Device work outside the MoE blocks: embeddings, attention blocks and LM head, "
+        "forward + backward.",
+        summed=True,
+        **_TIME,
+        status_doc="Device seconds: embeddings, attention blocks and LM head (fwd+bwd).",
+        printer=Printer("Attn", "Device seconds of the last step: embeddings, attention, LM head."),
+    ),
+    Column(
+        "host_fwd_s",
+        "float",
+        "s",
+        "HostMLP forward (router, dispatch, cold experts, the hot-expert device call and its "
+        "transfers) over all layers.",
+        summed=True,
+        **_TIME,
+        status_doc="Host MoE forward seconds.",
+        printer=Printer("Host-Fwd", "Host MoE forward seconds of the last step."),
+    ),
+    Column(
+        "host_bwd_s",
+        "float",
+        "s",
+        "HostMLP backward over all layers, including recompute_s.",
+        summed=True,
+        **_TIME,
+        status_doc="Host MoE backward seconds (includes recompute).",
+        printer=Printer("Host-Bwd", "Host MoE backward seconds of the last step."),
+    ),
+    Column(
+        "recompute_s",
+        "float",
+        "s",
+        "The part of host_bwd_s that re-ran the block forward.",
+        summed=True,
+        **_TIME,
+        status_doc="Part of host_bwd_s spent recomputing the forward (keepGraph off).",
+    ),
+    Column(
+        "device_calls_per_layer",
+        "float",
+        "calls",
+        "Forward-direction device calls in decoder layers divided by the number of layers.",
+        summed=True,
+        **_TIME,
+        status_doc="Forward-direction device calls per decoder layer.",
+        label="device calls/layer",
+        printer=Printer(
+            "Calls/Layer", "Forward-direction device calls per decoder layer.", priority=1
+        ),
+    ),
+    Column(
+        "tokens",
+        "int",
+        "tokens",
+        "B*S summed over the micro-batches (padding included).",
+        status=True,
+        status_doc="Tokens in the step.",
+    ),
+    Column("hot_experts", "int", "experts", "Hot experts over all layers (0 while host-only)."),
+    Column("keep_graph", "bool", "", "moe.keepGraph of the step."),
+    Column("placement", "str", "", "moe.placement of the step."),
+    Column("lr", "float", "", "Learning rate of the step."),
+    Column("grad_norm", "float", "", "Gradient norm before clipping (null when not finite)."),
+    Column("time", "str", "", "When the step ended (RFC 3339, UTC, milliseconds)."),
+    Column(
+        "hot_s",
+        "float",
+        "s",
+        "The hot-expert device calls inside host_fwd_s.",
+        summed=True,
+        median=True,
+        bench=True,
+    ),
+    Column("opt_s", "float", "s", "Clipping and optimizer step.", median=True),
+    Column("micro_batches", "int", "", "Micro-batches of the step (training.gradAccumulation)."),
+)
+
+NAMES: tuple[str, ...] = tuple(c.name for c in RECORD)
+#: Summed over the micro-batches of a step (the engine's profile values).
+SUMMED: tuple[str, ...] = tuple(c.name for c in RECORD if c.summed)
+#: The printed timing table (medians after warm-up), in order.
+TABLE_COLUMNS: tuple[str, ...] = tuple(c.name for c in RECORD if c.table)
+#: ``summary.json``'s ``median``: the table's columns, then the other medians.
+MEDIAN_COLUMNS: tuple[str, ...] = TABLE_COLUMNS + tuple(
+    c.name for c in RECORD if c.median and not c.table
+)
+#: The bench's per-variant median columns from the engine's profile.
+BENCH_COLUMNS: tuple[str, ...] = tuple(c.name for c in RECORD if c.bench)
+#: The columns reported in ``status.lastStep``.
+STATUS_FIELDS: tuple[Column, ...] = tuple(c for c in RECORD if c.status)
+
+_BY_NAME = {c.name: c for c in RECORD}
+
+
+def by_name(name: str) -> Column:
+    return _BY_NAME[name]
+
+
+def ordered(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` as a record in :data:`RECORD` order; every column must be given (extra keys,
+    e.g. ``nonfinite``, follow)."""
+    missing = [n for n in NAMES if n not in values]
+    if missing:
+        raise KeyError(f"step record lacks {missing}")
+    out = {n: values[n] for n in NAMES}
+    out.update((k, v) for k, v in values.items() if k not in out)
+    return out
+
+
+def printer_columns(
+    *, priority: int | None = None, only: tuple[str, ...] = (), exclude: tuple[str, ...] = ()
+) -> list[dict[str, Any]]:
+    """``additionalPrinterColumns`` entries of the record's columns (record order)."""
+    out: list[dict[str, Any]] = []
+    for c in RECORD:
+        p = c.printer
+        if p is None or (only and c.name not in only) or c.name in exclude:
+            continue
+        if priority is not None and p.priority != priority:
+            continue
+        col: dict[str, Any] = {
+            "name": p.name,
+            "type": "integer" if c.kind == "int" else "number",
+            "jsonPath": f".status.lastStep.{c.status_key}",
+        }
+        if p.priority:
+            col["priority"] = p.priority
+        col["description"] = p.description
+        out.append(col)
+    return out
