@@ -2,8 +2,8 @@
 
 Usage::
 
-    from npu_lora_operator.sandbox.emulator import ApiEmulator
-    from npu_lora_operator.sandbox.kubelet import LocalKubelet
+    from npu_lora_sandbox.emulator import ApiEmulator
+    from npu_lora_sandbox.kubelet import LocalKubelet
 
     emu = ApiEmulator().start()
     kubelet = LocalKubelet(emu, root=Path("/tmp/sandbox")).start()

@@ -6,7 +6,7 @@ the real ``kubectl`` (v1.32), the ``kubernetes`` Python client and kopf work.
 
 Usage (sync or async code alike: the server runs in its own thread with its own event loop)::
 
-    from npu_lora_operator.sandbox.emulator import ApiEmulator
+    from npu_lora_sandbox.emulator import ApiEmulator
 
     emu = ApiEmulator()                 # ApiEmulator(port=0, host="127.0.0.1")
     emu.start()                         # returns once the port listens
