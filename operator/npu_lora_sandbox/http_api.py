@@ -20,6 +20,21 @@ from .resources import (
 )
 from .selectors import _truthy
 
+#: PATCH Content-Type -> patch type
+PATCH_TYPES = {
+    "application/merge-patch+json": "merge",
+    "application/json-patch+json": "json",
+    "application/strategic-merge-patch+json": "strategic",
+    "application/apply-patch+yaml": "apply",
+    "application/apply-patch+cbor": "apply",
+}
+
+
+def _method_not_allowed() -> ApiError:
+    return ApiError(
+        405, "MethodNotAllowed", "the server does not allow this method on the requested resource"
+    )
+
 
 class HttpApi:
     """The HTTP front: routing, request decoding, resource requests, list/Table rendering, logs.
@@ -160,152 +175,163 @@ class HttpApi:
         identity = self._identity(raw)
         if identity is not None and rt.group != "authorization.k8s.io":
             self._enforce(identity, rt, method, q, pp)
-        accept = raw.headers.get("Accept", "")
-        dry_run = q.get("dryRun") == "All"
-        field_validation = q.get("fieldValidation")
-        warnings: list[str] = []
         if pp.subresource is not None and pp.subresource not in rt.subresources:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         if pp.name is None:
-            if method == "GET":
-                if pp.watch_prefix or _truthy(q.get("watch")):
-                    return await self._serve_watch(raw, rt, pp.namespace, q, accept)
-                objs = self._select(
-                    rt, pp.namespace, q.get("labelSelector"), q.get("fieldSelector")
-                )
-                return self._render_list(rt, objs, accept, q)
-            if method == "POST" and rt.group == "authorization.k8s.io":
-                return self._json(
-                    self._access_review(rt, pp.namespace, self._decode(raw, body), raw), 201
-                )
-            if method == "POST":
-                data = self._decode(raw, body)
-                obj = self._create(
-                    rt,
-                    pp.namespace,
-                    data,
-                    dry_run=dry_run,
-                    field_validation=field_validation,
-                    warnings=warnings,
-                )
-                return self._json(obj, 201, self._warning_headers(warnings))
-            if method == "DELETE":
-                objs = self._select(
-                    rt, pp.namespace, q.get("labelSelector"), q.get("fieldSelector")
-                )
-                deleted = []
-                for obj in list(objs):
-                    with contextlib.suppress(ApiError):
-                        deleted.append(
-                            self._delete(
-                                rt,
-                                obj["metadata"].get("namespace"),
-                                obj["metadata"]["name"],
-                                dry_run=dry_run,
-                            )
-                        )
-                return self._json(self._list_body(rt, deleted))
-            raise ApiError(
-                405,
-                "MethodNotAllowed",
-                "the server does not allow this method on the requested resource",
-            )
+            return await self._collection_request(raw, method, q, body, pp, rt)
         if pp.subresource == "log":
             return await self._serve_log(raw, pp.namespace or "", pp.name, q)
         if method == "GET":
-            if _truthy(q.get("watch")) or pp.watch_prefix:
-                return await self._serve_watch(
-                    raw,
-                    rt,
-                    pp.namespace,
-                    {**q, "fieldSelector": f"metadata.name={pp.name}"},
-                    accept,
-                )
-            obj = self._store[rt.storage_key].get(self._key(rt, pp.namespace, pp.name))
-            if obj is None:
-                raise self._not_found(rt, pp.name)
-            if "as=Table" in accept:
-                return self._json(self._table(rt, [obj], q))
-            if "as=PartialObjectMetadata" in accept:
-                return self._json(
-                    {
-                        "kind": "PartialObjectMetadata",
-                        "apiVersion": "meta.k8s.io/v1",
-                        "metadata": obj["metadata"],
-                    }
-                )
-            return self._json(self._out(rt, obj))
+            return await self._get_object(raw, q, pp, rt)
+        warnings: list[str] = []
         if method == "PUT":
-            data = self._decode(raw, body)
             obj = self._update(
                 rt,
                 pp.namespace,
                 pp.name,
-                data,
+                self._decode(raw, body),
                 pp.subresource,
-                dry_run=dry_run,
-                field_validation=field_validation,
+                dry_run=q.get("dryRun") == "All",
+                field_validation=q.get("fieldValidation"),
                 warnings=warnings,
             )
             return self._json(obj, 200, self._warning_headers(warnings))
         if method == "PATCH":
-            ctype = (raw.headers.get("Content-Type") or "").split(";")[0].strip()
-            patch_type = {
-                "application/merge-patch+json": "merge",
-                "application/json-patch+json": "json",
-                "application/strategic-merge-patch+json": "strategic",
-                "application/apply-patch+yaml": "apply",
-                "application/apply-patch+cbor": "apply",
-            }.get(ctype)
-            if patch_type is None:
-                raise ApiError(
-                    415,
-                    "UnsupportedMediaType",
-                    f'the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json ("{ctype}")',
-                )
-            if patch_type == "apply":
-                try:
-                    data = yaml.safe_load(body.decode() or "{}")
-                except yaml.YAMLError as exc:
-                    raise ApiError(400, "BadRequest", f"error decoding YAML: {exc}") from exc
-            else:
-                data = self._decode(raw, body)
-            existed = self._key(rt, pp.namespace, pp.name) in self._store[rt.storage_key]
-            obj = self._patch(
-                rt,
-                pp.namespace,
-                pp.name,
-                data,
-                patch_type,
-                pp.subresource,
-                dry_run=dry_run,
-                field_validation=field_validation,
-                warnings=warnings,
-                field_manager=q.get("fieldManager"),
-            )
-            return self._json(obj, 200 if existed else 201, self._warning_headers(warnings))
+            return self._patch_request(raw, q, body, pp, rt)
         if method == "DELETE":
-            opts: dict[str, Any] = {}
-            if body.strip():
-                with contextlib.suppress(ValueError):
-                    opts = json.loads(body) or {}
-            propagation = q.get("propagationPolicy") or opts.get("propagationPolicy")
-            if opts.get("orphanDependents") is True:
-                propagation = "Orphan"
-            obj = self._delete(
+            return self._delete_request(q, body, pp, rt)
+        raise _method_not_allowed()
+
+    async def _collection_request(
+        self,
+        raw: aiohttp.web.BaseRequest,
+        method: str,
+        q: Any,
+        body: bytes,
+        pp: _ParsedPath,
+        rt: ResourceType,
+    ) -> aiohttp.web.StreamResponse:
+        """list / watch / create / deletecollection (and the access reviews' create)."""
+        dry_run = q.get("dryRun") == "All"
+        if method == "GET":
+            if pp.watch_prefix or _truthy(q.get("watch")):
+                accept = raw.headers.get("Accept", "")
+                return await self._serve_watch(raw, rt, pp.namespace, q, accept)
+            objs = self._select(rt, pp.namespace, q.get("labelSelector"), q.get("fieldSelector"))
+            return self._render_list(rt, objs, raw.headers.get("Accept", ""), q)
+        if method == "POST" and rt.group == "authorization.k8s.io":
+            return self._json(
+                self._access_review(rt, pp.namespace, self._decode(raw, body), raw), 201
+            )
+        if method == "POST":
+            warnings: list[str] = []
+            obj = self._create(
                 rt,
                 pp.namespace,
-                pp.name,
-                propagation=propagation,
-                preconditions=opts.get("preconditions"),
-                dry_run=dry_run or "All" in (opts.get("dryRun") or []),
+                self._decode(raw, body),
+                dry_run=dry_run,
+                field_validation=q.get("fieldValidation"),
+                warnings=warnings,
             )
-            return self._json(obj)
-        raise ApiError(
-            405,
-            "MethodNotAllowed",
-            "the server does not allow this method on the requested resource",
+            return self._json(obj, 201, self._warning_headers(warnings))
+        if method == "DELETE":
+            objs = self._select(rt, pp.namespace, q.get("labelSelector"), q.get("fieldSelector"))
+            deleted = []
+            for obj in list(objs):
+                with contextlib.suppress(ApiError):
+                    meta = obj["metadata"]
+                    deleted.append(
+                        self._delete(rt, meta.get("namespace"), meta["name"], dry_run=dry_run)
+                    )
+            return self._json(self._list_body(rt, deleted))
+        raise _method_not_allowed()
+
+    async def _get_object(
+        self, raw: aiohttp.web.BaseRequest, q: Any, pp: _ParsedPath, rt: ResourceType
+    ) -> aiohttp.web.StreamResponse:
+        """GET one object (also as Table / PartialObjectMetadata), or watch it."""
+        assert pp.name is not None
+        accept = raw.headers.get("Accept", "")
+        if _truthy(q.get("watch")) or pp.watch_prefix:
+            one = {**q, "fieldSelector": f"metadata.name={pp.name}"}
+            return await self._serve_watch(raw, rt, pp.namespace, one, accept)
+        obj = self._store[rt.storage_key].get(self._key(rt, pp.namespace, pp.name))
+        if obj is None:
+            raise self._not_found(rt, pp.name)
+        if "as=Table" in accept:
+            return self._json(self._table(rt, [obj], q))
+        if "as=PartialObjectMetadata" in accept:
+            return self._json(
+                {
+                    "kind": "PartialObjectMetadata",
+                    "apiVersion": "meta.k8s.io/v1",
+                    "metadata": obj["metadata"],
+                }
+            )
+        return self._json(self._out(rt, obj))
+
+    def _patch_request(
+        self,
+        raw: aiohttp.web.BaseRequest,
+        q: Any,
+        body: bytes,
+        pp: _ParsedPath,
+        rt: ResourceType,
+    ) -> aiohttp.web.StreamResponse:
+        """PATCH by content type: merge, JSON, strategic merge, server-side apply."""
+        assert pp.name is not None
+        ctype = (raw.headers.get("Content-Type") or "").split(";")[0].strip()
+        patch_type = PATCH_TYPES.get(ctype)
+        if patch_type is None:
+            raise ApiError(
+                415,
+                "UnsupportedMediaType",
+                f'the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json ("{ctype}")',
+            )
+        if patch_type == "apply":
+            try:
+                data = yaml.safe_load(body.decode() or "{}")
+            except yaml.YAMLError as exc:
+                raise ApiError(400, "BadRequest", f"error decoding YAML: {exc}") from exc
+        else:
+            data = self._decode(raw, body)
+        existed = self._key(rt, pp.namespace, pp.name) in self._store[rt.storage_key]
+        warnings: list[str] = []
+        obj = self._patch(
+            rt,
+            pp.namespace,
+            pp.name,
+            data,
+            patch_type,
+            pp.subresource,
+            dry_run=q.get("dryRun") == "All",
+            field_validation=q.get("fieldValidation"),
+            warnings=warnings,
+            field_manager=q.get("fieldManager"),
         )
+        return self._json(obj, 200 if existed else 201, self._warning_headers(warnings))
+
+    def _delete_request(
+        self, q: Any, body: bytes, pp: _ParsedPath, rt: ResourceType
+    ) -> aiohttp.web.StreamResponse:
+        """DELETE one object with the query's or the body's DeleteOptions."""
+        assert pp.name is not None
+        opts: dict[str, Any] = {}
+        if body.strip():
+            with contextlib.suppress(ValueError):
+                opts = json.loads(body) or {}
+        propagation = q.get("propagationPolicy") or opts.get("propagationPolicy")
+        if opts.get("orphanDependents") is True:
+            propagation = "Orphan"
+        obj = self._delete(
+            rt,
+            pp.namespace,
+            pp.name,
+            propagation=propagation,
+            preconditions=opts.get("preconditions"),
+            dry_run=q.get("dryRun") == "All" or "All" in (opts.get("dryRun") or []),
+        )
+        return self._json(obj)
 
     @staticmethod
     def _warning_headers(warnings: list[str]) -> dict[str, str] | None:
