@@ -337,61 +337,8 @@ class ObjectStore:
         meta = obj.setdefault("metadata", {})
         if not isinstance(meta, dict):
             raise ApiError(400, "BadRequest", "metadata must be an object")
-        if rt.namespaced:
-            body_ns = meta.get("namespace")
-            if namespace and body_ns and body_ns != namespace:
-                raise ApiError(
-                    400,
-                    "BadRequest",
-                    "the namespace of the provided object does not match the namespace sent on the request",
-                )
-            ns = namespace or body_ns or ""
-            if not ns:
-                raise ApiError(400, "BadRequest", "the namespace of the object must be set")
-            meta["namespace"] = ns
-            if not self._store[("", "namespaces")].get(("", ns)):
-                raise ApiError(
-                    404,
-                    "NotFound",
-                    f'namespaces "{ns}" not found',
-                    {"name": ns, "kind": "namespaces"},
-                )
-        else:
-            meta.pop("namespace", None)
-            ns = ""
-        if not meta.get("name") and meta.get("generateName"):
-            for _ in range(20):
-                candidate = meta["generateName"] + "".join(
-                    secrets.choice(string.ascii_lowercase + string.digits) for _ in range(5)
-                )
-                if (ns, candidate) not in self._store[rt.storage_key]:
-                    meta["name"] = candidate
-                    break
-        name = meta.get("name") or ""
-        causes: list[schema.Cause] = []
-        if not name:
-            causes.append(
-                schema.Cause(
-                    "metadata.name",
-                    "FieldValueRequired",
-                    "Required value: name or generateName is required",
-                )
-            )
-        elif (
-            not (DNS_LABEL if rt.kind in ("Namespace", "Job") else DNS_SUBDOMAIN).match(name)
-            or len(name) > 253
-        ):
-            causes.append(
-                schema._invalid(
-                    "metadata.name",
-                    name,
-                    "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', "
-                    "and must start and end with an alphanumeric character (e.g. 'example.com', regex used for "
-                    "validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')",
-                )
-            )
-        if causes:
-            raise self._invalid(rt, name, causes)
+        ns = self._create_namespace(rt, namespace, meta)
+        name = self._create_name(rt, ns, meta)
         if (ns, name) in self._store[rt.storage_key]:
             raise ApiError(
                 409,
@@ -426,6 +373,71 @@ class ObjectStore:
         self._emit(rt, "ADDED", obj)
         self._after_write(rt, obj, None)
         return self._out(rt, obj)
+
+    def _create_namespace(
+        self, rt: ResourceType, namespace: str | None, meta: dict[str, Any]
+    ) -> str:
+        """The new object's namespace (URL and body must agree; it must exist); "" when
+        cluster-scoped."""
+        if not rt.namespaced:
+            meta.pop("namespace", None)
+            return ""
+        body_ns = meta.get("namespace")
+        if namespace and body_ns and body_ns != namespace:
+            raise ApiError(
+                400,
+                "BadRequest",
+                "the namespace of the provided object does not match the namespace sent on the request",
+            )
+        ns = namespace or body_ns or ""
+        if not ns:
+            raise ApiError(400, "BadRequest", "the namespace of the object must be set")
+        meta["namespace"] = ns
+        if not self._store[("", "namespaces")].get(("", ns)):
+            raise ApiError(
+                404,
+                "NotFound",
+                f'namespaces "{ns}" not found',
+                {"name": ns, "kind": "namespaces"},
+            )
+        return ns
+
+    def _create_name(self, rt: ResourceType, ns: str, meta: dict[str, Any]) -> str:
+        """The new object's name (``generateName`` honoured), validated (422)."""
+        if not meta.get("name") and meta.get("generateName"):
+            for _ in range(20):
+                candidate = meta["generateName"] + "".join(
+                    secrets.choice(string.ascii_lowercase + string.digits) for _ in range(5)
+                )
+                if (ns, candidate) not in self._store[rt.storage_key]:
+                    meta["name"] = candidate
+                    break
+        name = meta.get("name") or ""
+        causes: list[schema.Cause] = []
+        if not name:
+            causes.append(
+                schema.Cause(
+                    "metadata.name",
+                    "FieldValueRequired",
+                    "Required value: name or generateName is required",
+                )
+            )
+        elif (
+            not (DNS_LABEL if rt.kind in ("Namespace", "Job") else DNS_SUBDOMAIN).match(name)
+            or len(name) > 253
+        ):
+            causes.append(
+                schema._invalid(
+                    "metadata.name",
+                    name,
+                    "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', "
+                    "and must start and end with an alphanumeric character (e.g. 'example.com', regex used for "
+                    "validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')",
+                )
+            )
+        if causes:
+            raise self._invalid(rt, name, causes)
+        return name
 
     def _update(
         self,
@@ -559,29 +571,81 @@ class ObjectStore:
         applied_paths = _apply_paths(patch) if patch_type == "apply" else set()
         if old is None:
             if patch_type == "apply" and subresource is None:
-                if isinstance(patch, dict):
-                    pm = patch.get("metadata") or {}
-                    if pm.get("name") and pm["name"] != name:
-                        raise ApiError(
-                            400,
-                            "BadRequest",
-                            "the name of the object does not match the name on the URL",
-                        )
-                    patch = copy.deepcopy(patch)
-                    patch.setdefault("metadata", {})["name"] = name
-                created = self._create(
-                    rt,
-                    namespace,
-                    patch,
-                    dry_run=dry_run,
-                    field_validation=field_validation,
-                    warnings=warnings,
+                created = self._apply_create(
+                    rt, namespace, name, patch, dry_run, field_validation, warnings
                 )
                 if not dry_run:
                     self._applied[(created["metadata"]["uid"], manager, "")] = applied_paths
                 return created
             raise self._not_found(rt, name)
-        current = self._out(rt, old)
+        owner = (old["metadata"]["uid"], manager, subresource or "")
+        patched = self._patched(rt, self._out(rt, old), patch, patch_type, owner, applied_paths)
+        pmeta = patched.get("metadata") or {}
+        if patch_type != "json":
+            prv = (
+                (patch.get("metadata") or {}).get("resourceVersion")
+                if isinstance(patch, dict)
+                else None
+            )
+            if prv and str(prv) != old["metadata"]["resourceVersion"]:
+                raise self._conflict(rt, name)
+        elif str(pmeta.get("resourceVersion", "")) not in ("", old["metadata"]["resourceVersion"]):
+            raise self._conflict(rt, name)
+        pmeta["resourceVersion"] = ""
+        patched["metadata"] = pmeta
+        if patch_type == "apply" and not dry_run:
+            self._applied[owner] = applied_paths
+        return self._update(
+            rt,
+            namespace,
+            name,
+            patched,
+            subresource,
+            dry_run=dry_run,
+            field_validation=field_validation,
+            warnings=warnings,
+        )
+
+    def _apply_create(
+        self,
+        rt: ResourceType,
+        namespace: str | None,
+        name: str,
+        patch: Any,
+        dry_run: bool,
+        field_validation: str | None,
+        warnings: list[str] | None,
+    ) -> dict[str, Any]:
+        """Server-side apply of an absent object creates it (the URL's name wins)."""
+        if isinstance(patch, dict):
+            pm = patch.get("metadata") or {}
+            if pm.get("name") and pm["name"] != name:
+                raise ApiError(
+                    400,
+                    "BadRequest",
+                    "the name of the object does not match the name on the URL",
+                )
+            patch = copy.deepcopy(patch)
+            patch.setdefault("metadata", {})["name"] = name
+        return self._create(
+            rt,
+            namespace,
+            patch,
+            dry_run=dry_run,
+            field_validation=field_validation,
+            warnings=warnings,
+        )
+
+    def _patched(
+        self,
+        rt: ResourceType,
+        current: dict[str, Any],
+        patch: Any,
+        patch_type: str,
+        owner: tuple[str, str, str],
+        applied_paths: set[tuple[str, ...]],
+    ) -> dict[str, Any]:
+        """``current`` with the patch applied (merge, JSON, strategic merge or apply)."""
         try:
             if patch_type == "json":
                 patched = patching.json_patch(current, patch)
@@ -597,9 +661,7 @@ class ObjectStore:
                 if patch_type == "apply":
                     # Server-side apply ownership (simplified: one owner per field): what this
                     # manager applied before and no longer applies is removed.
-                    prev = self._applied.get(
-                        (old["metadata"]["uid"], manager, subresource or ""), set()
-                    )
+                    prev = self._applied.get(owner, set())
                     for path in sorted(prev - applied_paths, key=len, reverse=True):
                         if not any(p[: len(path)] == path for p in applied_paths):
                             _remove_path(patched, path)
@@ -615,31 +677,7 @@ class ObjectStore:
             ) from exc
         if not isinstance(patched, dict):
             raise ApiError(400, "BadRequest", "the patch must produce an object")
-        pmeta = patched.get("metadata") or {}
-        if patch_type != "json":
-            prv = (
-                (patch.get("metadata") or {}).get("resourceVersion")
-                if isinstance(patch, dict)
-                else None
-            )
-            if prv and str(prv) != old["metadata"]["resourceVersion"]:
-                raise self._conflict(rt, name)
-        elif str(pmeta.get("resourceVersion", "")) not in ("", old["metadata"]["resourceVersion"]):
-            raise self._conflict(rt, name)
-        pmeta["resourceVersion"] = ""
-        patched["metadata"] = pmeta
-        if patch_type == "apply" and not dry_run:
-            self._applied[(old["metadata"]["uid"], manager, subresource or "")] = applied_paths
-        return self._update(
-            rt,
-            namespace,
-            name,
-            patched,
-            subresource,
-            dry_run=dry_run,
-            field_validation=field_validation,
-            warnings=warnings,
-        )
+        return patched
 
     def _delete(
         self,
