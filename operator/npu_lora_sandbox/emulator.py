@@ -100,7 +100,7 @@ import kmock
 import yaml
 
 from .admission import Admission
-from .auth import Authorizer
+from .auth import DECISIONS_KEPT, Authorizer, Decision
 from .discovery import Discovery
 from .garbage import GarbageCollector
 from .http_api import HttpApi
@@ -155,6 +155,8 @@ class ApiEmulator(
         self._stop_hooks: list[Callable[[], Any]] = []
         # server-side apply: (uid, fieldManager, subresource) -> the field paths it applied
         self._applied: dict[tuple[str, str, str], set[tuple[str, ...]]] = {}
+        # authorization decisions on HTTP requests of non-admin identities (see .auth)
+        self._decisions: collections.deque[Decision] = collections.deque(maxlen=DECISIONS_KEPT)
         for rt in _builtin_types():
             self._register(rt)
         for ns in ("default", "kube-system", "kube-public", "kube-node-lease"):
