@@ -13,8 +13,63 @@ import aiohttp.web
 from .resources import (
     VERBS,
     ApiError,
+    ResourceType,
     _version_priority,
 )
+
+_OPENAPI_PARAMS = [
+    {"name": "dryRun", "in": "query", "schema": {"type": "string"}},
+    {"name": "fieldManager", "in": "query", "schema": {"type": "string"}},
+    {"name": "fieldValidation", "in": "query", "schema": {"type": "string"}},
+]
+_PATCH_CONTENT = {
+    t: {"schema": {"type": "object"}}
+    for t in (
+        "application/json-patch+json",
+        "application/merge-patch+json",
+        "application/apply-patch+yaml",
+    )
+}
+
+
+def _openapi_paths(rt: ResourceType, prefix: str, schema_name: str) -> dict[str, Any]:
+    """The OpenAPI v3 paths of one resource: collection, object, and status when it has one.
+    Each write declares ``fieldValidation`` (so ``kubectl apply`` validates on the server)."""
+    gvk = {"group": rt.group, "version": rt.version, "kind": rt.kind}
+    content = {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema_name}"}}}
+
+    def op(action: str, with_body: bool, patch: bool = False) -> dict[str, Any]:
+        o: dict[str, Any] = {
+            "x-kubernetes-action": action,
+            "x-kubernetes-group-version-kind": gvk,
+            "parameters": _OPENAPI_PARAMS if with_body else [],
+            "responses": {"200": {"description": "OK", "content": content}},
+        }
+        if with_body:
+            o["requestBody"] = {"content": _PATCH_CONTENT if patch else content}
+        return o
+
+    base = (
+        f"{prefix}/namespaces/{{namespace}}/{rt.plural}"
+        if rt.namespaced
+        else f"{prefix}/{rt.plural}"
+    )
+    paths = {
+        base: {"get": op("list", False), "post": op("post", True)},
+        f"{base}/{{name}}": {
+            "get": op("get", False),
+            "put": op("put", True),
+            "patch": op("patch", True, True),
+            "delete": op("delete", False),
+        },
+    }
+    if rt.has_status:
+        paths[f"{base}/{{name}}/status"] = {
+            "get": op("get", False),
+            "put": op("put", True),
+            "patch": op("patch", True, True),
+        }
+    return paths
 
 
 class Discovery:
@@ -124,68 +179,17 @@ class Discovery:
         for rt in self._types.values():
             if rt.group != group or rt.version != version:
                 continue
-            gvk = {"group": group, "version": version, "kind": rt.kind}
             schema_name = f"{rev_group}.{version}.{rt.kind}"
             body_schema = (
                 copy.deepcopy(rt.schema)
                 if rt.schema
                 else {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
             )
-            body_schema["x-kubernetes-group-version-kind"] = [gvk]
-            schemas[schema_name] = body_schema
-            ref = {"$ref": f"#/components/schemas/{schema_name}"}
-            content = {"application/json": {"schema": ref}}
-            params = [
-                {"name": "dryRun", "in": "query", "schema": {"type": "string"}},
-                {"name": "fieldManager", "in": "query", "schema": {"type": "string"}},
-                {"name": "fieldValidation", "in": "query", "schema": {"type": "string"}},
+            body_schema["x-kubernetes-group-version-kind"] = [
+                {"group": group, "version": version, "kind": rt.kind}
             ]
-            patch_content = {
-                t: {"schema": {"type": "object"}}
-                for t in (
-                    "application/json-patch+json",
-                    "application/merge-patch+json",
-                    "application/apply-patch+yaml",
-                )
-            }
-            base = (
-                f"{prefix}/namespaces/{{namespace}}/{rt.plural}"
-                if rt.namespaced
-                else f"{prefix}/{rt.plural}"
-            )
-
-            def op(
-                action: str,
-                with_body: bool,
-                patch: bool = False,
-                gvk: dict[str, str] = gvk,
-                params: list[dict[str, Any]] = params,
-                content: dict[str, Any] = content,
-                patch_content: dict[str, Any] = patch_content,
-            ) -> dict[str, Any]:
-                o: dict[str, Any] = {
-                    "x-kubernetes-action": action,
-                    "x-kubernetes-group-version-kind": gvk,
-                    "parameters": params if with_body else [],
-                    "responses": {"200": {"description": "OK", "content": content}},
-                }
-                if with_body:
-                    o["requestBody"] = {"content": patch_content if patch else content}
-                return o
-
-            paths[base] = {"get": op("list", False), "post": op("post", True)}
-            paths[f"{base}/{{name}}"] = {
-                "get": op("get", False),
-                "put": op("put", True),
-                "patch": op("patch", True, True),
-                "delete": op("delete", False),
-            }
-            if rt.has_status:
-                paths[f"{base}/{{name}}/status"] = {
-                    "get": op("get", False),
-                    "put": op("put", True),
-                    "patch": op("patch", True, True),
-                }
+            schemas[schema_name] = body_schema
+            paths.update(_openapi_paths(rt, prefix, schema_name))
         return {
             "openapi": "3.0.0",
             "info": {"title": "Kubernetes (npu-lora sandbox)", "version": "v1.32.0"},
