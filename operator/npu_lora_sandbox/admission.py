@@ -13,6 +13,37 @@ from .resources import (
 )
 
 
+def _crd_status(obj: dict[str, Any]) -> None:
+    """A CRD's status: accepted names, NamesAccepted/Established (kept if set), stored versions."""
+    spec = obj.get("spec") or {}
+    names = dict(spec.get("names") or {})
+    names.setdefault("singular", str(names.get("kind", "")).lower())
+    names.setdefault("listKind", f"{names.get('kind', '')}List")
+    kept = (obj.get("status") or {}).get("conditions")
+    obj["status"] = {
+        "acceptedNames": names,
+        "conditions": [
+            {
+                "type": "NamesAccepted",
+                "status": "True",
+                "reason": "NoConflicts",
+                "message": "no conflicts found",
+                "lastTransitionTime": now_iso(),
+            },
+            {
+                "type": "Established",
+                "status": "True",
+                "reason": "InitialNamesAccepted",
+                "message": "the initial names have been accepted",
+                "lastTransitionTime": now_iso(),
+            },
+        ],
+        "storedVersions": [v["name"] for v in spec.get("versions") or [] if v.get("storage")],
+    }
+    if kept:
+        obj["status"]["conditions"] = kept
+
+
 class Admission:
     """Admission: defaulting, the structural schema and CEL of custom resources, and the
     built-in validations (metadata, workloads, a Job's immutable fields).
@@ -29,65 +60,42 @@ class Admission:
             obj.setdefault("spec", {}).setdefault("finalizers", ["kubernetes"])
             obj.setdefault("status", {}).setdefault("phase", "Active")
         elif rt.kind == "Job" and rt.group == "batch" and old is None:
-            spec = obj.setdefault("spec", {})
-            uid = meta["uid"]
-            if not spec.get("manualSelector"):
-                spec["selector"] = {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
-            tmpl_meta = spec.setdefault("template", {}).setdefault("metadata", {})
-            labels = tmpl_meta.setdefault("labels", {})
-            labels.update(
-                {
-                    "batch.kubernetes.io/controller-uid": uid,
-                    "batch.kubernetes.io/job-name": meta["name"],
-                    "controller-uid": uid,
-                    "job-name": meta["name"],
-                }
-            )
-            spec.setdefault("backoffLimit", 6)
-            spec.setdefault("completions", 1)
-            spec.setdefault("parallelism", 1)
-            spec.setdefault("completionMode", "NonIndexed")
-            spec.setdefault("suspend", False)
-            spec.setdefault("podReplacementPolicy", "TerminatingOrFailed")
-            self._default_pod_spec(spec["template"].setdefault("spec", {}))
-            obj.setdefault("status", {})
+            self._default_job(obj)
         elif rt.kind == "Pod" and rt.group == "" and old is None:
             self._default_pod_spec(obj.setdefault("spec", {}))
             status = obj.setdefault("status", {})
             status.setdefault("phase", "Pending")
             status.setdefault("qosClass", "BestEffort")
         elif rt.kind == "CustomResourceDefinition":
-            spec = obj.get("spec") or {}
-            names = dict(spec.get("names") or {})
-            names.setdefault("singular", str(names.get("kind", "")).lower())
-            names.setdefault("listKind", f"{names.get('kind', '')}List")
-            kept = (obj.get("status") or {}).get("conditions")
-            obj["status"] = {
-                "acceptedNames": names,
-                "conditions": [
-                    {
-                        "type": "NamesAccepted",
-                        "status": "True",
-                        "reason": "NoConflicts",
-                        "message": "no conflicts found",
-                        "lastTransitionTime": now_iso(),
-                    },
-                    {
-                        "type": "Established",
-                        "status": "True",
-                        "reason": "InitialNamesAccepted",
-                        "message": "the initial names have been accepted",
-                        "lastTransitionTime": now_iso(),
-                    },
-                ],
-                "storedVersions": [
-                    v["name"] for v in spec.get("versions") or [] if v.get("storage")
-                ],
-            }
-            if kept:
-                obj["status"]["conditions"] = kept
+            _crd_status(obj)
         elif rt.kind == "ServiceAccount" and rt.group == "":
             pass
+
+    def _default_job(self, obj: dict[str, Any]) -> None:
+        """A new Job's selector, pod-template labels and spec defaults (as the apiserver sets)."""
+        meta = obj["metadata"]
+        spec = obj.setdefault("spec", {})
+        uid = meta["uid"]
+        if not spec.get("manualSelector"):
+            spec["selector"] = {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
+        tmpl_meta = spec.setdefault("template", {}).setdefault("metadata", {})
+        labels = tmpl_meta.setdefault("labels", {})
+        labels.update(
+            {
+                "batch.kubernetes.io/controller-uid": uid,
+                "batch.kubernetes.io/job-name": meta["name"],
+                "controller-uid": uid,
+                "job-name": meta["name"],
+            }
+        )
+        spec.setdefault("backoffLimit", 6)
+        spec.setdefault("completions", 1)
+        spec.setdefault("parallelism", 1)
+        spec.setdefault("completionMode", "NonIndexed")
+        spec.setdefault("suspend", False)
+        spec.setdefault("podReplacementPolicy", "TerminatingOrFailed")
+        self._default_pod_spec(spec["template"].setdefault("spec", {}))
+        obj.setdefault("status", {})
 
     @staticmethod
     def _default_pod_spec(pspec: dict[str, Any]) -> None:
