@@ -66,6 +66,8 @@ What the server does:
   apiserver's message otherwise); (Self|Local)SubjectAccessReviews are answered
   (``kubectl auth can-i VERB RES --as=system:serviceaccount:NS:SA``); in-process:
   :meth:`ApiEmulator.authorize`. Discovery, ``/version`` and ``/openapi`` are open to everyone.
+  Every decision on such a request is recorded: :meth:`ApiEmulator.authorization_log` (user,
+  verb, group, resource, subresource, namespace, name, allowed).
 - protobuf request bodies only for what kubectl's typed clients send in common commands
   (``kubectl create namespace|configmap|secret|serviceaccount``, ``auth can-i``); others get 415.
 

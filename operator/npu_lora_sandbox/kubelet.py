@@ -1,5 +1,9 @@
 """A local "kubelet" + Job controller for the API emulator: runs containers as subprocesses.
 
+Parts: :mod:`.jobs` (Job controller), :mod:`.pods` (pod runner), :mod:`.podenv` (pod environment),
+:mod:`.runtime` (how a container runs: ``runtime=`` a :class:`~.runtime.PodRuntime`, by default
+:class:`~.runtime.HostRuntime`, a local subprocess).
+
 Usage::
 
     from npu_lora_sandbox.emulator import ApiEmulator
