@@ -43,6 +43,8 @@ RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
 
 # ---------------------------------------------------------------------------------------------
 # operator: `npu-lora operator` (kopf + kubernetes client; the `operator` extra, no torch).
+# The wheel also carries npu_lora_sandbox (the API emulator + local kubelet of `npu-lora
+# sandbox`, the `sandbox` extra): it is deleted here, so the operator image ships no sandbox code.
 FROM base AS operator
 
 LABEL org.opencontainers.image.description="npu-lora operator (kopf): MoEFinetune -> Job"
@@ -50,6 +52,8 @@ LABEL org.opencontainers.image.description="npu-lora operator (kopf): MoEFinetun
 RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
     pip install --no-cache-dir "$(ls /wheels/npu_lora-*.whl)[operator]" \
     && python -c "import npu_lora_operator, kopf, kubernetes" \
+    && rm -r "$(python -c 'import npu_lora_sandbox, os; print(os.path.dirname(npu_lora_sandbox.__file__))')" \
+    && ! python -c "import npu_lora_sandbox" 2>/dev/null \
     && ! python -c "import torch" 2>/dev/null
 
 USER 1000:1000

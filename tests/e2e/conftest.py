@@ -29,7 +29,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture
 def cluster(emulator: Any, kubeconfig: Path, kubectl: Any, tmp_path: Path) -> Iterator[Cluster]:
-    from npu_lora_operator.sandbox.kubelet import LocalKubelet
+    from npu_lora_sandbox.kubelet import LocalKubelet
 
     kubectl("apply", "-f", str(CRD_FILE))
     wait_until(lambda: kubectl("get", "mft", check=False).returncode == 0, timeout=10)

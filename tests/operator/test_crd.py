@@ -206,7 +206,7 @@ def test_cel_rules_compile() -> None:
 
 # -- the schema as the apiserver applies it (the emulator's structural schema code) ---------
 
-schema_mod = pytest.importorskip("npu_lora_operator.sandbox.schema")
+schema_mod = pytest.importorskip("npu_lora_sandbox.schema")
 
 
 def _admit(obj: dict[str, Any], old: dict[str, Any] | None = None) -> tuple[list[str], list[str]]:

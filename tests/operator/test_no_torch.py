@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import npu_lora_operator
+import npu_lora_sandbox
 
 CODE = """
 import importlib, sys
@@ -27,10 +28,18 @@ print('ok', len(mods))
 
 def test_operator_imports_without_torch() -> None:
     mods = sorted(
-        m.name for m in pkgutil.walk_packages(npu_lora_operator.__path__, "npu_lora_operator.")
+        m.name
+        for pkg in (npu_lora_operator, npu_lora_sandbox)
+        for m in pkgutil.walk_packages(pkg.__path__, f"{pkg.__name__}.")
     )
-    mods += ["npu_lora_operator", "npu_lora.report.status", "npu_lora.api", "npu_lora.api.load"]
-    assert "npu_lora_operator.handlers" in mods and "npu_lora_operator.sandbox.emulator" in mods
+    mods += [
+        "npu_lora_operator",
+        "npu_lora_sandbox",
+        "npu_lora.report.status",
+        "npu_lora.api",
+        "npu_lora.api.load",
+    ]
+    assert "npu_lora_operator.handlers" in mods and "npu_lora_sandbox.emulator" in mods
     out = subprocess.run(
         [sys.executable, "-c", CODE.format(mods=mods)], capture_output=True, text=True
     )

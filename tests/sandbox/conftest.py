@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from npu_lora_operator.sandbox.emulator import ApiEmulator
-from npu_lora_operator.sandbox.kubelet import LocalKubelet
+from npu_lora_sandbox.emulator import ApiEmulator
+from npu_lora_sandbox.kubelet import LocalKubelet
 
 KUBECTL = shutil.which("kubectl")
 

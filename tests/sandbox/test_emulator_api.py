@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
-from npu_lora_operator.sandbox.emulator import ApiEmulator, ApiError
+from npu_lora_sandbox.emulator import ApiEmulator, ApiError
 
 
 def http(

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from npu_lora_operator.sandbox import schema as sch
-from npu_lora_operator.sandbox.emulator import ApiEmulator, ApiError
+from npu_lora_sandbox import schema as sch
+from npu_lora_sandbox.emulator import ApiEmulator, ApiError
 
 GROUP, VERSION, PLURAL = "example.com", "v1", "widgets"
 

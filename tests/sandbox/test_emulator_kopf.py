@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from npu_lora_operator.sandbox.emulator import ApiEmulator
+from npu_lora_sandbox.emulator import ApiEmulator
 
 OPERATOR = textwrap.dedent(
     """

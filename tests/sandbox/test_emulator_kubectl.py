@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 import pytest
-from npu_lora_operator.sandbox.emulator import ApiEmulator
+from npu_lora_sandbox.emulator import ApiEmulator
 
 CM = """apiVersion: v1
 kind: ConfigMap

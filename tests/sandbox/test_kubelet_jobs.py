@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from npu_lora_operator.sandbox.emulator import ApiEmulator
-from npu_lora_operator.sandbox.kubelet import LocalKubelet
+from npu_lora_sandbox.emulator import ApiEmulator
+from npu_lora_sandbox.kubelet import LocalKubelet
 
 
 def job(name: str, code: str, **spec: Any) -> dict[str, Any]:

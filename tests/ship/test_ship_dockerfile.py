@@ -80,6 +80,13 @@ def test_operator_has_no_torch_and_worker_has_furiosa():
     assert "PIP_CONSTRAINT" in worker
 
 
+def test_operator_image_has_no_sandbox_code():
+    op = _stages()["operator"]
+    assert re.search(r"rm -r .*npu_lora_sandbox", op), "the operator stage deletes npu_lora_sandbox"
+    assert '! python -c "import npu_lora_sandbox"' in op
+    assert op.index("rm -r") < op.index('! python -c "import npu_lora_sandbox"')
+
+
 def test_image_user_matches_the_job_builder_and_the_chart():
     assert re.search(r"useradd --uid 1000 --gid 1000", DOCKERFILE.read_text())
     settings = pytest.importorskip("npu_lora_operator.settings")

@@ -75,7 +75,7 @@ def test_qwen3_example_memory_covers_the_bf16_experts():
 def test_example_passes_the_crd_schema_like_an_apiserver(path):
     """Pruning (no unknown field), defaulting and validation with CEL, against the chart's CRD,
     with the API emulator's implementation of what kube-apiserver does."""
-    schema_mod = pytest.importorskip("npu_lora_operator.sandbox.schema")
+    schema_mod = pytest.importorskip("npu_lora_sandbox.schema")
     crd_path = REPO / "charts" / "npu-lora-operator" / "crds" / "npu-lora.io_moefinetunes.yaml"
     crd = next(d for d in yaml.safe_load_all(crd_path.read_text()) if d)
     (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1"]

@@ -31,7 +31,7 @@ OPERATOR_COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "operator": ("npu_lora_operator.commands.operator", "run the kopf operator"),
     "sandbox": (
-        "npu_lora_operator.commands.sandbox",
+        "npu_lora_sandbox.command",
         "API emulator + local kubelet + operator in one process, for kubectl without a cluster",
     ),
 }

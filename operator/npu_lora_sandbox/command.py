@@ -64,7 +64,6 @@ class OperatorThread:
 
     def _run(self) -> None:
         import kopf
-
         from npu_lora_operator import handlers
 
         try:
@@ -107,12 +106,12 @@ def start_sandbox(
     """Start emulator + CRD + kubelet (+ operator). Returns the parts; stop with
     :func:`stop_sandbox`."""
     import kubernetes
-
     from npu_lora_operator import handlers
     from npu_lora_operator.crd import build_crd
-    from npu_lora_operator.sandbox.emulator import ApiEmulator
-    from npu_lora_operator.sandbox.kubelet import LocalKubelet
     from npu_lora_operator.settings import OperatorConfig
+
+    from npu_lora_sandbox.emulator import ApiEmulator
+    from npu_lora_sandbox.kubelet import LocalKubelet
 
     root = Path(root).resolve()
     root.mkdir(parents=True, exist_ok=True)
@@ -165,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
         operator=not args.no_operator,
     )
     kc = parts["kubeconfig"]
-    examples = Path(__file__).resolve().parents[3] / "examples" / "tiny-sandbox.yaml"
+    examples = Path(__file__).resolve().parents[2] / "examples" / "tiny-sandbox.yaml"
     example = str(examples) if examples.exists() else "examples/tiny-sandbox.yaml"
     print(
         f"npu-lora sandbox: API at {parts['emulator'].url}, state in {parts['root']}\n"

@@ -238,20 +238,9 @@ def _validate(
         if typ:
             causes.append(_invalid(path, "null", f'{shown} in body must be of type {typ}: "null"'))
         return
-    typ = schema.get("type")
-    if schema.get("x-kubernetes-int-or-string"):
-        if not isinstance(value, int | str) or isinstance(value, bool):
-            causes.append(
-                _invalid(
-                    path,
-                    _json_type(value),
-                    f'{shown} in body must be of type integer,string: "{_json_type(value)}"',
-                )
-            )
-            return
-    elif typ and not _type_ok(value, typ):
-        actual = _json_type(value)
-        causes.append(_invalid(path, actual, f'{shown} in body must be of type {typ}: "{actual}"'))
+    wrong_type = _type_error(value, schema, path, shown)
+    if wrong_type is not None:
+        causes.append(wrong_type)
         return
 
     n_before = len(causes)
@@ -274,6 +263,33 @@ def _validate(
         _validate_object(value, schema, old, has_old, path, causes)
     for sub in schema.get("allOf") or []:
         _validate(value, sub, old, has_old, path, causes)
+    _validate_combinators(value, schema, path, shown, causes)
+    # CEL rules run only where the value is otherwise valid (like the apiserver's cost-free path).
+    if schema.get("x-kubernetes-validations") and len(causes) == n_before:
+        _validate_cel(value, schema, old, has_old, path, causes)
+
+
+def _type_error(value: Any, schema: dict[str, Any], path: str, shown: str) -> Cause | None:
+    """The cause when a (non-null) value has the wrong JSON type (int-or-string honoured)."""
+    typ = schema.get("type")
+    if schema.get("x-kubernetes-int-or-string"):
+        if not isinstance(value, int | str) or isinstance(value, bool):
+            return _invalid(
+                path,
+                _json_type(value),
+                f'{shown} in body must be of type integer,string: "{_json_type(value)}"',
+            )
+        return None
+    if typ and not _type_ok(value, typ):
+        actual = _json_type(value)
+        return _invalid(path, actual, f'{shown} in body must be of type {typ}: "{actual}"')
+    return None
+
+
+def _validate_combinators(
+    value: Any, schema: dict[str, Any], path: str, shown: str, causes: list[Cause]
+) -> None:
+    """``anyOf``, ``oneOf`` and ``not`` (``allOf`` recurses in :func:`_validate`)."""
     any_of = schema.get("anyOf")
     if any_of and all(validate(value, s, path=path) for s in any_of):
         causes.append(_invalid(path, value, f"{shown} in body must be of type anyOf"))
@@ -289,9 +305,6 @@ def _validate(
         causes.append(
             _invalid(path, value, f"{shown} in body should not validate the given schema")
         )
-    # CEL rules run only where the value is otherwise valid (like the apiserver's cost-free path).
-    if schema.get("x-kubernetes-validations") and len(causes) == n_before:
-        _validate_cel(value, schema, old, has_old, path, causes)
 
 
 def _validate_number(

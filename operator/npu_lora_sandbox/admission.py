@@ -1,0 +1,263 @@
+"""The API emulator's admission (see :class:`Admission`)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from . import schema
+from .resources import (
+    ApiError,
+    ResourceType,
+    now_iso,
+)
+
+
+def _crd_status(obj: dict[str, Any]) -> None:
+    """A CRD's status: accepted names, NamesAccepted/Established (kept if set), stored versions."""
+    spec = obj.get("spec") or {}
+    names = dict(spec.get("names") or {})
+    names.setdefault("singular", str(names.get("kind", "")).lower())
+    names.setdefault("listKind", f"{names.get('kind', '')}List")
+    kept = (obj.get("status") or {}).get("conditions")
+    obj["status"] = {
+        "acceptedNames": names,
+        "conditions": [
+            {
+                "type": "NamesAccepted",
+                "status": "True",
+                "reason": "NoConflicts",
+                "message": "no conflicts found",
+                "lastTransitionTime": now_iso(),
+            },
+            {
+                "type": "Established",
+                "status": "True",
+                "reason": "InitialNamesAccepted",
+                "message": "the initial names have been accepted",
+                "lastTransitionTime": now_iso(),
+            },
+        ],
+        "storedVersions": [v["name"] for v in spec.get("versions") or [] if v.get("storage")],
+    }
+    if kept:
+        obj["status"]["conditions"] = kept
+
+
+class Admission:
+    """Admission: defaulting, the structural schema and CEL of custom resources, and the
+    built-in validations (metadata, workloads, a Job's immutable fields).
+
+    A mixin of :class:`~npu_lora_sandbox.emulator.ApiEmulator` (its state lives there).
+    """
+
+    def _default_builtin(
+        self, rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None
+    ) -> None:
+        meta = obj["metadata"]
+        if rt.kind == "Namespace" and rt.group == "":
+            meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = meta["name"]
+            obj.setdefault("spec", {}).setdefault("finalizers", ["kubernetes"])
+            obj.setdefault("status", {}).setdefault("phase", "Active")
+        elif rt.kind == "Job" and rt.group == "batch" and old is None:
+            self._default_job(obj)
+        elif rt.kind == "Pod" and rt.group == "" and old is None:
+            self._default_pod_spec(obj.setdefault("spec", {}))
+            status = obj.setdefault("status", {})
+            status.setdefault("phase", "Pending")
+            status.setdefault("qosClass", "BestEffort")
+        elif rt.kind == "CustomResourceDefinition":
+            _crd_status(obj)
+        elif rt.kind == "ServiceAccount" and rt.group == "":
+            pass
+
+    def _default_job(self, obj: dict[str, Any]) -> None:
+        """A new Job's selector, pod-template labels and spec defaults (as the apiserver sets)."""
+        meta = obj["metadata"]
+        spec = obj.setdefault("spec", {})
+        uid = meta["uid"]
+        if not spec.get("manualSelector"):
+            spec["selector"] = {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
+        tmpl_meta = spec.setdefault("template", {}).setdefault("metadata", {})
+        labels = tmpl_meta.setdefault("labels", {})
+        labels.update(
+            {
+                "batch.kubernetes.io/controller-uid": uid,
+                "batch.kubernetes.io/job-name": meta["name"],
+                "controller-uid": uid,
+                "job-name": meta["name"],
+            }
+        )
+        spec.setdefault("backoffLimit", 6)
+        spec.setdefault("completions", 1)
+        spec.setdefault("parallelism", 1)
+        spec.setdefault("completionMode", "NonIndexed")
+        spec.setdefault("suspend", False)
+        spec.setdefault("podReplacementPolicy", "TerminatingOrFailed")
+        self._default_pod_spec(spec["template"].setdefault("spec", {}))
+        obj.setdefault("status", {})
+
+    @staticmethod
+    def _default_pod_spec(pspec: dict[str, Any]) -> None:
+        pspec.setdefault("restartPolicy", "Always")
+        pspec.setdefault("terminationGracePeriodSeconds", 30)
+        pspec.setdefault("dnsPolicy", "ClusterFirst")
+        pspec.setdefault("schedulerName", "default-scheduler")
+        pspec.setdefault("serviceAccountName", pspec.get("serviceAccount") or "default")
+        for c in pspec.get("containers") or []:
+            c.setdefault("terminationMessagePath", "/dev/termination-log")
+            c.setdefault("terminationMessagePolicy", "File")
+            image = str(c.get("image", ""))
+            c.setdefault(
+                "imagePullPolicy",
+                "Always" if image.endswith(":latest") or ":" not in image else "IfNotPresent",
+            )
+
+    def _check_custom(
+        self,
+        rt: ResourceType,
+        obj: dict[str, Any],
+        old: dict[str, Any] | None,
+        field_validation: str | None,
+        warnings: list[str] | None,
+    ) -> None:
+        if rt.schema is None:
+            return
+        sch = rt.schema
+        removed = schema.prune(obj, sch)
+        if removed:
+            if (field_validation or "").lower() == "strict":
+                msg = ", ".join(f'unknown field "{p}"' for p in removed)
+                raise ApiError(
+                    400,
+                    "BadRequest",
+                    f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: strict decoding error: {msg}',
+                )
+            if (field_validation or "").lower() == "warn" and warnings is not None:
+                warnings.extend(f'unknown field "{p}"' for p in removed)
+        schema.apply_defaults(obj, sch)
+
+        def cel_view(o: dict[str, Any]) -> dict[str, Any]:
+            # Root-level CEL rules see apiVersion, kind and metadata.name/generateName only.
+            view = {k: v for k, v in o.items() if k != "metadata"}
+            m = o.get("metadata") or {}
+            view["metadata"] = {k: m[k] for k in ("name", "generateName") if k in m}
+            return view
+
+        body = cel_view(obj)
+        old_body = cel_view(old) if old else None
+        causes = schema.validate(body, sch, old=old_body, has_old=old is not None)
+        if causes:
+            raise self._invalid(rt, obj["metadata"].get("name", ""), causes)
+
+    def _check_meta(self, rt: ResourceType, obj: dict[str, Any]) -> None:
+        """ownerReferences need apiVersion, kind, name and uid (as in the apiserver)."""
+        causes = []
+        for i, ref in enumerate(obj["metadata"].get("ownerReferences") or []):
+            for key in ("apiVersion", "kind", "name", "uid"):
+                if not (ref or {}).get(key):
+                    causes.append(
+                        schema.Cause(
+                            f"metadata.ownerReferences[{i}].{key}",
+                            "FieldValueInvalid",
+                            f'Invalid value: "": {key} must not be empty',
+                        )
+                    )
+        if causes:
+            raise self._invalid(rt, obj["metadata"].get("name", ""), causes)
+
+    def _check_workload(self, rt: ResourceType, obj: dict[str, Any]) -> None:
+        """A few of the apiserver's Pod/Job validations that catch builder bugs."""
+        if rt.group not in ("", "batch") or rt.kind not in ("Pod", "Job"):
+            return
+        causes: list[schema.Cause] = []
+        if rt.kind == "Job":
+            spec = obj.get("spec") or {}
+            pspec = (spec.get("template") or {}).get("spec") or {}
+            prefix = "spec.template.spec"
+            restart = pspec.get("restartPolicy")
+            if restart not in ("OnFailure", "Never"):
+                causes.append(
+                    schema.Cause(
+                        f"{prefix}.restartPolicy",
+                        "FieldValueNotSupported",
+                        f'Unsupported value: {schema.format_value(restart)}: supported values: "OnFailure", "Never"',
+                    )
+                )
+            elif spec.get("podFailurePolicy") and restart != "Never":
+                causes.append(
+                    schema._invalid(
+                        f"{prefix}.restartPolicy",
+                        restart,
+                        'only "Never" is supported when podFailurePolicy is specified',
+                    )
+                )
+        else:
+            pspec = obj.get("spec") or {}
+            prefix = "spec"
+        containers = pspec.get("containers") or []
+        if not containers:
+            causes.append(
+                schema.Cause(f"{prefix}.containers", "FieldValueRequired", "Required value")
+            )
+        for i, c in enumerate(containers):
+            for key in ("name", "image"):
+                if not (c or {}).get(key):
+                    causes.append(
+                        schema.Cause(
+                            f"{prefix}.containers[{i}].{key}",
+                            "FieldValueRequired",
+                            "Required value",
+                        )
+                    )
+        if causes:
+            raise self._invalid(rt, obj["metadata"].get("name", ""), causes)
+
+    def _check_job_immutables(
+        self, rt: ResourceType, old: dict[str, Any], new: dict[str, Any]
+    ) -> None:
+        """Like the apiserver: a Job's pod template is immutable, except the scheduling
+        directives of a suspended Job that never started; podFailurePolicy/completionMode too."""
+        ospec, nspec = old.get("spec") or {}, new.get("spec") or {}
+        causes = []
+        otmpl, ntmpl = ospec.get("template") or {}, nspec.get("template") or {}
+        if otmpl != ntmpl:
+            never_started = ospec.get("suspend") and not (old.get("status") or {}).get("startTime")
+            mutable = ("nodeSelector", "tolerations", "affinity", "schedulingGates")
+
+            def strip(t: dict[str, Any]) -> dict[str, Any]:
+                t = copy.deepcopy(t)
+                for k in mutable:
+                    (t.get("spec") or {}).pop(k, None)
+                for k in ("labels", "annotations"):
+                    (t.get("metadata") or {}).pop(k, None)
+                return t
+
+            if not never_started or strip(otmpl) != strip(ntmpl):
+                causes.append(
+                    schema.Cause(
+                        "spec.template",
+                        "FieldValueInvalid",
+                        'Invalid value: "object": field is immutable',
+                    )
+                )
+        for key in ("podFailurePolicy", "completionMode"):
+            if key in ospec and ospec.get(key) != nspec.get(key):
+                causes.append(
+                    schema.Cause(
+                        f"spec.{key}",
+                        "FieldValueInvalid",
+                        f"Invalid value: {schema.format_value(nspec.get(key))}: field is immutable",
+                    )
+                )
+        if causes:
+            raise self._invalid(rt, new["metadata"]["name"], causes)
+
+    @staticmethod
+    def _spec_part(obj: dict[str, Any], has_status: bool) -> dict[str, Any]:
+        drop = (
+            ("metadata", "status", "apiVersion", "kind")
+            if has_status
+            else ("metadata", "apiVersion", "kind")
+        )
+        return {k: v for k, v in obj.items() if k not in drop}

@@ -1,0 +1,246 @@
+"""A pod's local environment for the sandbox kubelet (see :class:`PodEnvironment`)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .runtime import Launch
+
+NODE_NAME = "sandbox-node"
+
+
+SA_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+PASS_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV", "TMPDIR", "SYSTEMROOT")
+
+
+class _StartError(Exception):
+    pass
+
+
+def _expand(text: str, env: Mapping[str, str]) -> str:
+    """Kubernetes ``$(VAR)`` expansion (``$$(VAR)`` escapes; unknown variables stay as written)."""
+
+    def sub(m: re.Match[str]) -> str:
+        if m.group(0).startswith("$$"):
+            return m.group(0)[1:]
+        return env.get(m.group(1), m.group(0))
+
+    return re.sub(r"\$?\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)", sub, text)
+
+
+def _field_ref(pod: dict[str, Any], path: str) -> str:
+    meta = pod["metadata"]
+    m = re.match(r"^metadata\.(labels|annotations)\['(.+)'\]$", path)
+    if m:
+        return str((meta.get(m.group(1)) or {}).get(m.group(2), ""))
+    simple = {
+        "metadata.name": meta.get("name"),
+        "metadata.namespace": meta.get("namespace"),
+        "metadata.uid": meta.get("uid"),
+        "spec.nodeName": NODE_NAME,
+        "spec.serviceAccountName": (pod.get("spec") or {}).get("serviceAccountName", "default"),
+        "status.podIP": "127.0.0.1",
+        "status.hostIP": "127.0.0.1",
+    }
+    return str(simple.get(path) or "")
+
+
+def _rewriter(mapping: Mapping[str, Path]) -> Any:
+    """Replace container paths (whole path components, longest first) with local paths."""
+    items = sorted(
+        ((k, str(v)) for k, v in mapping.items() if k and k != "/"), key=lambda kv: -len(kv[0])
+    )
+    if not items:
+        return lambda s: s
+    pattern = re.compile(
+        "|".join(rf"(?<![\w.\-/]){re.escape(k)}(?=/|$|[^\w.\-])" for k, _ in items)
+    )
+    table = dict(items)
+
+    def rewrite(text: str) -> str:
+        return pattern.sub(lambda m: table[m.group(0)], text)
+
+    return rewrite
+
+
+class PodEnvironment:
+    """The pod environment: volumes as local directories, materialised configMaps and
+    secrets, the service account, the container's environment and path rewriting.
+
+    A mixin of :class:`~npu_lora_sandbox.kubelet.LocalKubelet` (its state lives there).
+    """
+
+    def _mounts(
+        self, pod: dict[str, Any], container: dict[str, Any], pdir: Path
+    ) -> dict[str, Path]:
+        volumes = {v.get("name"): v for v in (pod.get("spec") or {}).get("volumes") or []}
+        mapping: dict[str, Path] = {}
+        for vm in container.get("volumeMounts") or []:
+            vol = volumes.get(vm.get("name"), {})
+            if "persistentVolumeClaim" in vol:
+                local = self.pvc_dir(vol["persistentVolumeClaim"].get("claimName", vm.get("name")))
+            elif "hostPath" in vol:
+                local = Path(vol["hostPath"].get("path", "/"))
+            else:
+                local = pdir / "volumes" / str(vm.get("name"))
+            if vm.get("subPath"):
+                local = local / vm["subPath"]
+            if "hostPath" not in vol:
+                local.mkdir(parents=True, exist_ok=True)
+            mapping[str(vm.get("mountPath", "")).rstrip("/") or "/"] = local
+        return mapping
+
+    def _materialise(
+        self, pod: dict[str, Any], container: dict[str, Any], pdir: Path, rewrite: Any
+    ) -> None:
+        ns = pod["metadata"]["namespace"]
+        volumes = {v.get("name"): v for v in (pod.get("spec") or {}).get("volumes") or []}
+        for vm in container.get("volumeMounts") or []:
+            vol = volumes.get(vm.get("name"), {})
+            src: dict[str, bytes] = {}
+            items = None
+            if "configMap" in vol:
+                cm = self.emu.get("v1", "ConfigMap", vol["configMap"].get("name", ""), ns) or {}
+                src = {k: rewrite(v).encode() for k, v in (cm.get("data") or {}).items()}
+                src.update(
+                    {k: base64.b64decode(v) for k, v in (cm.get("binaryData") or {}).items()}
+                )
+                items = vol["configMap"].get("items")
+            elif "secret" in vol:
+                sec = self.emu.get("v1", "Secret", vol["secret"].get("secretName", ""), ns) or {}
+                src = {k: base64.b64decode(v) for k, v in (sec.get("data") or {}).items()}
+                src.update({k: str(v).encode() for k, v in (sec.get("stringData") or {}).items()})
+                items = vol["secret"].get("items")
+            else:
+                continue
+            target = pdir / "volumes" / str(vm.get("name"))
+            target.mkdir(parents=True, exist_ok=True)
+            files = (
+                {i["key"]: i.get("path", i["key"]) for i in items} if items else {k: k for k in src}
+            )
+            for key, rel in files.items():
+                if key in src:
+                    dest = target / rel
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    dest.write_bytes(src[key])
+
+    def _env(self, pod: dict[str, Any], container: dict[str, Any], rewrite: Any) -> dict[str, str]:
+        ns = pod["metadata"]["namespace"]
+        env: dict[str, str] = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
+        env.update(self.extra_env)
+        for src in container.get("envFrom") or []:
+            prefix = src.get("prefix", "")
+            if "configMapRef" in src:
+                cm = self.emu.get("v1", "ConfigMap", src["configMapRef"].get("name", ""), ns) or {}
+                env.update({prefix + k: rewrite(str(v)) for k, v in (cm.get("data") or {}).items()})
+            if "secretRef" in src:
+                sec = self.emu.get("v1", "Secret", src["secretRef"].get("name", ""), ns) or {}
+                env.update(
+                    {
+                        prefix + k: base64.b64decode(v).decode(errors="replace")
+                        for k, v in (sec.get("data") or {}).items()
+                    }
+                )
+        for item in container.get("env") or []:
+            name = item.get("name")
+            if not name:
+                continue
+            if "value" in item:
+                env[name] = rewrite(_expand(str(item["value"]), env))
+                continue
+            vf = item.get("valueFrom") or {}
+            value: str | None = None
+            if "fieldRef" in vf:
+                value = _field_ref(pod, vf["fieldRef"].get("fieldPath", ""))
+            elif "configMapKeyRef" in vf:
+                ref = vf["configMapKeyRef"]
+                cm = self.emu.get("v1", "ConfigMap", ref.get("name", ""), ns) or {}
+                raw = (cm.get("data") or {}).get(ref.get("key", ""))
+                value = rewrite(raw) if raw is not None else None
+            elif "secretKeyRef" in vf:
+                ref = vf["secretKeyRef"]
+                sec = self.emu.get("v1", "Secret", ref.get("name", ""), ns) or {}
+                raw = (sec.get("data") or {}).get(ref.get("key", ""))
+                value = base64.b64decode(raw).decode(errors="replace") if raw is not None else None
+            elif "resourceFieldRef" in vf:
+                value = "1"
+            if value is not None:
+                env[name] = value
+        return env
+
+    def _prepare(
+        self, pod: dict[str, Any], container: dict[str, Any], pdir: Path, log_path: Path
+    ) -> tuple[Launch, Path]:
+        """The container's :class:`~npu_lora_sandbox.runtime.Launch` and its local
+        termination-message file. Raises :class:`_StartError` when it has no command."""
+        name = pod["metadata"]["name"]
+        mapping = self._mounts(pod, container, pdir)
+        tm_path = str(container.get("terminationMessagePath") or "/dev/termination-log")
+        tm_local = pdir / "termination-log"
+        tm_local.touch()
+        mapping[tm_path] = tm_local
+        kubeconfig, sa_dir = self._service_account(pod, pdir)
+        mapping.setdefault(SA_PATH, sa_dir)
+        rewrite = _rewriter(mapping)
+        self._materialise(pod, container, pdir, rewrite)
+        env = self._env(pod, container, rewrite)
+        py_bin = str(Path(self.python_executable).parent)
+        env["PATH"] = os.pathsep.join([py_bin, env.get("PATH", os.defpath)])
+        env["KUBECONFIG"] = str(kubeconfig)
+        env["NPU_LORA_SANDBOX"] = "1"
+        env["NPU_LORA_PATH_MAP"] = json.dumps({k: str(v) for k, v in mapping.items()})
+        env["NPU_LORA_TERMINATION_MESSAGE_PATH"] = str(tm_local)
+        env.setdefault("HOSTNAME", name)
+        argv = self._argv(container, env, rewrite)
+        workdir = rewrite(str(container.get("workingDir") or "")) or str(pdir)
+        Path(workdir).mkdir(parents=True, exist_ok=True)
+        image = str(container.get("image", ""))
+        launch = Launch(argv, env, workdir, log_path, image=image, mounts=mapping)
+        return launch, tm_local
+
+    def _service_account(self, pod: dict[str, Any], pdir: Path) -> tuple[Path, Path]:
+        """The pod's kubeconfig (its ServiceAccount's identity, or the admin's without
+        ``pod_identity``) and its service-account directory (namespace, token, ca.crt)."""
+        ns = pod["metadata"]["namespace"]
+        sa_name = str((pod.get("spec") or {}).get("serviceAccountName") or "default")
+        if self.pod_identity:
+            kubeconfig = self.emu.write_kubeconfig(
+                pdir / "kubeconfig", namespace=ns, service_account=(ns, sa_name)
+            )
+            token = self.emu.service_account_token(ns, sa_name)
+        else:
+            kubeconfig, token = self.kubeconfig, "sandbox"
+        sa_dir = pdir / "serviceaccount"
+        sa_dir.mkdir(exist_ok=True)
+        (sa_dir / "namespace").write_text(ns)
+        (sa_dir / "token").write_text(token)
+        (sa_dir / "ca.crt").write_text("")
+        return Path(kubeconfig), sa_dir
+
+    def _argv(self, container: dict[str, Any], env: dict[str, str], rewrite: Any) -> list[str]:
+        """``command`` (or the image's configured entrypoint) + ``args``, expanded and rewritten;
+        ``python``/``python3`` become ``python_executable``."""
+        image = str(container.get("image", ""))
+        command = list(container.get("command") or [])
+        if not command:
+            for prefix, entry in self.entrypoints.items():
+                if image.startswith(prefix):
+                    command = list(entry)
+                    break
+        if not command:
+            cname = container.get("name", "main")
+            raise _StartError(
+                f"sandbox kubelet: container {cname!r} has no command (image {image!r}); set one or configure entrypoints"
+            )
+        argv = [rewrite(_expand(str(a), env)) for a in command + list(container.get("args") or [])]
+        if argv[0] in ("python", "python3"):
+            argv[0] = self.python_executable
+        return argv
