@@ -32,8 +32,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from npu_lora.api.v1alpha1 import ENV_NAME, ENV_NAMESPACE, GROUP, MERGE_PATCH, PLURAL, VERSION
 from npu_lora.api import record as step_record
+from npu_lora.api.v1alpha1 import ENV_NAME, ENV_NAMESPACE, GROUP, MERGE_PATCH, PLURAL, VERSION
 from npu_lora.train.callbacks import TrainCallback  # torch-free
 
 log = logging.getLogger(__name__)
