@@ -54,6 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     parser.add_argument("--no-plot", action="store_true", help="do not write step_times.png")
+    parser.add_argument(
+        "--no-tensorboard",
+        action="store_true",
+        help="do not write TensorBoard event files to the run directory",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -130,6 +135,10 @@ def run(args: argparse.Namespace) -> int:
     run_dir = resolve_out(args, manifest)
     ctx = RunContext(manifest=manifest, run_dir=run_dir, total_steps=spec.training.steps)
     callbacks = CallbackList([ProgressBar(disable=args.quiet)])
+    if not getattr(args, "no_tensorboard", False):
+        from npu_lora.train.tensorboard import TensorBoardLogger
+
+        callbacks.append(TensorBoardLogger())
     reporter = _status_reporter(ctx)
     if reporter is not None:
         callbacks.append(reporter)

@@ -8,6 +8,7 @@ Layout::
     adapter/         peft save_pretrained, at the end
     summary.json     medians after warm-up, losses, throughput, versions, machine
     step_times.png   stacked per-step time breakdown
+    events.out.tfevents.*  TensorBoard scalars (npu_lora.train.tensorboard)
 
 Resume: a directory with a config.yaml is resumed when its training-relevant fields equal the
 new run's (the spec fields tagged ``OnUpdate.IMMUTABLE`` in :mod:`npu_lora.api.v1alpha1`:
