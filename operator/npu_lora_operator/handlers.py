@@ -39,6 +39,7 @@ from npu_lora.api import v1alpha1 as api
 from npu_lora.api.v1alpha1 import API_VERSION, GROUP, PLURAL, VERSION
 
 from npu_lora_operator import builders
+from npu_lora_operator import metrics as prom
 from npu_lora_operator import status as st
 from npu_lora_operator.kube import Kube, KubeError, plural_of
 from npu_lora_operator.settings import OperatorConfig
@@ -284,6 +285,7 @@ def fail_run(state: State, namespace: str, name: str, reason: str, message: str)
 
 @kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry)
 @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
+@prom.instrumented("ensure_run")
 def ensure_run(
     body: kopf.Body,
     name: str,
@@ -321,13 +323,16 @@ def ensure_run(
     if created:
         logger.info("created %s", ", ".join(created))
     if any(c.startswith("Job/") for c in created):
+        prom.job_created(raw.get("kind") or "MoEFinetune")
         _post(raw, [("Normal", "JobCreated", f"created Job {job}")])
     else:
+        prom.job_adopted(raw.get("kind") or "MoEFinetune")
         _post(raw, [("Normal", "JobAdopted", f"adopted existing Job {job}")])
     reconcile_status(state, namespace, name)
 
 
 @kopf.on.field(GROUP, VERSION, PLURAL, field="spec.suspend", registry=registry)
+@prom.instrumented("suspend_changed")
 def suspend_changed(
     old: Any,
     new: Any,
@@ -369,6 +374,7 @@ _NEW_RUN_ONLY = api.spec_fields(api.OnUpdate.NEW_RUN)
 
 
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec", registry=registry)
+@prom.instrumented("spec_changed")
 def spec_changed(
     diff: kopf.Diff,
     body: kopf.Body,
@@ -432,6 +438,7 @@ def spec_changed(
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={builders.RUN_LABEL: kopf.PRESENT}, registry=registry)
+@prom.instrumented("job_event")
 def job_event(body: kopf.Body, namespace: str, memo: kopf.Memo, **_: Any) -> None:
     run = run_name_of(dict(body))
     if run:
@@ -439,7 +446,18 @@ def job_event(body: kopf.Body, namespace: str, memo: kopf.Memo, **_: Any) -> Non
 
 
 @kopf.on.event("", "v1", "pods", labels={builders.RUN_LABEL: kopf.PRESENT}, registry=registry)
+@prom.instrumented("pod_event")
 def pod_event(body: kopf.Body, namespace: str, memo: kopf.Memo, **_: Any) -> None:
     run = run_name_of(dict(body))
     if run:
         reconcile_status(memo.state, namespace, run)
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+def run_event(event: kopf.RawEvent, body: kopf.Body, name: str, namespace: str, **_: Any) -> None:
+    """Keep the metrics' view of the run (phase, the worker's last step) up to date."""
+    kind = body.get("kind") or "MoEFinetune"
+    if event.get("type") == "DELETED":
+        prom.RUNS.forget(kind, namespace, name)
+    else:
+        prom.RUNS.observe(kind, namespace, name, dict(body.get("status") or {}))

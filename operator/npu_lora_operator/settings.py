@@ -12,6 +12,7 @@ Read from the command line of ``npu-lora operator`` and, as defaults, from the e
 ``NPU_LORA_NAMESPACES``          comma-separated namespaces to watch (empty: all)
 ``NPU_LORA_LIVENESS``            kopf's liveness endpoint, e.g. ``http://0.0.0.0:8080/healthz``
 ``NPU_LORA_LOG_LEVEL``           ``DEBUG``, ``INFO`` (default), ``WARNING`` or ``ERROR``
+``NPU_LORA_METRICS_PORT``        port of the Prometheus ``/metrics`` endpoint (unset or 0: off)
 ==============================  ===========================================================
 """
 
@@ -33,6 +34,7 @@ ENV_IMAGE_PULL_POLICY = "NPU_LORA_IMAGE_PULL_POLICY"
 ENV_NAMESPACES = "NPU_LORA_NAMESPACES"
 ENV_LIVENESS = "NPU_LORA_LIVENESS"
 ENV_LOG_LEVEL = "NPU_LORA_LOG_LEVEL"
+ENV_METRICS_PORT = "NPU_LORA_METRICS_PORT"
 
 
 def _env(env: Mapping[str, str] | None) -> Mapping[str, str]:
@@ -63,6 +65,20 @@ def default_liveness(env: Mapping[str, str] | None = None) -> str | None:
 def default_log_level(env: Mapping[str, str] | None = None) -> str:
     """``$NPU_LORA_LOG_LEVEL`` (default ``INFO``)."""
     return _env(env).get(ENV_LOG_LEVEL, "INFO")
+
+
+def default_metrics_port(env: Mapping[str, str] | None = None) -> int:
+    """``$NPU_LORA_METRICS_PORT`` (0: no metrics endpoint)."""
+    value = _env(env).get(ENV_METRICS_PORT, "").strip()
+    if not value:
+        return 0
+    try:
+        port = int(value)
+    except ValueError:
+        raise ValueError(f"{ENV_METRICS_PORT}: expected a port number, got {value!r}") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"{ENV_METRICS_PORT}: port out of range 0-65535: {port}")
+    return port
 
 
 def parse_command(text: str | None) -> list[str]:

@@ -74,8 +74,12 @@ class OperatorProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
+    metrics_url: str = ""
+
     def start(self, timeout: float = 60) -> OperatorProcess:
         port = _free_port()
+        metrics_port = _free_port()
+        self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         self.starts += 1
         log = open(self.logdir / f"operator-{self.starts}.log", "wb")  # noqa: SIM115
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -98,6 +102,10 @@ class OperatorProcess:
                 "Never",
                 "--liveness",
                 f"http://127.0.0.1:{port}/healthz",
+                "--metrics-port",
+                str(metrics_port),
+                "--metrics-address",
+                "127.0.0.1",
             ],
             stdout=log,
             stderr=subprocess.STDOUT,

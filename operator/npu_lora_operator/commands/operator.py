@@ -5,7 +5,12 @@ from __future__ import annotations
 import argparse
 import logging
 
-from npu_lora_operator.settings import default_liveness, default_log_level, watched_namespaces
+from npu_lora_operator.settings import (
+    default_liveness,
+    default_log_level,
+    default_metrics_port,
+    watched_namespaces,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,6 +32,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="URL",
         default=default_liveness(),
         help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        default=None,
+        help="serve Prometheus metrics on http://0.0.0.0:PORT/metrics (default: "
+        "$NPU_LORA_METRICS_PORT; 0 or unset: off)",
+    )
+    parser.add_argument(
+        "--metrics-address",
+        default="0.0.0.0",
+        metavar="ADDR",
+        help="address of the metrics endpoint (default 0.0.0.0)",
     )
     parser.add_argument("--worker-image", help="worker image when spec.image is unset")
     parser.add_argument(
@@ -81,6 +100,14 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
     load_config(args.kubeconfig, args.context)
+    port = args.metrics_port if args.metrics_port is not None else default_metrics_port()
+    if port:
+        from npu_lora_operator.metrics import serve
+
+        serve(port, args.metrics_address)
+        logging.getLogger("npu_lora_operator").info(
+            "metrics on http://%s:%d/metrics", args.metrics_address, port
+        )
     memo = handlers.new_memo(config_from(args))
     namespaces = namespaces_from(args)
     logging.getLogger("npu_lora_operator").info(
