@@ -92,6 +92,13 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     _column("ETA", "number", ".status.progress.etaSeconds", "Estimated seconds to the end.", 1),
     _column("Node", "string", ".status.nodeName", "Node of the current or last worker pod.", 1),
     *record.printer_columns(priority=1),
+    # spec.benchmark runs (their STEP/TOTAL are rounds, S/STEP the best variant's median)
+    _column("Variants", "integer", ".status.benchmark.variants", "Benchmark variants per case.", 1),
+    _column("Rounds", "integer", ".status.benchmark.roundsDone", "Benchmark rounds done.", 1),
+    _column("Best", "string", ".status.benchmark.best", "Benchmark: the fastest variant.", 1),
+    _column(
+        "Ratio", "number", ".status.benchmark.bestRatio", "Benchmark: its s/step vs baseline.", 1
+    ),
 ]
 
 _NUMERIC_KEYS = ("minimum", "maximum", "minLength", "maxLength", "minItems", "maxItems")

@@ -85,7 +85,7 @@ def test_printer_columns() -> None:
         "HOT",
         "AGE",
     ]
-    assert wide == ["TOTAL", "ETA", "NODE", "CALLS/LAYER"]
+    assert wide == ["TOTAL", "ETA", "NODE", "CALLS/LAYER", "VARIANTS", "ROUNDS", "BEST", "RATIO"]
     assert by_name["STEP"]["jsonPath"] == ".status.progress.step"
     assert by_name["LOSS"]["jsonPath"] == ".status.lastStep.loss"
     assert by_name["S/STEP"]["jsonPath"] == ".status.stepSecondsMedian"

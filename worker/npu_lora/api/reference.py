@@ -35,6 +35,8 @@ def _unwrap(tp: Any) -> tuple[Any, bool]:
 def _type_name(tp: Any) -> str:
     tp, _ = _unwrap(tp)
     origin = typing.get_origin(tp)
+    if origin is typing.Annotated:  # constrained items, e.g. list[Annotated[int, Field(ge=8)]]
+        return _type_name(typing.get_args(tp)[0])
     if origin is Literal:
         return " \\| ".join(f"`{a}`" for a in typing.get_args(tp))
     if origin is list:

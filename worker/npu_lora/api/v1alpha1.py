@@ -422,6 +422,88 @@ class ResourceRequirements(_Model):
     )
 
 
+#: The seed's four variants (``npu-lora bench``'s default).
+BENCHMARK_VARIANTS = ("host-only", "host-only+keep_graph", "hot", "hot+keep_graph")
+#: ``npu-lora bench``'s variant grammar (``npu_lora.bench.harness.Variant``).
+VARIANT_PATTERN = r"^((host-only|hot)(\+(keep_graph|sequential|padmax|overlap))*|peer)(@[a-z_]+)?$"
+
+
+class BenchmarkSpec(_Model):
+    """Run the A/B benchmark (``npu-lora bench``) on this spec's model and device instead of
+    training: the variants interleaved in rounds (order reversed every other round), per-variant
+    medians and paired per-round ratios against the baseline, for every combination of
+    ``seqLens`` × ``hostDtypes`` × ``hotFractions`` (one case each). The batches are fixed
+    random token ids (labels on the last 8 positions), the same for every variant."""
+
+    variants: list[Annotated[str, Field(pattern=VARIANT_PATTERN, max_length=64)]] = Field(
+        default_factory=lambda: list(BENCHMARK_VARIANTS),
+        min_length=1,
+        max_length=16,
+        description=(
+            "Variants: `<host-only|hot>[+keep_graph][+sequential|+overlap][+padmax][@kernel]` "
+            "or `peer[@kernel]` (stock transformers + peft, cpu backend only). Default: the "
+            "seed's four (host-only, host-only+keep_graph, hot, hot+keep_graph)."
+        ),
+    )
+    baseline: str | None = Field(
+        None, description="The variant the others are compared with (default: the first)."
+    )
+    rounds: int = Field(6, ge=1, le=200, description="Rounds; each runs every variant.")
+    steps_per_round: int = Field(
+        1, ge=1, le=100, description="Measured steps of each variant per round."
+    )
+    warmup: int = Field(1, ge=0, le=100, description="Unmeasured steps per variant first.")
+    seq_lens: list[Annotated[int, Field(ge=8, le=32768)]] = Field(
+        default_factory=lambda: [128],
+        min_length=1,
+        max_length=8,
+        description="Sequence lengths to sweep (one case each).",
+    )
+    host_dtypes: list[Literal["float32", "bfloat16"]] = Field(
+        default_factory=lambda: ["float32"],
+        min_length=1,
+        max_length=2,
+        description="Host expert dtypes to sweep (one case each).",
+    )
+    hot_fractions: list[Annotated[float, Field(gt=0.0, le=1.0)]] | None = Field(
+        None,
+        min_length=1,
+        max_length=8,
+        description="Hot fractions to sweep (default: [moe.hotFraction]).",
+    )
+    batch_size: int = Field(1, ge=1, le=64, description="Sequences per step.")
+    layers: int | None = Field(
+        None, ge=1, description="Use only the first N decoder layers of the model (default: all)."
+    )
+    peers: bool = Field(
+        False, description="Also run stock transformers + peft (`peer@grouped_mm`, `peer@eager`)."
+    )
+    bandwidth: bool = Field(
+        True,
+        description="Measure the host's copy/triad bandwidth before, per round and after.",
+    )
+
+    @model_validator(mode="after")
+    def _baseline_is_a_variant(self) -> BenchmarkSpec:
+        if len(set(self.variants)) != len(self.variants):
+            raise ValueError(f"variants: duplicates in {self.variants}")
+        if self.baseline is not None and self.baseline not in self.variants:
+            raise ValueError(f"baseline {self.baseline!r} is not one of the variants")
+        return self
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.baseline) || self.baseline in self.variants",
+                    "baseline must be one of the variants",
+                    field_path=".baseline",
+                ),
+            ]
+        }
+    )
+
+
 class MoEFinetuneSpec(_Model):
     """What to fine-tune, on what, and how the Job runs."""
 
@@ -473,10 +555,21 @@ class MoEFinetuneSpec(_Model):
     pod_template: Annotated[PodTemplateSpec | None, OnUpdate.NEW_RUN, CLUSTER_ONLY] = Field(
         None, description="Pod scheduling and extra settings."
     )
+    benchmark: Annotated[BenchmarkSpec | None, OnUpdate.NEW_RUN] = Field(
+        None,
+        description=(
+            "Run the A/B benchmark instead of training (results in status.benchmark and the "
+            "output volume: bench.md, bench.jsonl, bench.png per case)."
+        ),
+    )
 
     @model_validator(mode="after")
     def _cross_field(self) -> MoEFinetuneSpec:
-        if self.moe.placement == "hot" and self.moe.warmup_steps >= self.training.steps:
+        if (
+            self.benchmark is None
+            and self.moe.placement == "hot"
+            and self.moe.warmup_steps >= self.training.steps
+        ):
             raise ValueError(
                 f"moe.warmupSteps ({self.moe.warmup_steps}) must be less than training.steps "
                 f"({self.training.steps}) with placement hot"
@@ -591,6 +684,61 @@ class CheckpointStatus(_Model):
     time: str = Field(..., description="When it was written (RFC 3339).")
 
 
+class BenchmarkVariant(_Model):
+    """One variant of a benchmark case."""
+
+    name: str = Field(..., description="The variant.")
+    n: int = Field(0, description="Measured steps.")
+    medians: dict[str, float] = Field(
+        default_factory=dict,
+        description="Median of every profile column (step record names: step_s, attn_head_s, "
+        "host_fwd_s, host_bwd_s, recompute_s, device_calls_per_layer, hot_s, cpu_s, ...).",
+    )
+    ratio: float | None = Field(
+        None, description="Median per-round ratio of step_s to the baseline's (same round)."
+    )
+    delta_s: float | None = Field(
+        None, description="Median per-round step_s difference to the baseline (seconds)."
+    )
+    same_sign_rounds: int | None = Field(
+        None, description="Rounds whose difference has the median's sign."
+    )
+    rounds: int | None = Field(None, description="Rounds compared with the baseline.")
+
+
+class BenchmarkCase(_Model):
+    """One point of the sweep: its table."""
+
+    seq_len: int = Field(..., description="Sequence length.")
+    host_dtype: str = Field(..., description="Host expert dtype.")
+    hot_fraction: float = Field(..., description="Hot fraction.")
+    baseline: str = Field(..., description="The baseline variant.")
+    best: str | None = Field(None, description="Variant with the lowest median s/step.")
+    copy_gbs: float | None = Field(None, description="Measured host copy bandwidth (GB/s).")
+    triad_gbs: float | None = Field(None, description="Measured host triad bandwidth (GB/s).")
+    peer_ratio: float | None = Field(
+        None,
+        description="host-only+keep_graph / stock transformers+peft (grouped_mm) step_s, "
+        "median per-round ratio (when both ran).",
+    )
+    variants: list[BenchmarkVariant] = Field(default_factory=list, description="The table.")
+
+
+class BenchmarkStatus(_Model):
+    """A benchmark's progress and results (worker)."""
+
+    variants: int | None = Field(None, description="Variants per case.")
+    cases_total: int | None = Field(None, description="Cases of the sweep.")
+    rounds_total: int | None = Field(None, description="Rounds over all cases.")
+    rounds_done: int | None = Field(None, description="Rounds finished over all cases.")
+    current: str | None = Field(None, description="The case running now.")
+    best: str | None = Field(None, description="Best variant of the last finished case.")
+    best_step_seconds: float | None = Field(None, description="Its median s/step.")
+    best_ratio: float | None = Field(None, description="Its ratio to the baseline.")
+    output: str | None = Field(None, description="Where bench.md/.jsonl/.png were written.")
+    cases: list[BenchmarkCase] | None = Field(None, description="The tables, one per case.")
+
+
 class MoEFinetuneStatus(_Model):
     """Owned in disjoint subtrees: the operator writes phase..message, the worker the rest."""
 
@@ -615,6 +763,9 @@ class MoEFinetuneStatus(_Model):
     )
     hot: HotStatus | None = Field(None, description="The hot-expert set (worker).")
     last_checkpoint: CheckpointStatus | None = Field(None, description="Last checkpoint (worker).")
+    benchmark: BenchmarkStatus | None = Field(
+        None, description="Benchmark progress and results (worker; spec.benchmark)."
+    )
 
 
 class ObjectMeta(BaseModel):
