@@ -688,7 +688,7 @@ class BenchmarkVariant(_Model):
     """One variant of a benchmark case."""
 
     name: str = Field(..., description="The variant.")
-    n: int = Field(0, description="Measured steps.")
+    steps: int = Field(0, description="Measured steps.")
     medians: dict[str, float] = Field(
         default_factory=dict,
         description="Median of every profile column (step record names: step_s, attn_head_s, "

@@ -764,8 +764,10 @@ def _rounds(
     batches: list[dict[str, torch.Tensor]],
     emit: _Emitter,
     log: Callable[[str], None],
+    on_round: Callable[[int, list[dict]], None] | None = None,
 ) -> list[dict]:
-    """``cfg.rounds`` rounds, alternating order; a short copy-bandwidth sample per round."""
+    """``cfg.rounds`` rounds, alternating order; a short copy-bandwidth sample per round.
+    ``on_round(rounds_done, records)`` after each round (progress reporting)."""
     cfg = runner.cfg
     records: list[dict] = []
     for rnd in range(cfg.rounds):
@@ -789,6 +791,8 @@ def _rounds(
             + ", ".join(f"{r['variant']} {r['step_s']:.2f}s" for r in records if r["round"] == rnd)
             + f" | load {os.getloadavg()[0]:.1f}"
         )
+        if on_round is not None:
+            on_round(rnd + 1, records)
     return records
 
 
@@ -820,9 +824,14 @@ def _write_report(
 
 
 def run_bench(
-    cfg: BenchConfig, *, log: Callable[[str], None] = print, engine: Any = None
+    cfg: BenchConfig,
+    *,
+    log: Callable[[str], None] = print,
+    engine: Any = None,
+    on_round: Callable[[int, list[dict]], None] | None = None,
 ) -> dict[str, Any]:
-    """Run the whole A/B benchmark; returns the summary (also written to ``cfg.out``)."""
+    """Run the whole A/B benchmark; returns the summary (also written to ``cfg.out``);
+    ``on_round(rounds_done, records)`` is called after every round."""
     from npu_lora.moe.experts import register
 
     register()
@@ -870,7 +879,7 @@ def run_bench(
         runner.apply(v)
         for i in range(cfg.warmup):
             runner.step(v, batches[i % len(batches)])
-    records = _rounds(runner, variants, batches, emit, log)
+    records = _rounds(runner, variants, batches, emit, log, on_round)
     if limits is not None:
         _bandwidth_after(limits, emit)
     summary = summarize(records, names, baseline)

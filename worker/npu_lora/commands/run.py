@@ -129,6 +129,9 @@ def run(args: argparse.Namespace) -> int:
     except SpecError as e:
         return _fail(str(e), EXIT_CONFIG_ERROR)
 
+    if manifest.spec.benchmark is not None:
+        return _benchmark(manifest, resolve_out(args, manifest))
+
     from npu_lora.train.callbacks import CallbackList, ProgressBar, RunContext
 
     spec = manifest.spec
@@ -152,6 +155,31 @@ def run(args: argparse.Namespace) -> int:
     except Exception as e:
         traceback.print_exc()
         return _fail(f"{type(e).__name__}: {e}", EXIT_ERROR, callbacks, ctx)
+
+
+def _benchmark(manifest: Any, run_dir: Path) -> int:
+    """``spec.benchmark``: the A/B harness instead of training (``npu_lora.bench.resource``)."""
+    from npu_lora.train.termination import write_termination_message
+
+    try:
+        check_model(manifest.spec)
+        from npu_lora.bench.resource import BenchmarkReporter, markdown, run_benchmark
+
+        status = run_benchmark(manifest, run_dir, reporter=BenchmarkReporter.from_env())
+    except SpecError as e:
+        return _fail(str(e), EXIT_CONFIG_ERROR)
+    except KeyboardInterrupt:
+        return _fail("interrupted", EXIT_INTERRUPTED)
+    except Exception as e:
+        traceback.print_exc()
+        return _fail(f"{type(e).__name__}: {e}", EXIT_ERROR)
+    print(markdown(status))
+    print(f"run directory: {run_dir}")
+    import json
+
+    keys = ("best", "bestStepSeconds", "bestRatio", "roundsDone")
+    write_termination_message(json.dumps({k: status.get(k) for k in keys}))
+    return 0
 
 
 def check_model(spec: Any) -> None:
