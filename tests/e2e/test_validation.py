@@ -39,6 +39,11 @@ CASES = [
     ("cross-field CEL", "moe.warmupSteps", 50, "warmupSteps"),
     ("CEL one-of", "model.path", "/models/x", "exactly one of path or preset"),
     ("required", "data", _DELETE, "spec.data"),
+    ("pattern", "benchmark", {"variants": ["hot+fast"]}, "spec.benchmark.variants[0]"),
+    ("bound", "benchmark", {"rounds": 0}, "spec.benchmark.rounds"),
+    ("min items", "benchmark", {"seqLens": []}, "spec.benchmark.seqLens"),
+    ("enum", "benchmark", {"hostDtypes": ["float16"]}, "spec.benchmark.hostDtypes[0]"),
+    ("CEL", "benchmark", {"baseline": "peer"}, "baseline must be one of the variants"),
 ]
 
 

@@ -608,7 +608,8 @@ def immutable_rule() -> dict[str, Any]:
 def _spec_schema_extra(schema: dict[str, Any]) -> None:
     schema["x-kubernetes-validations"] = [
         cel(
-            "self.moe.placement != 'hot' || self.moe.warmupSteps < self.training.steps",
+            "has(self.benchmark) || self.moe.placement != 'hot' "
+            "|| self.moe.warmupSteps < self.training.steps",
             "moe.warmupSteps must be less than training.steps with placement hot",
             field_path=".moe.warmupSteps",
         ),
