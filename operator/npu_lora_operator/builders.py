@@ -399,6 +399,9 @@ def worker_env(body: Body, config: OperatorConfig) -> list[Body]:
         # the worker writes its summary / error there (the kubelet reads it back)
         {"name": "NPU_LORA_TERMINATION_LOG", "value": TERMINATION_LOG},
     ]
+    if (_spec(body).get("data") or {}).get("volume"):
+        # the worker reads data only under the data volume (no symlink or path escapes it)
+        env.append({"name": "NPU_LORA_DATA_ROOT", "value": DATA_MOUNT})
     env += [{"name": k, "value": v} for k, v in config.extra_env]
     user = (_spec(body).get("podTemplate") or {}).get("env") or []
     names = {e.get("name") for e in user}

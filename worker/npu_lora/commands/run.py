@@ -243,8 +243,11 @@ def _train(args: argparse.Namespace, manifest: Any, ctx: Any, callbacks: Any) ->
     trainer = Trainer(ctx, engine, dataset, plan=plan, callbacks=callbacks, plot=not args.no_plot)
     result = trainer.run()
     if result.exit_code != 0:
-        print(f"npu-lora run: error: {result.message}", file=sys.stderr)
-        write_termination_message(f"exit {result.exit_code}: {result.message}")
+        message = result.message
+        if ctx.extra.get("stop_reason"):  # the run was deleted (see StatusReporter)
+            message = f"{ctx.extra['stop_reason']}: {message}"
+        print(f"npu-lora run: error: {message}", file=sys.stderr)
+        write_termination_message(f"exit {result.exit_code}: {message}")
         return result.exit_code
     summary = result.summary or {}
     print(timing_table(summary))

@@ -25,6 +25,7 @@ import datetime as dt
 import logging
 import math
 import os
+import signal
 import statistics
 import threading
 import time
@@ -255,17 +256,12 @@ class StatusReporter(TrainCallback):
                 self._do_patch(body)  # type: ignore[arg-type]
             except Exception as e:  # network, 409, 5xx, auth: never fatal
                 self.failures += 1
-                if getattr(e, "status", None) == 404:
-                    # the MoEFinetune is gone (deleted): nobody to report to any more
-                    log.warning(
-                        "status report for %s/%s: the resource is gone; reporting stopped",
-                        self.namespace,
-                        self.name,
-                    )
-                    with self._cv:
-                        self._gone = True
-                        self._pending = None
-                        self._cv.notify_all()
+                code = getattr(e, "status", None)
+                if code == 404 or (code == 403 and self.sent > 0):
+                    # the MoEFinetune is gone (404), or its Role went first during the deletion
+                    # cascade (403 after earlier patches succeeded): stop reporting, and stop the
+                    # run cleanly (the step in flight is finished and checkpointed)
+                    self._run_deleted(int(code))
                     return
                 self._log_failure(e)
                 with self._cv:
@@ -284,6 +280,24 @@ class StatusReporter(TrainCallback):
                 self.sent += 1
                 self._written = max(self._written, version)
                 self._cv.notify_all()
+
+    def _run_deleted(self, code: int) -> None:
+        reason = (
+            f"the MoEFinetune {self.namespace}/{self.name} was deleted (its status patch "
+            f"answered {code})"
+        )
+        log.warning("%s: reporting stopped; stopping the run", reason)
+        with self._cv:
+            self._gone = True
+            self._pending = None
+            self._cv.notify_all()
+        ctx = getattr(self, "_ctx", None)
+        if ctx is not None and isinstance(getattr(ctx, "extra", None), dict):
+            ctx.extra["stop_reason"] = reason
+        # the trainer's SIGTERM handler finishes the step, checkpoints and exits 143; without
+        # one installed (not the worker's main loop) nothing is stopped
+        if callable(signal.getsignal(signal.SIGTERM)):
+            os.kill(os.getpid(), signal.SIGTERM)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Send the latest state and wait until it is written (True) or ``timeout`` passes."""
@@ -348,6 +362,7 @@ class StatusReporter(TrainCallback):
     # -- TrainCallback -----------------------------------------------------------------------
 
     def on_start(self, ctx: Any) -> None:
+        self._ctx = ctx
         if getattr(ctx, "total_steps", None):
             self.total_steps = int(ctx.total_steps)
         start = int(getattr(ctx, "start_step", 1) or 1)

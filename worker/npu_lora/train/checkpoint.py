@@ -39,8 +39,12 @@ NAME = "checkpoint"
 class CheckpointWriteError(OSError):
     """Writing a checkpoint failed; ``str()`` names the path and the cause."""
 
+    def __init__(self, errno_: int | None, strerror: str | None, filename: str, message: str):
+        super().__init__(errno_, strerror, filename)
+        self.message = message
+
     def __str__(self) -> str:
-        return str(self.args[-1]) if self.args else super().__str__()
+        return self.message
 
 
 def _run_identity(run_dir: Path) -> dict[str, Any] | None:

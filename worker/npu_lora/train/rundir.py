@@ -164,16 +164,23 @@ def truncate_metrics(path: Path, max_step: int) -> list[dict[str, Any]]:
 
 
 class MetricsWriter:
-    """Append one JSON line per step; flush + fsync each (a killed run loses no written step)."""
+    """Append one JSON line per step; fsync each (a killed run loses no written step).
+
+    Unbuffered: a failed write (disk full) raises an OSError naming the file and leaves nothing
+    pending that a later ``close`` would try (and fail) to write again.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._f = open(path, "a", encoding="utf-8")  # noqa: SIM115
+        self._f = open(path, "ab", buffering=0)  # noqa: SIM115
 
     def write(self, record: dict[str, Any]) -> None:
+        data = (json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
         try:
-            self._f.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
-            self._f.flush()
+            view = memoryview(data)
+            while view:
+                n = self._f.write(view)
+                view = view[n or 0 :]
             os.fsync(self._f.fileno())
         except OSError as e:  # disk full: name the file
             raise OSError(e.errno, e.strerror or str(e), str(self.path)) from e
