@@ -1,7 +1,9 @@
-"""Pure builders: MoEFinetune (a dict, as the apiserver returns it) → child objects (dicts).
+"""Pure builders: a MoEFinetune (typed: :class:`Run`) → child objects (dicts).
 
-No I/O here: every function takes the custom resource body and the :class:`OperatorConfig` and
-returns plain ``dict`` manifests, so tests compare dicts. The children of a run ``NAME``:
+No I/O here: every function takes a :class:`Run` (the run's name, namespace, uid and its typed
+:class:`~npu_lora.api.v1alpha1.MoEFinetuneSpec`, parsed once from the body the apiserver sends)
+and the :class:`OperatorConfig`, and returns plain ``dict`` manifests, so tests compare dicts.
+The children of a run ``NAME``:
 
 - ConfigMap ``NAME-config``: ``config.yaml``, the resolved worker config (the MoEFinetune with
   volume paths rewritten to the fixed mount points and the volumes removed);
@@ -20,19 +22,26 @@ Mount points (fixed, so the worker config is independent of the cluster's storag
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import posixpath
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
 from npu_lora.api.v1alpha1 import (
     API_VERSION,
+    ENV_NAME,
+    ENV_NAMESPACE,
+    ENV_UID,
     EXIT_CONFIG_ERROR,
     EXIT_NONFINITE_LOSS,
     GROUP,
     KIND,
     PLURAL,
+    MoEFinetuneSpec,
+    VolumeRef,
+    spec_fields,
 )
 
 from npu_lora_operator.settings import OperatorConfig
@@ -57,9 +66,6 @@ TERMINATION_LOG = "/dev/termination-log"
 RNGD_RESOURCE = "furiosa.ai/rngd"
 CUDA_RESOURCE = "nvidia.com/gpu"
 MANAGED_BY = "npu-lora-operator"
-ENV_NAME = "NPU_LORA_RESOURCE_NAME"
-ENV_NAMESPACE = "NPU_LORA_RESOURCE_NAMESPACE"
-ENV_UID = "NPU_LORA_RESOURCE_UID"
 
 _MAX_NAME = 63  # DNS label (Job names feed the pods' job-name label)
 
@@ -92,29 +98,42 @@ def worker_sa_name(name: str) -> str:
     return _short(name, "-worker", limit=253)
 
 
-def _meta(body: Body) -> Body:
-    return body.get("metadata") or {}
+@dataclass(frozen=True)
+class Run:
+    """One MoEFinetune as the builders see it: its identity and its typed spec."""
+
+    name: str
+    namespace: str | None
+    uid: str
+    spec: MoEFinetuneSpec
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Run:
+        """Parse the body the apiserver sends (raises pydantic's ``ValidationError``, a
+        ``ValueError``, naming the field, when the spec is invalid)."""
+        meta = body.get("metadata") or {}
+        return cls(
+            name=meta["name"],
+            namespace=meta.get("namespace"),
+            uid=meta.get("uid", ""),
+            spec=MoEFinetuneSpec.model_validate(body.get("spec") or {}),
+        )
 
 
-def _spec(body: Body) -> Body:
-    return body.get("spec") or {}
-
-
-def owner_reference(body: Body) -> Body:
+def owner_reference(run: Run) -> Body:
     """The controller ownerReference pointing at the MoEFinetune."""
-    meta = _meta(body)
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
-        "name": meta["name"],
-        "uid": meta["uid"],
+        "name": run.name,
+        "uid": run.uid,
         "controller": True,
         "blockOwnerDeletion": True,
     }
 
 
-def labels(body: Body, component: str = "worker") -> dict[str, str]:
-    name = _meta(body)["name"]
+def labels(run: Run, component: str = "worker") -> dict[str, str]:
+    name = run.name
     out = {
         "app.kubernetes.io/name": "npu-lora",
         "app.kubernetes.io/instance": run_label_value(name),
@@ -126,13 +145,12 @@ def labels(body: Body, component: str = "worker") -> dict[str, str]:
     return out
 
 
-def _child_meta(body: Body, name: str, component: str = "worker") -> Body:
-    meta = _meta(body)
+def _child_meta(run: Run, name: str, component: str = "worker") -> Body:
     return {
         "name": name,
-        "namespace": meta.get("namespace"),
-        "labels": labels(body, component),
-        "ownerReferences": [owner_reference(body)],
+        "namespace": run.namespace,
+        "labels": labels(run, component),
+        "ownerReferences": [owner_reference(run)],
     }
 
 
@@ -148,27 +166,26 @@ def _join(root: str, rel: str | None) -> str:
     return root if inner == "/" else posixpath.normpath(root + inner)
 
 
-def output_path(body: Body) -> str:
+def output_path(run: Run) -> str:
     """The run directory inside the worker container (``/mnt/output/<path or name>``)."""
-    out = _spec(body).get("output") or {}
-    return _join(OUTPUT_MOUNT, out.get("path") or _meta(body)["name"])
+    return _join(OUTPUT_MOUNT, run.spec.output.path or run.name)
 
 
-def _volume_source(ref: Body, *, read_only: bool, create: bool) -> Body:
-    if ref.get("claimName"):
-        return {"persistentVolumeClaim": {"claimName": ref["claimName"], "readOnly": read_only}}
+def _volume_source(ref: VolumeRef, *, read_only: bool, create: bool) -> Body:
+    if ref.claim_name:
+        return {"persistentVolumeClaim": {"claimName": ref.claim_name, "readOnly": read_only}}
     return {
         "hostPath": {
-            "path": ref["hostPath"],
+            "path": ref.host_path,
             "type": "DirectoryOrCreate" if create else "Directory",
         }
     }
 
 
-def _volumes(body: Body, config: OperatorConfig) -> tuple[list[Body], list[Body]]:
+def _volumes(run: Run, config: OperatorConfig) -> tuple[list[Body], list[Body]]:
     """(pod volumes, container volumeMounts) for model, data, output, cache, config and /tmp."""
-    spec = _spec(body)
-    name = _meta(body)["name"]
+    spec = run.spec
+    name = run.name
     vols: list[Body] = [
         {"name": "config", "configMap": {"name": configmap_name(name)}},
         {"name": "tmp", "emptyDir": {"sizeLimit": config.tmp_size_limit}},
@@ -177,24 +194,23 @@ def _volumes(body: Body, config: OperatorConfig) -> tuple[list[Body], list[Body]
         {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
         {"name": "tmp", "mountPath": TMP_MOUNT},
     ]
-    refs: list[tuple[str, Body | None, str, bool, bool]] = [
-        ("model", (spec.get("model") or {}).get("volume"), MODEL_MOUNT, True, False),
-        ("data", (spec.get("data") or {}).get("volume"), DATA_MOUNT, True, False),
-        ("output", (spec.get("output") or {}).get("volume"), OUTPUT_MOUNT, False, True),
-        ("furiosa-cache", (spec.get("device") or {}).get("compileCache"), CACHE_MOUNT, False, True),
+    refs: list[tuple[str, VolumeRef | None, str, bool, bool]] = [
+        ("model", spec.model.volume, MODEL_MOUNT, True, False),
+        ("data", spec.data.volume, DATA_MOUNT, True, False),
+        ("output", spec.output.volume, OUTPUT_MOUNT, False, True),
+        ("furiosa-cache", spec.device.compile_cache, CACHE_MOUNT, False, True),
     ]
     for vol_name, ref, mount, default_ro, create in refs:
         if ref:
-            read_only = ref.get("readOnly")
-            read_only = default_ro if read_only is None else bool(read_only)
+            read_only = default_ro if ref.read_only is None else ref.read_only
             vols.append(
                 {"name": vol_name, **_volume_source(ref, read_only=read_only, create=create)}
             )
             m: Body = {"name": vol_name, "mountPath": mount}
             if read_only:
                 m["readOnly"] = True
-            if ref.get("subPath"):
-                m["subPath"] = ref["subPath"]
+            if ref.sub_path:
+                m["subPath"] = ref.sub_path
             mounts.append(m)
         elif vol_name == "output":
             # no volume: the run directory still needs a writable place (lost with the pod)
@@ -207,10 +223,10 @@ def _volumes(body: Body, config: OperatorConfig) -> tuple[list[Body], list[Body]
 # worker config (ConfigMap)
 
 
-def worker_config(body: Body) -> Body:
-    """The manifest the worker runs: paths under the mount points, no volumes, no status."""
-    meta = _meta(body)
-    spec = copy.deepcopy(_spec(body))
+def worker_config(run: Run) -> Body:
+    """The manifest the worker runs: paths under the mount points, no volumes, no status, no
+    cluster-only field; the fields set in the MoEFinetune only (the worker fills defaults)."""
+    spec = run.spec.model_dump(mode="json", by_alias=True, exclude_unset=True)
     model = spec.get("model") or {}
     if model.pop("volume", None) is not None:
         model["path"] = _join(MODEL_MOUNT, model.get("path"))
@@ -226,33 +242,24 @@ def worker_config(body: Body) -> Body:
         device.pop("compileCache", None)
     output = spec.setdefault("output", {})
     output.pop("volume", None)
-    output["path"] = output_path(body)
+    output["path"] = output_path(run)
     # cluster-only fields mean nothing to `npu-lora run`; keep the worker config minimal
-    for key in (
-        "image",
-        "resources",
-        "suspend",
-        "backoffLimit",
-        "activeDeadlineSeconds",
-        "ttlSecondsAfterFinished",
-        "queueName",
-        "podTemplate",
-    ):
+    for key in spec_fields(cluster_only=True):
         spec.pop(key, None)
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
-        "metadata": {"name": meta["name"], "namespace": meta.get("namespace")},
+        "metadata": {"name": run.name, "namespace": run.namespace},
         "spec": spec,
     }
 
 
-def build_configmap(body: Body) -> Body:
-    text = yaml.safe_dump(worker_config(body), sort_keys=False, allow_unicode=True)
+def build_configmap(run: Run) -> Body:
+    text = yaml.safe_dump(worker_config(run), sort_keys=False, allow_unicode=True)
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _child_meta(body, configmap_name(_meta(body)["name"])),
+        "metadata": _child_meta(run, configmap_name(run.name)),
         "data": {CONFIG_KEY: text},
     }
 
@@ -261,26 +268,27 @@ def build_configmap(body: Body) -> Body:
 # RBAC
 
 
-def uses_own_service_account(body: Body) -> bool:
+def uses_own_service_account(run: Run) -> bool:
     """False when the user names a ServiceAccount in ``podTemplate`` (no per-run RBAC then)."""
-    return not ((_spec(body).get("podTemplate") or {}).get("serviceAccountName"))
+    pt = run.spec.pod_template
+    return not (pt is not None and pt.service_account_name)
 
 
-def build_service_account(body: Body) -> Body:
+def build_service_account(run: Run) -> Body:
     return {
         "apiVersion": "v1",
         "kind": "ServiceAccount",
-        "metadata": _child_meta(body, worker_sa_name(_meta(body)["name"])),
+        "metadata": _child_meta(run, worker_sa_name(run.name)),
         "automountServiceAccountToken": True,
     }
 
 
-def build_role(body: Body) -> Body:
-    name = _meta(body)["name"]
+def build_role(run: Run) -> Body:
+    name = run.name
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
-        "metadata": _child_meta(body, worker_sa_name(name)),
+        "metadata": _child_meta(run, worker_sa_name(name)),
         "rules": [
             {
                 "apiGroups": [GROUP],
@@ -298,15 +306,14 @@ def build_role(body: Body) -> Body:
     }
 
 
-def build_role_binding(body: Body) -> Body:
-    meta = _meta(body)
-    sa = worker_sa_name(meta["name"])
+def build_role_binding(run: Run) -> Body:
+    sa = worker_sa_name(run.name)
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
-        "metadata": _child_meta(body, sa),
+        "metadata": _child_meta(run, sa),
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": sa},
-        "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": meta.get("namespace")}],
+        "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": run.namespace}],
     }
 
 
@@ -314,11 +321,10 @@ def build_role_binding(body: Body) -> Body:
 # Job
 
 
-def accelerator_resources(body: Body) -> dict[str, int]:
+def accelerator_resources(run: Run) -> dict[str, int]:
     """The extended-resource request of the worker: RNGD cards, or GPUs for ``cuda``."""
-    device = _spec(body).get("device") or {}
-    backend = device.get("backend", "auto")
-    cards = int(device.get("cards", 1))
+    backend = run.spec.device.backend
+    cards = run.spec.device.cards
     if cards <= 0:
         return {}
     if backend in ("furiosa", "auto"):
@@ -328,9 +334,9 @@ def accelerator_resources(body: Body) -> dict[str, int]:
     return {}
 
 
-def _resources(body: Body) -> Body:
-    res = copy.deepcopy(_spec(body).get("resources") or {})
-    accel = accelerator_resources(body)
+def _resources(run: Run) -> Body:
+    res = run.spec.resources.to_api() if run.spec.resources is not None else {}
+    accel = accelerator_resources(run)
     if accel:
         # extended resources: requests must equal limits
         res.setdefault("requests", {}).update({k: str(v) for k, v in accel.items()})
@@ -383,65 +389,64 @@ def pod_failure_policy() -> Body:
     }
 
 
-def worker_command(body: Body, config: OperatorConfig) -> list[str]:
-    return [*config.worker_command, "run", CONFIG_PATH, "--out", output_path(body)]
+def worker_command(run: Run, config: OperatorConfig) -> list[str]:
+    return [*config.worker_command, "run", CONFIG_PATH, "--out", output_path(run)]
 
 
-def worker_env(body: Body, config: OperatorConfig) -> list[Body]:
-    meta = _meta(body)
+def _pod_template(run: Run) -> Body:
+    """``spec.podTemplate`` as API keys (a copy; empty when unset)."""
+    pt = run.spec.pod_template
+    return pt.to_api() if pt is not None else {}
+
+
+def worker_env(run: Run, config: OperatorConfig) -> list[Body]:
+    has_cache = run.spec.device.compile_cache is not None
     env: list[Body] = [
-        {"name": ENV_NAME, "value": meta["name"]},
-        {"name": ENV_NAMESPACE, "value": meta.get("namespace") or "default"},
-        {"name": ENV_UID, "value": meta.get("uid", "")},
+        {"name": ENV_NAME, "value": run.name},
+        {"name": ENV_NAMESPACE, "value": run.namespace or "default"},
+        {"name": ENV_UID, "value": run.uid},
         {"name": "HOME", "value": TMP_MOUNT},
-        {"name": "XDG_CACHE_HOME", "value": CACHE_ROOT if _has_cache(body) else "/tmp/.cache"},
+        {"name": "XDG_CACHE_HOME", "value": CACHE_ROOT if has_cache else "/tmp/.cache"},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
         # the worker writes its summary / error there (the kubelet reads it back)
         {"name": "NPU_LORA_TERMINATION_LOG", "value": TERMINATION_LOG},
     ]
-    if (_spec(body).get("data") or {}).get("volume"):
+    if run.spec.data.volume is not None:
         # the worker reads data only under the data volume (no symlink or path escapes it)
         env.append({"name": "NPU_LORA_DATA_ROOT", "value": DATA_MOUNT})
     env += [{"name": k, "value": v} for k, v in config.extra_env]
-    user = (_spec(body).get("podTemplate") or {}).get("env") or []
+    user = _pod_template(run).get("env") or []
     names = {e.get("name") for e in user}
     env = [e for e in env if e["name"] not in names or e["name"].startswith("NPU_LORA_RESOURCE")]
-    env += [
-        copy.deepcopy(e) for e in user if not str(e.get("name", "")).startswith("NPU_LORA_RESOURCE")
-    ]
+    env += [e for e in user if not str(e.get("name", "")).startswith("NPU_LORA_RESOURCE")]
     return env
 
 
-def _has_cache(body: Body) -> bool:
-    return bool((_spec(body).get("device") or {}).get("compileCache"))
-
-
-def build_job(body: Body, config: OperatorConfig) -> Body:
-    """The run's ``batch/v1`` Job (DESIGN §3)."""
-    meta = _meta(body)
-    spec = _spec(body)
-    name = meta["name"]
-    pt = spec.get("podTemplate") or {}
-    vols, mounts = _volumes(body, config)
-    vols += copy.deepcopy(pt.get("volumes") or [])
-    mounts += copy.deepcopy(pt.get("volumeMounts") or [])
+def build_job(run: Run, config: OperatorConfig) -> Body:
+    """The run's ``batch/v1`` Job."""
+    spec = run.spec
+    name = run.name
+    pt = _pod_template(run)
+    vols, mounts = _volumes(run, config)
+    vols += pt.get("volumes") or []
+    mounts += pt.get("volumeMounts") or []
 
     container: Body = {
         "name": CONTAINER_NAME,
-        "image": spec.get("image") or config.worker_image,
+        "image": spec.image or config.worker_image,
         "imagePullPolicy": config.image_pull_policy,
-        "command": worker_command(body, config),
-        "env": worker_env(body, config),
+        "command": worker_command(run, config),
+        "env": worker_env(run, config),
         "volumeMounts": mounts,
         "securityContext": container_security_context(config),
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
-    res = _resources(body)
+    res = _resources(run)
     if res:
         container["resources"] = res
 
-    pod_labels = labels(body)
+    pod_labels = labels(run)
     pod_spec: Body = {
         "restartPolicy": "Never",
         "serviceAccountName": pt.get("serviceAccountName") or worker_sa_name(name),
@@ -453,18 +458,18 @@ def build_job(body: Body, config: OperatorConfig) -> Body:
     }
     for key in ("nodeSelector", "tolerations", "affinity", "priorityClassName", "imagePullSecrets"):
         if pt.get(key):
-            pod_spec[key] = copy.deepcopy(pt[key])
+            pod_spec[key] = pt[key]
 
-    job_labels = labels(body)
-    if spec.get("queueName"):
-        job_labels[QUEUE_LABEL] = spec["queueName"]
+    job_labels = labels(run)
+    if spec.queue_name:
+        job_labels[QUEUE_LABEL] = spec.queue_name
     job_spec: Body = {
         "parallelism": 1,
         "completions": 1,
-        "backoffLimit": int(spec.get("backoffLimit", 2)),
+        "backoffLimit": spec.backoff_limit,
         "podFailurePolicy": pod_failure_policy(),
         # Kueue admits a queued Job by un-suspending it: create it suspended
-        "suspend": bool(spec.get("suspend", False)) or bool(spec.get("queueName")),
+        "suspend": spec.suspend or bool(spec.queue_name),
         "template": {
             "metadata": {
                 "labels": pod_labels,
@@ -476,20 +481,20 @@ def build_job(body: Body, config: OperatorConfig) -> Body:
             "spec": pod_spec,
         },
     }
-    if spec.get("activeDeadlineSeconds") is not None:
-        job_spec["activeDeadlineSeconds"] = int(spec["activeDeadlineSeconds"])
-    if spec.get("ttlSecondsAfterFinished") is not None:
-        job_spec["ttlSecondsAfterFinished"] = int(spec["ttlSecondsAfterFinished"])
-    job_meta = _child_meta(body, job_name(name))
+    if spec.active_deadline_seconds is not None:
+        job_spec["activeDeadlineSeconds"] = spec.active_deadline_seconds
+    if spec.ttl_seconds_after_finished is not None:
+        job_spec["ttlSecondsAfterFinished"] = spec.ttl_seconds_after_finished
+    job_meta = _child_meta(run, job_name(name))
     job_meta["labels"] = job_labels
     job_meta["annotations"] = {RUN_NAME_ANNOTATION: name}
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": job_meta, "spec": job_spec}
 
 
-def build_children(body: Body, config: OperatorConfig) -> list[Body]:
+def build_children(run: Run, config: OperatorConfig) -> list[Body]:
     """Every child of the run, in creation order (the Job last, when its inputs exist)."""
-    out = [build_configmap(body)]
-    if uses_own_service_account(body):
-        out += [build_service_account(body), build_role(body), build_role_binding(body)]
-    out.append(build_job(body, config))
+    out = [build_configmap(run)]
+    if uses_own_service_account(run):
+        out += [build_service_account(run), build_role(run), build_role_binding(run)]
+    out.append(build_job(run, config))
     return out

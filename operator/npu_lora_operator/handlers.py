@@ -8,20 +8,22 @@
 - events of Jobs and Pods labelled ``npu-lora.io/run``: recompute the operator's subtree of the
   run's status (:func:`.status.compute_status`) and merge-patch it through ``/status`` when it
   changed; post an Event for each transition.
-- ``spec.suspend`` changes suspend/resume the Job. With ``queueName`` the Job is created
-  suspended and Kueue un-suspends it on admission; ``spec.suspend: true`` suspends it (Kueue
-  then evicts the workload), ``false`` leaves the re-admission to Kueue. ``activeDeadlineSeconds`` and
-  ``ttlSecondsAfterFinished`` changes are copied to the Job (both are mutable there).
-  ``reporting`` and ``checkpoint`` changes rewrite the worker ConfigMap: they take effect with
-  the next worker pod (a retry, or after suspend/resume). ``image``, ``resources``,
-  ``podTemplate``, ``backoffLimit`` and ``queueName`` cannot change a created Job (its pod
-  template is immutable): the operator posts a Warning event and leaves the Job alone; delete and
-  re-create the run to apply them. Training fields are immutable (CEL on the server).
+- ``spec`` changes, by the field's ``OnUpdate`` tag (:mod:`npu_lora.api.v1alpha1`, the one
+  list): ``job`` fields are copied to the Job; ``worker-config`` fields rewrite the worker
+  ConfigMap and take effect with the next worker pod (a retry, or after suspend/resume);
+  ``new-run`` fields cannot change a created Job (its pod template is immutable): the operator
+  posts a Warning event and leaves the Job alone (delete and re-create the run to apply them);
+  ``immutable`` fields never reach the operator (CEL on the server). ``spec.suspend`` has its
+  own handler: with ``queueName`` the Job is created suspended and Kueue un-suspends it on
+  admission; ``spec.suspend: true`` suspends it (Kueue then evicts the workload), ``false``
+  leaves the re-admission to Kueue.
 - deletion: nothing to do; the children carry ownerReferences and the garbage collector removes
   them (no finalizer is needed, and none is added: there is no deletion handler).
 
 The operator's own kopf state lives in annotations with the ``npu-lora.io`` prefix
-(see :func:`build_settings`), never in ``status``.
+(see :func:`build_settings`), never in ``status``. What the handlers share (configuration, API
+access, per-run locks) is a :class:`State` in kopf's memo (:func:`new_memo`, passed to
+``kopf.run(memo=...)``; each handler gets it as ``memo.state``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any
 
 import kopf
 import kubernetes
+from npu_lora.api import v1alpha1 as api
 from npu_lora.api.v1alpha1 import API_VERSION, GROUP, PLURAL, VERSION
 
 from npu_lora_operator import builders
@@ -49,10 +52,14 @@ RUN_NAME_ANNOTATION = builders.RUN_NAME_ANNOTATION
 registry = kopf.OperatorRegistry()
 
 
-class _State:
-    def __init__(self) -> None:
-        self.config = OperatorConfig()
-        self.kube = Kube()
+class State:
+    """The operator's shared state: configuration, API access and one lock per run (status
+    writes of a run are serialised). kopf gives each handler a shallow copy of the operator's
+    memo, so every handler sees this one object."""
+
+    def __init__(self, config: OperatorConfig, kube: Kube) -> None:
+        self.config = config
+        self.kube = kube
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._guard = threading.Lock()
 
@@ -61,15 +68,10 @@ class _State:
             return self._locks.setdefault((namespace, name), threading.Lock())
 
 
-STATE = _State()
-
-
-def configure(config: OperatorConfig | None = None, kube: Kube | None = None) -> None:
-    """Set the operator configuration and API access used by the handlers."""
-    if config is not None:
-        STATE.config = config
-    if kube is not None:
-        STATE.kube = kube
+def new_memo(config: OperatorConfig | None = None, kube: Kube | None = None) -> kopf.Memo:
+    """The memo to pass to ``kopf.run``/``kopf.operator``: ``memo.state`` is a :class:`State`
+    (default configuration; API access through the default ``kubernetes`` client)."""
+    return kopf.Memo(state=State(config or OperatorConfig(), kube or Kube()))
 
 
 def build_settings(settings: kopf.OperatorSettings | None = None) -> kopf.OperatorSettings:
@@ -162,9 +164,8 @@ def _post(body: Body, events: Iterable[tuple[str, str, str]]) -> None:
             log.debug("event not posted: %s %s: %s (%s)", etype, reason, message, e)
 
 
-def ensure_object(obj: Body, owner: Body) -> tuple[Body, bool]:
+def ensure_object(kube: Kube, obj: Body, owner: builders.Run) -> tuple[Body, bool]:
     """Create ``obj``; on 409 adopt the existing one. Returns (object, created)."""
-    kube = STATE.kube
     meta = obj["metadata"]
     try:
         return kube.create(obj), True
@@ -175,8 +176,7 @@ def ensure_object(obj: Body, owner: Body) -> tuple[Body, bool]:
     existing = kube.get(obj["apiVersion"], plural, meta["name"], meta.get("namespace"))
     if existing is None:  # deleted in between: try once more
         return kube.create(obj), True
-    owner_uid = _uid(owner)
-    if _owned_by(existing, owner_uid):
+    if _owned_by(existing, owner.uid):
         return existing, False
     refs = (existing.get("metadata") or {}).get("ownerReferences") or []
     if any(r.get("controller") for r in refs):
@@ -209,8 +209,8 @@ def run_name_of(child: Body) -> str | None:
     return (meta.get("labels") or {}).get(builders.RUN_LABEL)
 
 
-def _pods_of(job: Body, namespace: str, run: str) -> list[Body]:
-    pods = STATE.kube.list(
+def _pods_of(kube: Kube, job: Body, namespace: str, run: str) -> list[Body]:
+    pods = kube.list(
         "v1", "pods", namespace, f"{builders.RUN_LABEL}={builders.run_label_value(run)}"
     )
     juid = _uid(job)
@@ -231,17 +231,17 @@ def _pods_of(job: Body, namespace: str, run: str) -> list[Body]:
     return out
 
 
-def reconcile_status(namespace: str, name: str) -> Body | None:
+def reconcile_status(state: State, namespace: str, name: str) -> Body | None:
     """Recompute and write the operator's status subtree of run ``namespace/name``."""
-    kube = STATE.kube
-    with STATE.lock(namespace, name):
+    kube = state.kube
+    with state.lock(namespace, name):
         mft = kube.get(API_VERSION, PLURAL, name, namespace)
         if mft is None or (mft.get("metadata") or {}).get("deletionTimestamp"):
             return None
         job = kube.get("batch/v1", "jobs", builders.job_name(name), namespace)
         if job is not None and not _owned_by(job, _uid(mft)):
             job = None
-        pods = _pods_of(job, namespace, name) if job is not None else []
+        pods = _pods_of(kube, job, namespace, name) if job is not None else []
         old = mft.get("status") or {}
         if old.get("phase") in st.TERMINAL_PHASES and job is None:
             return old  # the Job was removed (ttlSecondsAfterFinished): keep the verdict
@@ -255,10 +255,10 @@ def reconcile_status(namespace: str, name: str) -> Body | None:
         return new
 
 
-def fail_run(namespace: str, name: str, reason: str, message: str) -> None:
+def fail_run(state: State, namespace: str, name: str, reason: str, message: str) -> None:
     """Mark the run Failed without a Job (e.g. the server rejected the Job we built)."""
-    kube = STATE.kube
-    with STATE.lock(namespace, name):
+    kube = state.kube
+    with state.lock(namespace, name):
         mft = kube.get(API_VERSION, PLURAL, name, namespace)
         if mft is None:
             return
@@ -285,22 +285,34 @@ def fail_run(namespace: str, name: str, reason: str, message: str) -> None:
 @kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry)
 @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
 def ensure_run(
-    body: kopf.Body, name: str, namespace: str, logger: logging.Logger, **_: Any
+    body: kopf.Body,
+    name: str,
+    namespace: str,
+    logger: logging.Logger,
+    memo: kopf.Memo,
+    **_: Any,
 ) -> None:
     """Create (or adopt) the ConfigMap, the per-run RBAC and the Job."""
+    state: State = memo.state
     raw: Body = dict(body)
     status = raw.get("status") or {}
     if status.get("phase") in st.TERMINAL_PHASES:
         logger.info("run %s already %s; nothing to create", name, status["phase"])
         return
+    try:
+        run = builders.Run.from_body(raw)
+    except ValueError as e:  # the server's schema should have refused it (CRD not up to date?)
+        msg = f"invalid spec: {e}"
+        fail_run(state, namespace, name, "InvalidSpec", msg)
+        raise kopf.PermanentError(msg) from e
     created = []
-    for child in builders.build_children(raw, STATE.config):
+    for child in builders.build_children(run, state.config):
         try:
-            _, was_created = ensure_object(child, raw)
+            _, was_created = ensure_object(state.kube, child, run)
         except KubeError as e:
             if e.code in (400, 422):  # the server rejects what we built: retrying cannot help
                 msg = f"cannot create {child['kind']} {child['metadata']['name']}: {e.message}"
-                fail_run(namespace, name, "InvalidSpec", msg)
+                fail_run(state, namespace, name, "InvalidSpec", msg)
                 raise kopf.PermanentError(msg) from e
             raise
         if was_created:
@@ -312,23 +324,32 @@ def ensure_run(
         _post(raw, [("Normal", "JobCreated", f"created Job {job}")])
     else:
         _post(raw, [("Normal", "JobAdopted", f"adopted existing Job {job}")])
-    reconcile_status(namespace, name)
+    reconcile_status(state, namespace, name)
 
 
 @kopf.on.field(GROUP, VERSION, PLURAL, field="spec.suspend", registry=registry)
 def suspend_changed(
-    old: Any, new: Any, body: kopf.Body, name: str, namespace: str, logger: logging.Logger, **_: Any
+    old: Any,
+    new: Any,
+    body: kopf.Body,
+    spec: kopf.Spec,
+    name: str,
+    namespace: str,
+    logger: logging.Logger,
+    memo: kopf.Memo,
+    **_: Any,
 ) -> None:
+    state: State = memo.state
     if old is None:  # creation: the Job is built with it
         return
     suspend = bool(new)
-    if not suspend and (body.get("spec") or {}).get("queueName"):
+    if not suspend and spec.get("queueName"):
         # Kueue owns un-suspending queued Jobs (on admission); leave the Job to it
         _post(dict(body), [("Normal", "Resumed", "resume left to Kueue admission")])
-        reconcile_status(namespace, name)
+        reconcile_status(state, namespace, name)
         return
     try:
-        STATE.kube.merge_patch(
+        state.kube.merge_patch(
             "batch/v1", "jobs", builders.job_name(name), namespace, {"spec": {"suspend": suspend}}
         )
     except KubeError as e:
@@ -338,30 +359,30 @@ def suspend_changed(
         raise
     verb = "Suspended" if suspend else "Resumed"
     _post(dict(body), [("Normal", verb, f"{verb.lower()} Job {builders.job_name(name)}")])
-    reconcile_status(namespace, name)
+    reconcile_status(state, namespace, name)
 
 
-_JOB_MUTABLE = ("activeDeadlineSeconds", "ttlSecondsAfterFinished")
-_CONFIG_FIELDS = ("reporting", "checkpoint")
-_NEW_RUN_ONLY = (
-    "image",
-    "resources",
-    "podTemplate",
-    "backoffLimit",
-    "queueName",
-    "output",
-    "device",
-)
+#: copied to the Job (``suspend`` has its own handler: Kueue un-suspends queued Jobs)
+_JOB_MUTABLE = tuple(f for f in api.spec_fields(api.OnUpdate.JOB) if f != "suspend")
+_CONFIG_FIELDS = api.spec_fields(api.OnUpdate.WORKER_CONFIG)
+_NEW_RUN_ONLY = api.spec_fields(api.OnUpdate.NEW_RUN)
 
 
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec", registry=registry)
 def spec_changed(
-    diff: kopf.Diff, body: kopf.Body, name: str, namespace: str, logger: logging.Logger, **_: Any
+    diff: kopf.Diff,
+    body: kopf.Body,
+    name: str,
+    namespace: str,
+    logger: logging.Logger,
+    memo: kopf.Memo,
+    **_: Any,
 ) -> None:
+    state: State = memo.state
     raw: Body = dict(body)
     spec = raw.get("spec") or {}
     changed = {str(d[1][0]) for d in diff if d[1]}  # field paths are relative to `spec`
-    kube = STATE.kube
+    kube = state.kube
     job_patch = {k: spec.get(k) for k in _JOB_MUTABLE if k in changed}
     if job_patch:
         try:
@@ -373,7 +394,10 @@ def spec_changed(
             if e.code != 404:
                 raise
     if changed & set(_CONFIG_FIELDS):
-        cm = builders.build_configmap(raw)
+        try:
+            cm = builders.build_configmap(builders.Run.from_body(raw))
+        except ValueError as e:  # the server's schema should have refused it
+            raise kopf.PermanentError(f"invalid spec: {e}") from e
         try:
             kube.merge_patch(
                 "v1", "configmaps", cm["metadata"]["name"], namespace, {"data": cm["data"]}
@@ -400,7 +424,7 @@ def spec_changed(
         )
         logger.warning(msg)
         _post(raw, [("Warning", "ChangeNotApplied", msg)])
-    reconcile_status(namespace, name)
+    reconcile_status(state, namespace, name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -408,14 +432,14 @@ def spec_changed(
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={builders.RUN_LABEL: kopf.PRESENT}, registry=registry)
-def job_event(body: kopf.Body, namespace: str, **_: Any) -> None:
+def job_event(body: kopf.Body, namespace: str, memo: kopf.Memo, **_: Any) -> None:
     run = run_name_of(dict(body))
     if run:
-        reconcile_status(namespace, run)
+        reconcile_status(memo.state, namespace, run)
 
 
 @kopf.on.event("", "v1", "pods", labels={builders.RUN_LABEL: kopf.PRESENT}, registry=registry)
-def pod_event(body: kopf.Body, namespace: str, **_: Any) -> None:
+def pod_event(body: kopf.Body, namespace: str, memo: kopf.Memo, **_: Any) -> None:
     run = run_name_of(dict(body))
     if run:
-        reconcile_status(namespace, run)
+        reconcile_status(memo.state, namespace, run)

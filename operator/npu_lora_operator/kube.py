@@ -14,10 +14,9 @@ from urllib.parse import quote
 
 import kubernetes
 from kubernetes.client.exceptions import ApiException
+from npu_lora.api.v1alpha1 import MERGE_PATCH
 
 Body = dict[str, Any]
-
-MERGE_PATCH = "application/merge-patch+json"
 
 #: apiVersion → (path prefix, plural) of the kinds the operator touches
 _KINDS: dict[tuple[str, str], str] = {

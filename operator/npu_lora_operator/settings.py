@@ -1,7 +1,8 @@
-"""Operator configuration: what the Job builder needs that is not in the MoEFinetune.
+"""Operator configuration: what the Job builder needs that is not in the MoEFinetune, and the
+operator process's own settings.
 
 Read from the command line of ``npu-lora operator`` and, as defaults, from the environment
-(the Helm chart sets these):
+(the Helm chart sets ``NPU_LORA_WORKER_IMAGE``). This module is the one place that reads them:
 
 ==============================  ===========================================================
 ``NPU_LORA_WORKER_IMAGE``        worker image when ``spec.image`` is unset
@@ -9,6 +10,8 @@ Read from the command line of ``npu-lora operator`` and, as defaults, from the e
                                  (default ``npu-lora``); ``run CONFIG --out DIR`` is appended
 ``NPU_LORA_IMAGE_PULL_POLICY``   ``IfNotPresent`` (default), ``Always`` or ``Never``
 ``NPU_LORA_NAMESPACES``          comma-separated namespaces to watch (empty: all)
+``NPU_LORA_LIVENESS``            kopf's liveness endpoint, e.g. ``http://0.0.0.0:8080/healthz``
+``NPU_LORA_LOG_LEVEL``           ``DEBUG``, ``INFO`` (default), ``WARNING`` or ``ERROR``
 ==============================  ===========================================================
 """
 
@@ -17,11 +20,49 @@ from __future__ import annotations
 import json
 import os
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from npu_lora import __version__
 
 DEFAULT_WORKER_IMAGE = f"ghcr.io/npu-lora/npu-lora-worker:{__version__}"
+
+ENV_WORKER_IMAGE = "NPU_LORA_WORKER_IMAGE"
+ENV_WORKER_COMMAND = "NPU_LORA_WORKER_COMMAND"
+ENV_IMAGE_PULL_POLICY = "NPU_LORA_IMAGE_PULL_POLICY"
+ENV_NAMESPACES = "NPU_LORA_NAMESPACES"
+ENV_LIVENESS = "NPU_LORA_LIVENESS"
+ENV_LOG_LEVEL = "NPU_LORA_LOG_LEVEL"
+
+
+def _env(env: Mapping[str, str] | None) -> Mapping[str, str]:
+    return os.environ if env is None else env
+
+
+def watched_namespaces(
+    namespaces: list[str] | None = None,
+    *,
+    all_namespaces: bool = False,
+    env: Mapping[str, str] | None = None,
+) -> list[str]:
+    """The namespaces to watch (``[]``: all): none with ``all_namespaces``, else ``namespaces``
+    (each item may be comma-separated), else ``$NPU_LORA_NAMESPACES`` (comma-separated)."""
+    if all_namespaces:
+        return []
+    if namespaces:
+        return [n for item in namespaces for n in item.split(",") if n.strip()]
+    value = _env(env).get(ENV_NAMESPACES, "")
+    return [n.strip() for n in value.split(",") if n.strip()]
+
+
+def default_liveness(env: Mapping[str, str] | None = None) -> str | None:
+    """``$NPU_LORA_LIVENESS`` (None when unset or empty)."""
+    return _env(env).get(ENV_LIVENESS) or None
+
+
+def default_log_level(env: Mapping[str, str] | None = None) -> str:
+    """``$NPU_LORA_LOG_LEVEL`` (default ``INFO``)."""
+    return _env(env).get(ENV_LOG_LEVEL, "INFO")
 
 
 def parse_command(text: str | None) -> list[str]:
@@ -55,15 +96,15 @@ class OperatorConfig:
     extra_env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None, **overrides: object) -> OperatorConfig:
-        env = dict(os.environ if env is None else env)
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> OperatorConfig:
+        env = dict(_env(env))
         kwargs: dict[str, object] = {}
-        if env.get("NPU_LORA_WORKER_IMAGE"):
-            kwargs["worker_image"] = env["NPU_LORA_WORKER_IMAGE"]
-        if env.get("NPU_LORA_WORKER_COMMAND"):
-            kwargs["worker_command"] = tuple(parse_command(env["NPU_LORA_WORKER_COMMAND"]))
-        if env.get("NPU_LORA_IMAGE_PULL_POLICY"):
-            kwargs["image_pull_policy"] = env["NPU_LORA_IMAGE_PULL_POLICY"]
+        if env.get(ENV_WORKER_IMAGE):
+            kwargs["worker_image"] = env[ENV_WORKER_IMAGE]
+        if env.get(ENV_WORKER_COMMAND):
+            kwargs["worker_command"] = tuple(parse_command(env[ENV_WORKER_COMMAND]))
+        if env.get(ENV_IMAGE_PULL_POLICY):
+            kwargs["image_pull_policy"] = env[ENV_IMAGE_PULL_POLICY]
         kwargs.update({k: v for k, v in overrides.items() if v is not None})
         if "worker_command" in kwargs:
             kwargs["worker_command"] = tuple(kwargs["worker_command"])  # type: ignore[arg-type]

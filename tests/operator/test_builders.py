@@ -1,4 +1,4 @@
-"""The pure builders: MoEFinetune dict → ConfigMap, RBAC, Job dicts."""
+"""The pure builders: MoEFinetune (typed ``Run``) → ConfigMap, RBAC, Job dicts."""
 
 from __future__ import annotations
 
@@ -30,18 +30,20 @@ LABELS = {
 }
 
 
-def run(**spec: Any) -> dict[str, Any]:
+def run(*, name: str = "r1", **spec: Any) -> b.Run:
     base: dict[str, Any] = {
         "model": {"preset": "tiny-qwen3-moe"},
         "data": {"path": "example:nsmc-mini"},
     }
     base.update(spec)
-    return {
-        "apiVersion": "npu-lora.io/v1alpha1",
-        "kind": "MoEFinetune",
-        "metadata": {"name": "r1", "namespace": "team", "uid": "uid-1", "generation": 1},
-        "spec": base,
-    }
+    return b.Run.from_body(
+        {
+            "apiVersion": "npu-lora.io/v1alpha1",
+            "kind": "MoEFinetune",
+            "metadata": {"name": name, "namespace": "team", "uid": "uid-1", "generation": 1},
+            "spec": base,
+        }
+    )
 
 
 def test_full_job() -> None:
@@ -335,8 +337,7 @@ def test_user_service_account_skips_rbac() -> None:
 
 
 def test_long_names_fit_limits() -> None:
-    body = run()
-    body["metadata"]["name"] = "x" * 200
+    body = run(name="x" * 200)
     job = b.build_job(body, CFG)
     assert len(job["metadata"]["name"]) <= 52
     assert len(job["metadata"]["labels"]["npu-lora.io/run"]) <= 63

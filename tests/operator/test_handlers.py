@@ -21,7 +21,7 @@ MFT = ("npu-lora.io/v1alpha1", "MoEFinetune")
 def env(emulator: Any, kubeconfig: Path) -> Any:
     emulator.load_crd(build_crd())
     client = kconfig.new_client_from_config(config_file=str(kubeconfig))
-    handlers.configure(OperatorConfig(worker_image="w:1"), Kube(client))
+    memo = handlers.new_memo(OperatorConfig(worker_image="w:1"), Kube(client))
     body = emulator.create(
         {
             "apiVersion": "npu-lora.io/v1alpha1",
@@ -34,16 +34,17 @@ def env(emulator: Any, kubeconfig: Path) -> Any:
             },
         }
     )
-    yield emulator, body
+    yield emulator, body, memo.state
     client.close()
 
 
 def test_create_is_idempotent(env: Any) -> None:
-    emu, body = env
-    children = builders.build_children(body, handlers.STATE.config)
-    created = [handlers.ensure_object(c, body)[1] for c in children]
+    emu, body, state = env
+    run = builders.Run.from_body(body)
+    children = builders.build_children(run, state.config)
+    created = [handlers.ensure_object(state.kube, c, run)[1] for c in children]
     assert created == [True] * 5
-    again = [handlers.ensure_object(c, body)[1] for c in children]
+    again = [handlers.ensure_object(state.kube, c, run)[1] for c in children]
     assert again == [False] * 5
     assert len(emu.list("batch/v1", "Job", namespace="default")) == 1
     job = emu.get("batch/v1", "Job", "r1", namespace="default")
@@ -51,15 +52,16 @@ def test_create_is_idempotent(env: Any) -> None:
 
 
 def test_orphan_is_adopted_foreign_owner_waits(env: Any) -> None:
-    emu, body = env
-    cm = builders.build_configmap(body)
+    emu, body, state = env
+    run = builders.Run.from_body(body)
+    cm = builders.build_configmap(run)
     orphan = {**cm, "metadata": {k: v for k, v in cm["metadata"].items() if k != "ownerReferences"}}
     emu.create(orphan)
-    obj, created = handlers.ensure_object(cm, body)
+    obj, created = handlers.ensure_object(state.kube, cm, run)
     assert not created
     assert obj["metadata"]["ownerReferences"][0]["uid"] == body["metadata"]["uid"]
 
-    job = builders.build_job(body, handlers.STATE.config)
+    job = builders.build_job(run, state.config)
     foreign = {
         **job,
         "metadata": {
@@ -69,11 +71,12 @@ def test_orphan_is_adopted_foreign_owner_waits(env: Any) -> None:
     }
     emu.create(foreign)
     with pytest.raises(kopf.TemporaryError):
-        handlers.ensure_object(job, body)
+        handlers.ensure_object(state.kube, job, run)
 
 
 def test_reconcile_writes_only_operator_keys(env: Any) -> None:
-    emu, body = env
+    emu, body, state = env
+    run = builders.Run.from_body(body)
     emu.patch(
         *MFT,
         "r1",
@@ -81,23 +84,23 @@ def test_reconcile_writes_only_operator_keys(env: Any) -> None:
         namespace="default",
         subresource="status",
     )
-    st = handlers.reconcile_status("default", "r1")
+    st = handlers.reconcile_status(state, "default", "r1")
     assert st is not None and st["phase"] == "Pending"
-    for child in builders.build_children(body, handlers.STATE.config):
-        handlers.ensure_object(child, body)
-    st = handlers.reconcile_status("default", "r1")
+    for child in builders.build_children(run, state.config):
+        handlers.ensure_object(state.kube, child, run)
+    st = handlers.reconcile_status(state, "default", "r1")
     assert st["jobName"] == "r1"
     obj = emu.get(*MFT, "r1", namespace="default")
     assert obj["status"]["progress"] == {"step": 2, "totalSteps": 5, "percent": 0.0}
     assert obj["status"]["observedGeneration"] == 1
     # nothing changed: no write
     rv = obj["metadata"]["resourceVersion"]
-    handlers.reconcile_status("default", "r1")
+    handlers.reconcile_status(state, "default", "r1")
     assert emu.get(*MFT, "r1", namespace="default")["metadata"]["resourceVersion"] == rv
 
 
 def test_terminal_phase_kept_when_job_is_gone(env: Any) -> None:
-    emu, _ = env
+    emu, _, state = env
     emu.patch(
         *MFT,
         "r1",
@@ -105,7 +108,7 @@ def test_terminal_phase_kept_when_job_is_gone(env: Any) -> None:
         namespace="default",
         subresource="status",
     )
-    st = handlers.reconcile_status("default", "r1")
+    st = handlers.reconcile_status(state, "default", "r1")
     assert st["phase"] == "Succeeded"  # the Job was removed by its TTL: keep the verdict
 
 
@@ -132,8 +135,8 @@ def test_rejected_child_fails_the_run(env: Any, monkeypatch: pytest.MonkeyPatch)
 
     from npu_lora_operator.kube import KubeError
 
-    emu, body = env
-    kube = handlers.STATE.kube
+    emu, body, state = env
+    kube = state.kube
     real_create = kube.create
 
     def create(obj: dict[str, Any]) -> dict[str, Any]:
@@ -144,7 +147,11 @@ def test_rejected_child_fails_the_run(env: Any, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(kube, "create", create)
     with pytest.raises(kopf.PermanentError):
         handlers.ensure_run(
-            body=body, name="r1", namespace="default", logger=logging.getLogger("t")
+            body=body,
+            name="r1",
+            namespace="default",
+            logger=logging.getLogger("t"),
+            memo=kopf.Memo(state=state),
         )
     st = emu.get(*MFT, "r1", namespace="default")["status"]
     assert st["phase"] == "Failed"
@@ -152,4 +159,4 @@ def test_rejected_child_fails_the_run(env: Any, monkeypatch: pytest.MonkeyPatch)
     assert failed["status"] == "True" and failed["reason"] == "InvalidSpec"
     assert "spec.template: bad" in st["message"]
     # a later reconcile keeps the verdict (there is no Job)
-    assert handlers.reconcile_status("default", "r1")["phase"] == "Failed"
+    assert handlers.reconcile_status(state, "default", "r1")["phase"] == "Failed"

@@ -3,8 +3,10 @@ the Kubernetes 1.32 schemas (kubernetes_validate, strict)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
+import sys
 
 import pytest
 import yaml
@@ -23,54 +25,9 @@ from chart_util import (
 
 helm_python = pytest.importorskip("helm_python")
 
-NON_DEFAULT = {
-    "image": {
-        "repository": "registry.example.com/ml/npu-lora-operator",
-        "tag": "0.1.0-rc1",
-        "pullPolicy": "Always",
-    },
-    "workerImage": {"repository": "registry.example.com/ml/npu-lora-worker", "tag": "0.1.0-rc1"},
-    "imagePullSecrets": [{"name": "regcred"}],
-    "watchNamespaces": ["team-a", "team-b"],
-    "logLevel": "DEBUG",
-    "extraArgs": ["--image-pull-policy=Always"],
-    "extraEnv": [{"name": "NPU_LORA_WORKER_COMMAND", "value": "npu-lora"}],
-    "resources": {
-        "requests": {"cpu": "250m", "memory": "256Mi"},
-        "limits": {"cpu": "1", "memory": "1Gi"},
-    },
-    "nodeSelector": {"node-role.kubernetes.io/control-plane": ""},
-    "tolerations": [
-        {
-            "key": "node-role.kubernetes.io/control-plane",
-            "operator": "Exists",
-            "effect": "NoSchedule",
-        }
-    ],
-    "affinity": {
-        "nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [
-                    {
-                        "matchExpressions": [
-                            {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}
-                        ]
-                    }
-                ]
-            }
-        }
-    },
-    "priorityClassName": "system-cluster-critical",
-    "podAnnotations": {"example.com/team": "ml"},
-    "podLabels": {"team": "ml"},
-    "serviceAccount": {
-        "create": True,
-        "name": "npu-lora-op",
-        "annotations": {"example.com/role": "operator"},
-    },
-    "liveness": {"port": 9090, "path": "/livez"},
-    "fullnameOverride": "npu-lora-op",
-}
+CI_VALUES = sorted((CHART / "ci").glob("*.yaml"))
+#: every commonly overridden value changed at once (also rendered with the other ci/ files)
+NON_DEFAULT = yaml.safe_load((CHART / "ci" / "non-default-values.yaml").read_text())
 
 
 def _deployment(values=None):
@@ -378,3 +335,60 @@ def test_operator_reads_the_worker_image_the_chart_sets():
 
 def test_default_namespace_constant():
     assert NAMESPACE == "npu-lora"
+
+
+# ---------------------------------------------------------------------------------------------
+# ci/ values files and the generated README
+
+
+@pytest.mark.parametrize("path", CI_VALUES, ids=[p.stem for p in CI_VALUES])
+def test_ci_values_render_valid_kubernetes_and_lint(path):
+    values = yaml.safe_load(path.read_text()) or {}
+    objs = objects(render(values))
+    assert one(objs, "Deployment")["spec"]["replicas"] == values.get("replicas", 1)
+    for obj in objs:
+        validate_k8s(obj)
+    res = helm_python.lint(str(CHART), values, strict=True, kube_version="v1.32.0")
+    assert res["errors"] == [], res
+    assert [m for m in res.get("messages", []) if m.get("severity", 0) >= 2] == []
+
+
+def test_ci_values_cover_the_cases():
+    names = {p.name for p in CI_VALUES}
+    assert {"default-values.yaml", "non-default-values.yaml"} <= names, names
+
+
+def _chart_readme():
+    spec = importlib.util.spec_from_file_location(
+        "chart_readme", CHART.parents[1] / "scripts" / "chart_readme.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look the module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_chart_readme_is_generated_from_values():
+    gen = _chart_readme()
+    assert (CHART / "README.md").read_text() == gen.render_readme(), (
+        "charts/npu-lora-operator/README.md is stale: run python scripts/chart_readme.py"
+    )
+    keys = [v.key for v in gen.parse_values((CHART / "values.yaml").read_text())]
+    assert "liveness.port" in keys and "securityContext.capabilities.drop" in keys
+    for path in CI_VALUES:
+        assert f"`ci/{path.name}`" in (CHART / "README.md").read_text()
+
+
+def test_chart_readme_generator_needs_a_description_per_key():
+    gen = _chart_readme()
+    rows = gen.parse_values(
+        "# -- The answer.\nanswer: 42\n# -- Nested.\na:\n  # -- Leaf.\n  b: [x]\n"
+    )
+    assert [(v.key, v.type, v.default, v.description) for v in rows] == [
+        ("answer", "int", "`42`", "The answer."),
+        ("a", "object", "", "Nested."),
+        ("a.b", "list", '`["x"]`', "Leaf."),
+    ]
+    with pytest.raises(ValueError, match=r"without a `# --` description: a\.b"):
+        gen.parse_values("# -- Nested.\na:\n  # plain comment\n  b: 1\n")

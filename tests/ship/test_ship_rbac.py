@@ -158,7 +158,7 @@ def test_operator_holds_every_permission_it_grants_to_workers():
         "metadata": {"name": "run-1", "namespace": "team-a", "uid": "1234"},
         "spec": {"model": {"preset": "tiny-qwen3-moe"}, "data": {"path": "example:nsmc-mini"}},
     }
-    role = builders.build_role(body)
+    role = builders.build_role(builders.Run.from_body(body))
     granted_to_worker = _rules_to_perms(
         [{k: v for k, v in r.items() if k != "resourceNames"} for r in role["rules"]]
     )

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
+
+from npu_lora_operator.settings import default_liveness, default_log_level, watched_namespaces
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--liveness",
         metavar="URL",
-        default=os.environ.get("NPU_LORA_LIVENESS") or None,
+        default=default_liveness(),
         help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz",
     )
     parser.add_argument("--worker-image", help="worker image when spec.image is unset")
@@ -45,18 +46,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--log-level",
-        default=os.environ.get("NPU_LORA_LOG_LEVEL", "INFO"),
+        default=default_log_level(),
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
     )
 
 
 def namespaces_from(args: argparse.Namespace) -> list[str]:
-    if getattr(args, "all_namespaces", False):
-        return []
-    if args.namespace:
-        return [n for item in args.namespace for n in item.split(",") if n.strip()]
-    env = os.environ.get("NPU_LORA_NAMESPACES", "")
-    return [n.strip() for n in env.split(",") if n.strip()]
+    return watched_namespaces(args.namespace, all_namespaces=getattr(args, "all_namespaces", False))
 
 
 def config_from(args: argparse.Namespace):
@@ -85,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
     load_config(args.kubeconfig, args.context)
-    handlers.configure(config_from(args))
+    memo = handlers.new_memo(config_from(args))
     namespaces = namespaces_from(args)
     logging.getLogger("npu_lora_operator").info(
         "watching %s", ", ".join(namespaces) if namespaces else "all namespaces"
@@ -98,5 +94,6 @@ def run(args: argparse.Namespace) -> int:
         clusterwide=not namespaces,
         namespaces=namespaces,
         liveness_endpoint=args.liveness,
+        memo=memo,
     )
     return 0

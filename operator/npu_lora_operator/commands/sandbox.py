@@ -54,7 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 class OperatorThread:
     """The kopf operator in a background thread with its own event loop."""
 
-    def __init__(self, namespaces: list[str] | None = None) -> None:
+    def __init__(self, memo: Any, namespaces: list[str] | None = None) -> None:
+        self.memo = memo  # handlers.new_memo(...)
         self.namespaces = list(namespaces or [])
         self.stop_flag = threading.Event()
         self.ready_flag = threading.Event()
@@ -76,6 +77,7 @@ class OperatorThread:
                     namespaces=self.namespaces,
                     stop_flag=self.stop_flag,
                     ready_flag=self.ready_flag,
+                    memo=self.memo,
                 )
             )
         except BaseException as e:  # reported by start()/the main loop
@@ -122,14 +124,14 @@ def start_sandbox(
     parts: dict[str, Any] = {"emulator": emu, "kubelet": kubelet, "kubeconfig": kc, "root": root}
     if operator:
         kubernetes.config.load_kube_config(config_file=str(kc))
-        handlers.configure(
+        memo = handlers.new_memo(
             OperatorConfig(
                 worker_image=SANDBOX_WORKER_IMAGE,
                 worker_command=SANDBOX_WORKER_COMMAND,
                 image_pull_policy="Never",
             )
         )
-        parts["operator"] = OperatorThread().start()
+        parts["operator"] = OperatorThread(memo).start()
     return parts
 
 

@@ -5,15 +5,20 @@ Rules for this file (the CRD generator and the docs test depend on them):
   ``Literal`` so they become OpenAPI ``minimum``/``maximum``/``enum``;
 - cross-field rules are written twice, on purpose: as CEL (``x-kubernetes-validations`` in
   ``json_schema_extra``, enforced by the apiserver before the operator sees the object) and as
-  pydantic ``model_validator`` (enforced by ``npu-lora run`` without a cluster). The CEL list of a
-  model is in ``CEL_RULES`` next to it so that a test can check both agree on examples;
+  pydantic ``model_validator`` (enforced by ``npu-lora run`` without a cluster); tests check
+  both agree on examples;
+- every field of :class:`MoEFinetuneSpec` is tagged with what a change does to a created run
+  (``Annotated[T, OnUpdate.X]``, see :class:`OnUpdate`); the CEL immutability rule, the operator
+  (which change it copies to the Job, to the worker config, or only warns about), the worker
+  config and the run directory's resume check read those tags (:func:`spec_fields`);
 - YAML keys are camelCase (``alias``), Python attributes snake_case.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
@@ -31,6 +36,15 @@ SHORT_NAME = "mft"
 EXIT_CONFIG_ERROR = 2
 #: Exit code of the worker when the loss became non-finite (not retried either).
 EXIT_NONFINITE_LOSS = 3
+
+#: The worker container's environment naming the MoEFinetune it runs for: set by the operator's
+#: Job builder, read by the worker's status reporter.
+ENV_NAME = "NPU_LORA_RESOURCE_NAME"
+ENV_NAMESPACE = "NPU_LORA_RESOURCE_NAMESPACE"
+ENV_UID = "NPU_LORA_RESOURCE_UID"
+#: Content type of the JSON merge patches that the operator and the worker send to the API
+#: (each owns a disjoint subtree of ``status``).
+MERGE_PATCH = "application/merge-patch+json"
 
 PRESETS = ("tiny-qwen3-moe", "qwen3-30b-a3b")
 
@@ -54,6 +68,32 @@ def dns_label_name(text: str) -> str:
     """A valid run name made from ``text`` (a file stem): lowercased, other characters → ``-``."""
     name = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:NAME_MAX_LENGTH].strip("-")
     return name or "run"
+
+
+class OnUpdate(StrEnum):
+    """What changing a :class:`MoEFinetuneSpec` field does to a created run (one tag a field)."""
+
+    #: rejected by the server (CEL transition rule on ``spec``); also what a run directory must
+    #: match to be resumed (:mod:`npu_lora.train.rundir`)
+    IMMUTABLE = "immutable"
+    #: applied to the run's existing Job by the operator
+    JOB = "job"
+    #: rewrites the worker ConfigMap: takes effect with the next worker pod (a retry, a resume)
+    WORKER_CONFIG = "worker-config"
+    #: cannot change the created Job (its pod template is immutable): the operator warns; takes
+    #: effect only in a new run (delete and re-create)
+    NEW_RUN = "new-run"
+
+
+class _ClusterOnly:
+    """Tag of a spec field that only shapes the Kubernetes Job: ``npu-lora run`` ignores it, so
+    the operator leaves it out of the worker config."""
+
+    def __repr__(self) -> str:
+        return "CLUSTER_ONLY"
+
+
+CLUSTER_ONLY = _ClusterOnly()
 
 
 def cel(rule: str, message: str, *, reason: str | None = None, field_path: str | None = None):
@@ -298,7 +338,7 @@ class MoESpec(_Model):
 
 
 class TrainingSpec(_Model):
-    """The optimisation loop (immutable once the run is created)."""
+    """The optimisation loop."""
 
     steps: int = Field(100, ge=1, le=10_000_000, description="Optimizer steps to run.")
     seq_len: int = Field(
@@ -418,47 +458,58 @@ class ResourceRequirements(_Model):
     )
 
 
-_TRAINING_IMMUTABLE = "training, model, data, lora and moe are immutable once created"
-
-
 class MoEFinetuneSpec(_Model):
     """What to fine-tune, on what, and how the Job runs."""
 
-    model: ModelSpec = Field(..., description="The base model.")
-    data: DataSpec = Field(..., description="The training data.")
-    lora: LoraSpec = Field(default_factory=LoraSpec, description="LoRA adapters.")
-    moe: MoESpec = Field(default_factory=MoESpec, description="MoE placement and HostMLP mode.")
-    training: TrainingSpec = Field(default_factory=TrainingSpec, description="The loop.")
-    device: DeviceSpec = Field(default_factory=DeviceSpec, description="The accelerator.")
-    output: OutputSpec = Field(default_factory=OutputSpec, description="The run directory.")
-    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing.")
-    reporting: ReportingSpec = Field(
+    model: Annotated[ModelSpec, OnUpdate.IMMUTABLE] = Field(..., description="The base model.")
+    data: Annotated[DataSpec, OnUpdate.IMMUTABLE] = Field(..., description="The training data.")
+    lora: Annotated[LoraSpec, OnUpdate.IMMUTABLE] = Field(
+        default_factory=LoraSpec, description="LoRA adapters."
+    )
+    moe: Annotated[MoESpec, OnUpdate.IMMUTABLE] = Field(
+        default_factory=MoESpec, description="MoE placement and HostMLP mode."
+    )
+    training: Annotated[TrainingSpec, OnUpdate.IMMUTABLE] = Field(
+        default_factory=TrainingSpec, description="The loop."
+    )
+    device: Annotated[DeviceSpec, OnUpdate.NEW_RUN] = Field(
+        default_factory=DeviceSpec, description="The accelerator."
+    )
+    output: Annotated[OutputSpec, OnUpdate.NEW_RUN] = Field(
+        default_factory=OutputSpec, description="The run directory."
+    )
+    checkpoint: Annotated[CheckpointSpec, OnUpdate.WORKER_CONFIG] = Field(
+        default_factory=CheckpointSpec, description="Checkpointing."
+    )
+    reporting: Annotated[ReportingSpec, OnUpdate.WORKER_CONFIG] = Field(
         default_factory=ReportingSpec, description="How often the worker patches status."
     )
-    image: str | None = Field(
+    image: Annotated[str | None, OnUpdate.NEW_RUN, CLUSTER_ONLY] = Field(
         None, description="Worker image (default: the operator's configured worker image)."
     )
-    resources: ResourceRequirements | None = Field(
+    resources: Annotated[ResourceRequirements | None, OnUpdate.NEW_RUN, CLUSTER_ONLY] = Field(
         None, description="Worker container resources (the accelerator request is added)."
     )
-    suspend: bool = Field(False, description="Suspend the run (the Job's pods are deleted).")
-    backoff_limit: int = Field(
+    suspend: Annotated[bool, OnUpdate.JOB, CLUSTER_ONLY] = Field(
+        False, description="Suspend the run (the Job's pods are deleted)."
+    )
+    backoff_limit: Annotated[int, OnUpdate.NEW_RUN, CLUSTER_ONLY] = Field(
         2, ge=0, le=100, description="Retries of the worker pod (disruptions do not count)."
     )
-    active_deadline_seconds: int | None = Field(
+    active_deadline_seconds: Annotated[int | None, OnUpdate.JOB, CLUSTER_ONLY] = Field(
         None, ge=1, description="Fail the run after this many seconds of running."
     )
-    ttl_seconds_after_finished: int | None = Field(
+    ttl_seconds_after_finished: Annotated[int | None, OnUpdate.JOB, CLUSTER_ONLY] = Field(
         None, ge=0, description="Delete the finished Job (not the MoEFinetune) after this long."
     )
-    queue_name: str | None = Field(
+    queue_name: Annotated[str | None, OnUpdate.NEW_RUN, CLUSTER_ONLY] = Field(
         None,
         description="Kueue LocalQueue; copied to the Job as label `kueue.x-k8s.io/queue-name`.",
     )
-    pod_template: PodTemplateSpec | None = Field(
+    pod_template: Annotated[PodTemplateSpec | None, OnUpdate.NEW_RUN, CLUSTER_ONLY] = Field(
         None, description="Pod scheduling and extra settings."
     )
-    resume_from: str | None = Field(
+    resume_from: Annotated[str | None, OnUpdate.WORKER_CONFIG] = Field(
         None,
         min_length=1,
         description=(
@@ -481,27 +532,47 @@ class MoEFinetuneSpec(_Model):
             raise ValueError("lora.trainExperts requires moe.placement: host-only")
         return self
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                cel(
-                    "self.moe.placement != 'hot' || self.moe.warmupSteps < self.training.steps",
-                    "moe.warmupSteps must be less than training.steps with placement hot",
-                    field_path=".moe.warmupSteps",
-                ),
-                cel(
-                    "!self.lora.trainExperts || self.moe.placement == 'host-only'",
-                    "lora.trainExperts requires moe.placement: host-only",
-                    field_path=".lora.trainExperts",
-                ),
-                cel(
-                    "self.training == oldSelf.training && self.model == oldSelf.model && "
-                    "self.data == oldSelf.data && self.lora == oldSelf.lora && self.moe == oldSelf.moe",
-                    _TRAINING_IMMUTABLE,
-                ),
-            ]
-        }
+    model_config = ConfigDict(json_schema_extra=lambda schema: _spec_schema_extra(schema))
+
+
+def spec_fields(
+    on_update: OnUpdate | None = None, *, cluster_only: bool | None = None
+) -> tuple[str, ...]:
+    """The camelCase names of the :class:`MoEFinetuneSpec` fields tagged ``on_update`` (and,
+    when ``cluster_only`` is given, with / without :data:`CLUSTER_ONLY`), in declaration order."""
+    out = []
+    for name, info in MoEFinetuneSpec.model_fields.items():
+        if on_update is not None and on_update not in info.metadata:
+            continue
+        if cluster_only is not None and (CLUSTER_ONLY in info.metadata) != cluster_only:
+            continue
+        out.append(info.alias or name)
+    return tuple(out)
+
+
+def immutable_rule() -> dict[str, Any]:
+    """The CEL transition rule on ``spec``: the :attr:`OnUpdate.IMMUTABLE` fields never change."""
+    names = spec_fields(OnUpdate.IMMUTABLE)
+    return cel(
+        " && ".join(f"self.{n} == oldSelf.{n}" for n in names),
+        f"{', '.join(names[:-1])} and {names[-1]} are immutable once created",
     )
+
+
+def _spec_schema_extra(schema: dict[str, Any]) -> None:
+    schema["x-kubernetes-validations"] = [
+        cel(
+            "self.moe.placement != 'hot' || self.moe.warmupSteps < self.training.steps",
+            "moe.warmupSteps must be less than training.steps with placement hot",
+            field_path=".moe.warmupSteps",
+        ),
+        cel(
+            "!self.lora.trainExperts || self.moe.placement == 'host-only'",
+            "lora.trainExperts requires moe.placement: host-only",
+            field_path=".lora.trainExperts",
+        ),
+        immutable_rule(),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------

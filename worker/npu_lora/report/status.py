@@ -16,7 +16,8 @@ else: ``progress``, ``lastStep``, ``stepSecondsMedian``, ``hot``, ``lastCheckpoi
 - ``on_end``/``on_error`` flush: they wait (bounded, ``flush_timeout``) for the last state to be
   written.
 
-Imports only the ``kubernetes`` package (lazily) and the standard library: no torch.
+Imports only the ``kubernetes`` package (lazily), the API model's constants
+(:mod:`npu_lora.api.v1alpha1`) and the standard library: no torch.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+from npu_lora.api.v1alpha1 import ENV_NAME, ENV_NAMESPACE, GROUP, MERGE_PATCH, PLURAL, VERSION
 
 try:  # the training loop's callback interface (torch-free module)
     from npu_lora.train.callbacks import TrainCallback
@@ -49,12 +52,6 @@ except ImportError:  # pragma: no cover - the trainer package missing or broken
 
 log = logging.getLogger(__name__)
 
-GROUP = "npu-lora.io"
-VERSION = "v1alpha1"
-PLURAL = "moefinetunes"
-ENV_NAME = "NPU_LORA_RESOURCE_NAME"
-ENV_NAMESPACE = "NPU_LORA_RESOURCE_NAMESPACE"
-MERGE_PATCH = "application/merge-patch+json"
 WORKER_KEYS = ("progress", "lastStep", "stepSecondsMedian", "hot", "lastCheckpoint")
 
 #: metrics.jsonl record key → status.lastStep key

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from npu_lora.api.load import SpecError
+from npu_lora.api.v1alpha1 import ENV_NAMESPACE, ENV_UID
 from npu_lora.train.checkpoint import NAME as CHECKPOINT
 from npu_lora.train.checkpoint import find_checkpoint, fsync_dir
 
@@ -42,8 +43,6 @@ if TYPE_CHECKING:
     from npu_lora.train.rundir import ResumePlan
 
 RUN_FILE = "run.json"
-ENV_NAMESPACE = "NPU_LORA_RESOURCE_NAMESPACE"
-ENV_UID = "NPU_LORA_RESOURCE_UID"
 _RUN_FILES = ("config.yaml", "metrics.jsonl", CHECKPOINT, "adapter", "summary.json", RUN_FILE)
 
 

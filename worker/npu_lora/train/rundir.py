@@ -10,8 +10,9 @@ Layout::
     step_times.png   stacked per-step time breakdown
 
 Resume: a directory with a config.yaml is resumed when its training-relevant fields equal the
-new run's (``spec.model``, ``spec.data``, ``spec.lora``, ``spec.moe`` and ``spec.training`` except
-``steps``; a longer run may continue a shorter one). metrics.jsonl is cut to the records with
+new run's (the spec fields tagged ``OnUpdate.IMMUTABLE`` in :mod:`npu_lora.api.v1alpha1`:
+``model``, ``data``, ``lora``, ``moe``, ``training``), ``training.steps`` excepted (a longer run
+may continue a shorter one). metrics.jsonl is cut to the records with
 ``step <= checkpoint step`` (steps after the checkpoint are run again and recorded again).
 """
 
@@ -21,15 +22,13 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
 from npu_lora.api.load import SpecError, load_manifest
+from npu_lora.api.v1alpha1 import MoEFinetune, OnUpdate, spec_fields
 from npu_lora.train.checkpoint import find_checkpoint, fsync_dir
-
-if TYPE_CHECKING:
-    from npu_lora.api.v1alpha1 import MoEFinetune
 
 CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
@@ -37,8 +36,9 @@ SUMMARY = "summary.json"
 PLOT = "step_times.png"
 ADAPTER = "adapter"
 
-#: Spec sections whose change makes a checkpoint unusable (``training.steps`` excepted).
-TRAINING_FIELDS = ("model", "data", "lora", "moe", "training")
+#: Spec sections whose change makes a checkpoint unusable (``training.steps`` excepted): the
+#: ones the server refuses to change on a created run.
+TRAINING_FIELDS = spec_fields(OnUpdate.IMMUTABLE)
 RESUME_EXEMPT = {"training.steps"}
 
 
@@ -60,9 +60,11 @@ def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
 def config_differences(old: MoEFinetune, new: MoEFinetune) -> list[str]:
     """Training-relevant fields that differ, as ``spec.x.y: old → new`` lines."""
     diffs = []
+    old_spec = old.spec.model_dump(mode="json", by_alias=True)
+    new_spec = new.spec.model_dump(mode="json", by_alias=True)
     for section in TRAINING_FIELDS:
-        a = _flatten(getattr(old.spec, section).model_dump(mode="json", by_alias=True), section)
-        b = _flatten(getattr(new.spec, section).model_dump(mode="json", by_alias=True), section)
+        a = _flatten(old_spec[section], section)
+        b = _flatten(new_spec[section], section)
         for key in sorted(set(a) | set(b)):
             if key in RESUME_EXEMPT:
                 continue
