@@ -141,12 +141,14 @@ def load_manifest(
 
     if "kind" in doc or "apiVersion" in doc:
         if doc.get("kind") != KIND:
-            raise SpecError(f"kind: expected {KIND!r}, got {doc.get('kind')!r}")
+            raise SpecError(f"{origin}: kind: expected {KIND!r}, got {doc.get('kind')!r}")
         if doc.get("apiVersion") != API_VERSION:
-            raise SpecError(f"apiVersion: expected {API_VERSION!r}, got {doc.get('apiVersion')!r}")
+            raise SpecError(
+                f"{origin}: apiVersion: expected {API_VERSION!r}, got {doc.get('apiVersion')!r}"
+            )
         manifest = doc
         if not isinstance(manifest.get("spec"), dict):
-            raise SpecError("spec: missing or not a mapping")
+            raise SpecError(f"{origin}: spec: missing or not a mapping")
     else:
         manifest = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {}, "spec": doc}
     if not isinstance(manifest.setdefault("metadata", {}), dict):
