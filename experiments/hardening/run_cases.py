@@ -1,6 +1,6 @@
 """Issue 12 item 3/4 cases, re-run as written through the real CLI (``python -m npu_lora.cli run``).
 
-Usage: python experiments/hardening/run_cases.py [OUT.md]
+Usage: python experiments/hardening/run_cases.py [OUT]
 Each case builds its input in a scratch directory, runs the CLI in a subprocess and records the
 exit code, the first line of the error, the wall time and what the run directory holds after.
 The disk-full and read-only cases mount small tmpfs file systems (needs root; skipped otherwise).
@@ -61,7 +61,8 @@ def run(args: list[str], env: dict | None = None, during=None) -> tuple[int, str
         threading.Thread(target=during, daemon=True).start()
     _out, err = p.communicate(timeout=600)
     dt = time.perf_counter() - t0
-    lines = [x for x in err.splitlines() if "error" in x.lower() or "Traceback" in x]
+    lines = [x for x in err.splitlines() if x.startswith("npu-lora run: error:")]
+    lines += [x for x in err.splitlines() if "Traceback" in x]
     msg = next((x for x in lines if "Traceback" in x), None) or (lines[0] if lines else "")
     if "Traceback" in err:
         msg = "TRACEBACK: " + msg

@@ -13,6 +13,12 @@ else: ``progress``, ``lastStep``, ``stepSecondsMedian``, ``hot``, ``lastCheckpoi
   Each patch carries the whole worker subtree, so only the latest state matters: a failed patch
   (network error, 409, 5xx, ...) is logged and retried after a back-off unless a newer state
   replaced it. Reporting never raises into the training loop.
+- Deletion: a 404, or a 403 after earlier patches succeeded (the per-run Role is deleted with
+  the run, often before the pod), means the run is gone: reporting stops and, when the trainer's
+  SIGTERM handler is installed, the reporter sends SIGTERM to its own process, so the step in
+  flight is finished and checkpointed and the worker exits 143 (``ctx.extra["stop_reason"]``
+  names the cause for the termination message). A 403 before any success (a misconfigured
+  ``podTemplate.serviceAccountName``) is logged and retried like any failure.
 - ``on_end``/``on_error`` flush: they wait (bounded, ``flush_timeout``) for the last state to be
   written.
 
