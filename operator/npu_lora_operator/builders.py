@@ -411,6 +411,9 @@ def worker_env(run: Run, config: OperatorConfig) -> list[Body]:
         # the worker writes its summary / error there (the kubelet reads it back)
         {"name": "NPU_LORA_TERMINATION_LOG", "value": TERMINATION_LOG},
     ]
+    if run.spec.data.volume is not None:
+        # the worker reads data only under the data volume (no symlink or path escapes it)
+        env.append({"name": "NPU_LORA_DATA_ROOT", "value": DATA_MOUNT})
     env += [{"name": k, "value": v} for k, v in config.extra_env]
     user = _pod_template(run).get("env") or []
     names = {e.get("name") for e in user}

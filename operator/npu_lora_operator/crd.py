@@ -16,7 +16,9 @@ what ``apiextensions.k8s.io/v1`` demands:
   ``spec`` rely on: ``self.moe.placement`` always exists);
 - every property has a ``description`` (the field's, else the model's docstring);
 - ``x-kubernetes-validations`` of the models are carried over; the immutability rule (it uses
-  ``oldSelf``) stays a transition rule on ``spec``;
+  ``oldSelf``) stays a transition rule on ``spec``; the root schema carries
+  ``METADATA_CEL_RULES`` (``metadata.name`` must be a DNS-1123 label: only a rule at the root may
+  read ``self.metadata.name``);
 - free-form Kubernetes objects (``dict[str, Any]``: affinity, tolerations, env, volumes...) get
   ``x-kubernetes-preserve-unknown-fields: true``; resource quantities (``int | str``) get
   ``x-kubernetes-int-or-string: true``;
@@ -338,6 +340,8 @@ def openapi_schema() -> dict[str, Any]:
             "spec": spec,
             "status": status,
         },
+        # metadata.name as a DNS-1123 label (the run's Job is named after it)
+        "x-kubernetes-validations": copy.deepcopy(api.METADATA_CEL_RULES),
     }
     schema = _strip_internal(schema)
     _check_descriptions(schema, "")

@@ -82,6 +82,7 @@ def test_full_job() -> None:
             {"name": "XDG_CACHE_HOME", "value": "/mnt/cache"},
             {"name": "PYTHONUNBUFFERED", "value": "1"},
             {"name": "NPU_LORA_TERMINATION_LOG", "value": "/dev/termination-log"},
+            {"name": "NPU_LORA_DATA_ROOT", "value": "/mnt/data"},
             {"name": "HF_HUB_OFFLINE", "value": "1"},
         ],
         "volumeMounts": [

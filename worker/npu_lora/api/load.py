@@ -13,7 +13,16 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from npu_lora.api.v1alpha1 import API_VERSION, KIND, MoEFinetune, MoEFinetuneSpec
+from npu_lora.api import limits
+from npu_lora.api.v1alpha1 import (
+    API_VERSION,
+    KIND,
+    NAME_RULE_MESSAGE,
+    MoEFinetune,
+    MoEFinetuneSpec,
+    dns_label_name,
+    is_dns_label,
+)
 
 
 class SpecError(ValueError):
@@ -39,9 +48,9 @@ def format_validation_error(err: ValidationError, prefix: str = "spec") -> str:
         if e["type"] == "extra_forbidden":
             msg = "unknown field (not part of the MoEFinetune schema; check the spelling)"
         elif e["type"] == "literal_error":
-            msg = f"{msg} (got {e.get('input')!r})"
+            msg = f"{msg} (got {limits.short_repr(e.get('input'))})"
         elif "input" in e and e["type"] not in ("missing",) and not isinstance(e["input"], dict):
-            msg = f"{msg} (got {e['input']!r})"
+            msg = f"{msg} (got {limits.short_repr(e['input'])})"
         lines.append(f"{where}: {msg}")
     return "\n".join(lines)
 
@@ -49,9 +58,10 @@ def format_validation_error(err: ValidationError, prefix: str = "spec") -> str:
 def parse_value(text: str) -> Any:
     """``--set`` value: YAML scalar/flow syntax (``3``, ``true``, ``[q_proj, v_proj]``, ``null``)."""
     try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
+        docs = limits.load_yaml_documents(text)
+    except (yaml.YAMLError, limits.ManifestLimitError):
         return text
+    return docs[0] if len(docs) == 1 else text
 
 
 def apply_set(doc: dict[str, Any], dotted: str, value: Any) -> None:
@@ -76,6 +86,22 @@ def apply_set(doc: dict[str, Any], dotted: str, value: Any) -> None:
     cur[keys[-1]] = value
 
 
+def check_metadata(meta: dict[str, Any], origin: str) -> None:
+    """``metadata.name``/``namespace``, when set, are DNS-1123 labels (what Kubernetes needs for
+    the run's Job, ServiceAccount and ConfigMap names; the CRD states the same rule in CEL)."""
+    for key in ("name", "namespace"):
+        value = meta.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str) or not is_dns_label(value):
+            raise SpecError(
+                f"{origin}: metadata.{key}: {NAME_RULE_MESSAGE} (got {limits.short_repr(value)})"
+            )
+    uid = meta.get("uid")
+    if uid is not None and not isinstance(uid, str):
+        raise SpecError(f"{origin}: metadata.uid: expected a string")
+
+
 def load_manifest(
     source: str | Path | dict[str, Any],
     overrides: list[str] | None = None,
@@ -93,35 +119,42 @@ def load_manifest(
         path = Path(source)
         origin = str(path)
         try:
-            text = path.read_text(encoding="utf-8")
+            text = limits.read_manifest_text(path)
+            docs = limits.load_yaml_documents(text)
         except FileNotFoundError:
             raise SpecError(f"{origin}: no such file") from None
         except OSError as e:
             raise SpecError(f"{origin}: cannot read: {e.strerror}") from None
-        try:
-            docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        except limits.ManifestLimitError as e:
+            raise SpecError(f"{origin}: {e}") from None
         except yaml.YAMLError as e:
             raise SpecError(f"{origin}: not valid YAML: {e}") from None
+        except (RecursionError, MemoryError, OverflowError, ValueError) as e:  # belt and braces
+            raise SpecError(f"{origin}: not a usable YAML manifest ({type(e).__name__})") from None
         if len(docs) != 1:
             raise SpecError(f"{origin}: expected one YAML document, found {len(docs)}")
         doc = docs[0]
         if default_name is None:
-            default_name = path.stem
+            default_name = dns_label_name(path.stem)
     if not isinstance(doc, dict):
         raise SpecError(f"{origin}: expected a mapping at the top level")
 
     if "kind" in doc or "apiVersion" in doc:
         if doc.get("kind") != KIND:
-            raise SpecError(f"kind: expected {KIND!r}, got {doc.get('kind')!r}")
+            raise SpecError(f"{origin}: kind: expected {KIND!r}, got {doc.get('kind')!r}")
         if doc.get("apiVersion") != API_VERSION:
-            raise SpecError(f"apiVersion: expected {API_VERSION!r}, got {doc.get('apiVersion')!r}")
+            raise SpecError(
+                f"{origin}: apiVersion: expected {API_VERSION!r}, got {doc.get('apiVersion')!r}"
+            )
         manifest = doc
         if not isinstance(manifest.get("spec"), dict):
-            raise SpecError("spec: missing or not a mapping")
+            raise SpecError(f"{origin}: spec: missing or not a mapping")
     else:
         manifest = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {}, "spec": doc}
-    manifest.setdefault("metadata", {})
+    if not isinstance(manifest.setdefault("metadata", {}), dict):
+        raise SpecError(f"{origin}: metadata: expected a mapping")
     manifest.pop("status", None)
+    check_metadata(manifest["metadata"], origin)
     if not manifest["metadata"].get("name") and default_name:
         manifest["metadata"]["name"] = default_name
 
@@ -131,6 +164,12 @@ def load_manifest(
         key, _, raw = item.partition("=")
         apply_set(manifest["spec"], key.strip(), parse_value(raw))
 
+    bad = limits.nonfinite_paths(manifest["spec"], "spec")
+    if bad:
+        raise SpecError(
+            f"{origin}: invalid MoEFinetune:\n"
+            + "\n".join(f"{p}: must be a finite number (got NaN or infinity)" for p in bad)
+        )
     try:
         spec = MoEFinetuneSpec.model_validate(manifest["spec"])
     except ValidationError as e:

@@ -16,6 +16,7 @@ Rules for this file (the CRD generator and the docs test depend on them):
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -46,6 +47,27 @@ ENV_UID = "NPU_LORA_RESOURCE_UID"
 #: Content type of the JSON merge patches that the operator and the worker send to the API
 #: (each owns a disjoint subtree of ``status``).
 MERGE_PATCH = "application/merge-patch+json"
+
+#: ``metadata.name`` (and ``namespace``): a DNS-1123 label, because the name becomes the Job's,
+#: and ``<name>-worker`` / ``<name>-config`` the ServiceAccount's and ConfigMap's.
+NAME_MAX_LENGTH = 63
+NAME_PATTERN = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+NAME_RULE_MESSAGE = (
+    "must be a DNS-1123 label: at most 63 characters, only lowercase letters, digits and '-', "
+    "starting and ending with a letter or digit (it names the run's Job)"
+)
+_NAME_RE = re.compile(NAME_PATTERN)
+
+
+def is_dns_label(name: str) -> bool:
+    """``name`` is a valid run name (:data:`NAME_PATTERN`, at most :data:`NAME_MAX_LENGTH`)."""
+    return len(name) <= NAME_MAX_LENGTH and _NAME_RE.fullmatch(name) is not None
+
+
+def dns_label_name(text: str) -> str:
+    """A valid run name made from ``text`` (a file stem): lowercased, other characters → ``-``."""
+    name = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:NAME_MAX_LENGTH].strip("-")
+    return name or "run"
 
 
 class OnUpdate(StrEnum):
@@ -84,12 +106,23 @@ def cel(rule: str, message: str, *, reason: str | None = None, field_path: str |
     return out
 
 
+#: CEL rules at the root of the CRD schema (only there can a rule see ``self.metadata.name``).
+METADATA_CEL_RULES = [
+    cel(
+        "!has(self.metadata.name) || (size(self.metadata.name) <= 63 && "
+        f"self.metadata.name.matches('{NAME_PATTERN}'))",
+        f"metadata.name {NAME_RULE_MESSAGE}",
+    )
+]
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(
         alias_generator=to_camel,
         populate_by_name=True,
         extra="forbid",
         validate_assignment=True,
+        allow_inf_nan=False,
     )
 
     def to_api(self) -> dict[str, Any]:
@@ -554,6 +587,17 @@ class MoEFinetuneSpec(_Model):
     )
     pod_template: Annotated[PodTemplateSpec | None, OnUpdate.NEW_RUN, CLUSTER_ONLY] = Field(
         None, description="Pod scheduling and extra settings."
+    )
+    resume_from: Annotated[str | None, OnUpdate.WORKER_CONFIG] = Field(
+        None,
+        min_length=1,
+        description=(
+            "Start from the last checkpoint of this run directory although another run wrote it "
+            "(a deleted and re-created run, or a run of another namespace). Relative to the "
+            "output root (the output volume in a cluster, the run directory's parent locally). "
+            "The training configuration must match; another run's directory is only read. "
+            "Without it a run never resumes another run's checkpoint (see Run identity)."
+        ),
     )
     benchmark: Annotated[BenchmarkSpec | None, OnUpdate.NEW_RUN] = Field(
         None,

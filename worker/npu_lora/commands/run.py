@@ -18,6 +18,7 @@ Environment:
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
@@ -151,7 +152,15 @@ def run(args: argparse.Namespace) -> int:
     except SpecError as e:
         return _fail(str(e), EXIT_CONFIG_ERROR, callbacks, ctx)
     except KeyboardInterrupt:
+        _remove_temporaries(run_dir)
         return _fail("interrupted", EXIT_INTERRUPTED, callbacks, ctx)
+    except OSError as e:
+        if e.errno not in _STORAGE_ERRNOS or not e.filename:
+            raise
+        # disk full, quota, read-only, I/O error: name the path, no traceback
+        _remove_temporaries(run_dir)
+        text = str(e) if type(e) is not OSError else f"cannot write {e.filename}: {e.strerror}"
+        return _fail(text, EXIT_ERROR, callbacks, ctx)
     except Exception as e:
         traceback.print_exc()
         return _fail(f"{type(e).__name__}: {e}", EXIT_ERROR, callbacks, ctx)
@@ -180,6 +189,22 @@ def _benchmark(manifest: Any, run_dir: Path) -> int:
     keys = ("best", "bestStepSeconds", "bestRatio", "roundsDone")
     write_termination_message(json.dumps({k: status.get(k) for k in keys}))
     return 0
+
+
+_STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG, errno.EACCES}
+
+
+def _remove_temporaries(run_dir: Path) -> None:
+    """After a failed write: this process's temporary files and directories in the run dir."""
+    import shutil
+
+    pid = os.getpid()
+    for pattern in (f"checkpoint.tmp-{pid}", f".*.tmp-{pid}", ".adapter.tmp"):
+        for p in run_dir.glob(pattern):
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
 
 
 def check_model(spec: Any) -> None:
@@ -214,13 +239,18 @@ def check_model(spec: Any) -> None:
 def _train(args: argparse.Namespace, manifest: Any, ctx: Any, callbacks: Any) -> int:
     spec = manifest.spec
     # 1. validate everything that can be checked without writing
-    from npu_lora.train.rundir import plan_resume
+    from npu_lora.train.identity import apply_plan, plan_run
+    from npu_lora.train.preflight import check_memory, check_out_writable
 
-    plan = plan_resume(ctx.run_dir, manifest)
+    check_out_writable(ctx.run_dir)
+    run_plan = plan_run(ctx.run_dir, manifest)
+    plan = run_plan.resume
     check_model(spec)
+    check_memory(spec)
     from npu_lora.data import prepare_data
 
     dataset, tok = prepare_data(spec)
+    check_memory(spec, examples=len(dataset))
 
     import torch
 
@@ -234,6 +264,9 @@ def _train(args: argparse.Namespace, manifest: Any, ctx: Any, callbacks: Any) ->
     engine = build_engine(spec, len(tok))  # SpecError (bad model/backend) still writes nothing
 
     # 2. train (creates / resumes the run directory)
+    for note in run_plan.notes:
+        print(note, file=sys.stderr)
+    apply_plan(run_plan, ctx.run_dir)
     if plan.checkpoint is not None:
         print(
             f"resuming {ctx.run_dir} from the checkpoint at step {plan.checkpoint_step}",
@@ -242,8 +275,11 @@ def _train(args: argparse.Namespace, manifest: Any, ctx: Any, callbacks: Any) ->
     trainer = Trainer(ctx, engine, dataset, plan=plan, callbacks=callbacks, plot=not args.no_plot)
     result = trainer.run()
     if result.exit_code != 0:
-        print(f"npu-lora run: error: {result.message}", file=sys.stderr)
-        write_termination_message(f"exit {result.exit_code}: {result.message}")
+        message = result.message
+        if ctx.extra.get("stop_reason"):  # the run was deleted (see StatusReporter)
+            message = f"{ctx.extra['stop_reason']}: {message}"
+        print(f"npu-lora run: error: {message}", file=sys.stderr)
+        write_termination_message(f"exit {result.exit_code}: {message}")
         return result.exit_code
     summary = result.summary or {}
     print(timing_table(summary))

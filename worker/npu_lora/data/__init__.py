@@ -57,10 +57,13 @@ __all__ = [
 
 def load_examples(spec: MoEFinetuneSpec) -> list[Example]:
     """Resolve, read and select ``spec.data`` (raises DataError naming the field)."""
+    from npu_lora.data.readers import data_root
     from npu_lora.data.tokenizer import volume_root
 
     base = volume_root("data") if spec.data.volume is not None else None
-    path = resolve_data_path(spec.data.path, base=base)
+    path = resolve_data_path(
+        spec.data.path, base=base, root=data_root(spec.data.volume is not None)
+    )
     fmt = detect_format(path, spec.data.format)
     examples = read_examples(path, fmt)
     return select_examples(examples, spec.training.seed, spec.data.max_examples)

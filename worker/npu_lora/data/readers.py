@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -45,8 +47,30 @@ class Example:
     source: str = ""  # "file:line", for error messages
 
 
-def resolve_data_path(path: str, *, base: Path | None = None) -> Path:
-    """Resolve ``spec.data.path``: ``example:<name>`` → the packaged file; else a file path."""
+def data_root(has_volume: bool) -> Path | None:
+    """The directory data must stay in: ``NPU_LORA_DATA_ROOT`` (the operator sets it to the data
+    volume's mount), else the data volume's root when ``spec.data.volume`` is set, else None."""
+    env = os.environ.get("NPU_LORA_DATA_ROOT")
+    if env:
+        return Path(env)
+    if has_volume:
+        from npu_lora.data.tokenizer import volume_root
+
+        return volume_root("data")
+    return None
+
+
+def _inside(p: Path, root: Path) -> bool:
+    real, top = os.path.realpath(p), os.path.realpath(root)
+    return real == top or real.startswith(top.rstrip(os.sep) + os.sep)
+
+
+def resolve_data_path(path: str, *, base: Path | None = None, root: Path | None = None) -> Path:
+    """Resolve ``spec.data.path``: ``example:<name>`` → the packaged file; else a file path.
+
+    With ``root`` the file (after ``..`` and symlinks) must lie inside it; a path outside is
+    refused before it is opened or even checked for existence.
+    """
     if path.startswith("example:"):
         name = path.removeprefix("example:")
         if name not in EXAMPLES:
@@ -65,11 +89,31 @@ def resolve_data_path(path: str, *, base: Path | None = None) -> Path:
     p = Path(path).expanduser()
     if base is not None and not p.is_absolute():
         p = base / p
+    if root is not None and not _inside(p, root):
+        raise DataError(
+            f"spec.data.path: {path!r} is outside the data root {root} (not read; symlinks and "
+            "'..' may not leave it)"
+        )
     if not p.exists():
         raise DataError(f"spec.data.path: no such file: {p}")
     if not p.is_file():
         raise DataError(f"spec.data.path: not a regular file: {p}")
     return p
+
+
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
+
+
+def _echo(value: str) -> str:
+    """A field value in an error: only when short and plain (a label typo), never free text."""
+    v = value.strip()
+    return repr(v) if len(v) <= 8 and _WORD.fullmatch(v) else f"a value of {len(value)} characters"
+
+
+def _echo_keys(obj: dict[str, object]) -> str:
+    keys = sorted(k for k in obj if _WORD.fullmatch(k))[:8]
+    more = len(obj) - len(keys)
+    return repr(keys) + (f" and {more} more" if more else "")
 
 
 def detect_format(path: Path, fmt: str) -> Literal["nsmc", "jsonl"]:
@@ -102,9 +146,11 @@ def read_nsmc(path: Path, *, limit: int | None = None) -> list[Example]:
                 where = f"{path}:{line}"
                 if line == 1:
                     if tuple(c.strip().lstrip("\ufeff") for c in row) != NSMC_HEADER:
+                        # the line itself is not echoed: the path may name any file
                         raise DataError(
                             f"spec.data.path: {where}: expected the NSMC header "
-                            f"'id<TAB>document<TAB>label', got {row!r} "
+                            f"'id<TAB>document<TAB>label', got a line of {len(row)} "
+                            "tab-separated field(s) that is not that header "
                             "(set spec.data.format: jsonl for a JSONL file)"
                         )
                     continue
@@ -118,7 +164,7 @@ def read_nsmc(path: Path, *, limit: int | None = None) -> list[Example]:
                 label_text = row[2].strip()
                 if label_text not in ("0", "1"):
                     raise DataError(
-                        f"spec.data.path: {where}: label must be 0 or 1, got {row[2]!r}"
+                        f"spec.data.path: {where}: label must be 0 or 1, got {_echo(row[2])}"
                     )
                 out.append(Example("classify", row[1], label=int(label_text), source=where))
                 if limit is not None and len(out) >= limit:
@@ -169,7 +215,7 @@ def read_jsonl(path: Path, *, limit: int | None = None) -> list[Example]:
                 else:
                     raise DataError(
                         f"spec.data.path: {where}: expected a 'text' field or 'prompt' + "
-                        f"'completion' fields, got keys {sorted(obj)}"
+                        f"'completion' fields, got keys {_echo_keys(obj)}"
                     )
                 if limit is not None and len(out) >= limit:
                     break

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from importlib import resources
 from typing import Any
 
@@ -9,24 +10,10 @@ from transformers import Qwen3MoeConfig
 
 TINY_VOCAB = 512
 
-#: ``tiny-qwen3-moe``: a few MB; tests and laptops. 2 layers, 8 experts top-2.
-TINY_QWEN3_MOE: dict[str, Any] = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    moe_intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    num_experts=8,
-    num_experts_per_tok=2,
-    norm_topk_prob=True,
-    vocab_size=TINY_VOCAB,
-    max_position_embeddings=4096,
-    rope_theta=1_000_000.0,
-    rms_norm_eps=1e-6,
-    tie_word_embeddings=False,
-    output_router_logits=False,
+#: ``tiny-qwen3-moe``: a few MB; tests and laptops. 2 layers, 8 experts top-2. The widths live in
+#: ``configs/tiny-qwen3-moe.json`` (read without torch by ``npu_lora.train.preflight``).
+TINY_QWEN3_MOE: dict[str, Any] = json.loads(
+    resources.files("npu_lora").joinpath("models/configs/tiny-qwen3-moe.json").read_text()
 )
 
 

@@ -13,6 +13,12 @@ else: ``progress``, ``lastStep``, ``stepSecondsMedian``, ``hot``, ``lastCheckpoi
   Each patch carries the whole worker subtree, so only the latest state matters: a failed patch
   (network error, 409, 5xx, ...) is logged and retried after a back-off unless a newer state
   replaced it. Reporting never raises into the training loop.
+- Deletion: a 404, or a 403 after earlier patches succeeded (the per-run Role is deleted with
+  the run, often before the pod), means the run is gone: reporting stops and, when the trainer's
+  SIGTERM handler is installed, the reporter sends SIGTERM to its own process, so the step in
+  flight is finished and checkpointed and the worker exits 143 (``ctx.extra["stop_reason"]``
+  names the cause for the termination message). A 403 before any success (a misconfigured
+  ``podTemplate.serviceAccountName``) is logged and retried like any failure.
 - ``on_end``/``on_error`` flush: they wait (bounded, ``flush_timeout``) for the last state to be
   written.
 
@@ -26,6 +32,7 @@ import datetime as dt
 import logging
 import math
 import os
+import signal
 import statistics
 import threading
 import time
@@ -227,17 +234,12 @@ class StatusReporter(TrainCallback):
                 self._do_patch(body)  # type: ignore[arg-type]
             except Exception as e:  # network, 409, 5xx, auth: never fatal
                 self.failures += 1
-                if getattr(e, "status", None) == 404:
-                    # the MoEFinetune is gone (deleted): nobody to report to any more
-                    log.warning(
-                        "status report for %s/%s: the resource is gone; reporting stopped",
-                        self.namespace,
-                        self.name,
-                    )
-                    with self._cv:
-                        self._gone = True
-                        self._pending = None
-                        self._cv.notify_all()
+                code = getattr(e, "status", None)
+                if code == 404 or (code == 403 and self.sent > 0):
+                    # the MoEFinetune is gone (404), or its Role went first during the deletion
+                    # cascade (403 after earlier patches succeeded): stop reporting, and stop the
+                    # run cleanly (the step in flight is finished and checkpointed)
+                    self._run_deleted(int(code))
                     return
                 self._log_failure(e)
                 with self._cv:
@@ -256,6 +258,24 @@ class StatusReporter(TrainCallback):
                 self.sent += 1
                 self._written = max(self._written, version)
                 self._cv.notify_all()
+
+    def _run_deleted(self, code: int) -> None:
+        reason = (
+            f"the MoEFinetune {self.namespace}/{self.name} was deleted (its status patch "
+            f"answered {code})"
+        )
+        log.warning("%s: reporting stopped; stopping the run", reason)
+        with self._cv:
+            self._gone = True
+            self._pending = None
+            self._cv.notify_all()
+        ctx = getattr(self, "_ctx", None)
+        if ctx is not None and isinstance(getattr(ctx, "extra", None), dict):
+            ctx.extra["stop_reason"] = reason
+        # the trainer's SIGTERM handler finishes the step, checkpoints and exits 143; without
+        # one installed (not the worker's main loop) nothing is stopped
+        if callable(signal.getsignal(signal.SIGTERM)):
+            os.kill(os.getpid(), signal.SIGTERM)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Send the latest state and wait until it is written (True) or ``timeout`` passes."""
@@ -320,6 +340,7 @@ class StatusReporter(TrainCallback):
     # -- TrainCallback -----------------------------------------------------------------------
 
     def on_start(self, ctx: Any) -> None:
+        self._ctx = ctx
         if getattr(ctx, "total_steps", None):
             self.total_steps = int(ctx.total_steps)
         start = int(getattr(ctx, "start_step", 1) or 1)

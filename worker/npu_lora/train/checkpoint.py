@@ -15,7 +15,10 @@ Writing: everything goes to ``checkpoint.tmp-<pid>/`` (each file fsynced), then 
 checkpoint is renamed to ``checkpoint.old-<pid>``, the new one renamed to ``checkpoint``, the
 parent directory fsynced and the old one deleted. At any instant a complete checkpoint exists
 (``checkpoint/``, or ``checkpoint.old-*`` if the process died between the two renames);
-:func:`find_checkpoint` picks the newest complete one.
+:func:`find_checkpoint` picks the newest complete one. A write that fails (disk full, quota,
+read-only) removes its temporary directory and raises :class:`CheckpointWriteError` naming the
+path; the previous checkpoint is untouched. ``state.json`` carries the run's identity (``run``:
+the run directory's ``run.json``, see :mod:`npu_lora.train.identity`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,25 @@ from typing import Any
 
 FORMAT = 1
 NAME = "checkpoint"
+
+
+class CheckpointWriteError(OSError):
+    """Writing a checkpoint failed; ``str()`` names the path and the cause."""
+
+    def __init__(self, errno_: int | None, strerror: str | None, filename: str, message: str):
+        super().__init__(errno_, strerror, filename)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _run_identity(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        d = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return d if isinstance(d, dict) else None
 
 
 def fsync_dir(path: Path) -> None:
@@ -51,17 +73,28 @@ def _fsync_file(path: Path) -> None:
         os.fsync(f.fileno())
 
 
+@contextlib.contextmanager
+def _named(path: Path):
+    """Give an OSError raised while writing ``path`` (``write``/``fsync``: none) its file name."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is None:
+            raise OSError(e.errno, e.strerror or str(e), str(path)) from e
+        raise
+
+
 def _torch_save(obj: Any, path: Path) -> None:
     import torch
 
-    with open(path, "wb") as f:
+    with _named(path), open(path, "wb") as f:
         torch.save(obj, f)
         f.flush()
         os.fsync(f.fileno())
 
 
 def _write_json(obj: Any, path: Path) -> None:
-    with open(path, "w", encoding="utf-8") as f:
+    with _named(path), open(path, "w", encoding="utf-8") as f:
         json.dump(obj, f, indent=1, default=str)
         f.flush()
         os.fsync(f.fileno())
@@ -148,10 +181,37 @@ def save_checkpoint(
     *,
     extra: dict[str, Any] | None = None,
 ) -> Path:
-    """Write the checkpoint of ``step`` atomically; returns ``run_dir / "checkpoint"``."""
+    """Write the checkpoint of ``step`` atomically; returns ``run_dir / "checkpoint"``.
+
+    Raises :class:`CheckpointWriteError` (the temporary directory removed, the previous
+    checkpoint intact) when the files cannot be written.
+    """
+    tmp = run_dir / f"{NAME}.tmp-{os.getpid()}"
+    try:
+        _write_checkpoint_files(tmp, run_dir, step, engine, optimizer, extra)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        prev = _state_of(run_dir / NAME)
+        kept = (
+            f"the previous checkpoint (step {prev['step']}) in {run_dir / NAME} is intact"
+            if prev is not None
+            else "no earlier checkpoint exists"
+        )
+        where = e.filename or tmp
+        raise CheckpointWriteError(
+            e.errno,
+            e.strerror,
+            str(where),
+            f"cannot write the checkpoint of step {step} to {where}: {e.strerror or e}; {kept}",
+        ) from e
+    return _publish(tmp, run_dir)
+
+
+def _write_checkpoint_files(
+    tmp: Path, run_dir: Path, step: int, engine: Any, optimizer: Any, extra: dict[str, Any] | None
+) -> None:
     import torch
 
-    tmp = run_dir / f"{NAME}.tmp-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
@@ -178,11 +238,14 @@ def save_checkpoint(
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "num_params": len(params),
             **(extra or {}),
+            "run": _run_identity(run_dir),
         },
         tmp / "state.json",
     )
     fsync_dir(tmp)
 
+
+def _publish(tmp: Path, run_dir: Path) -> Path:
     final = run_dir / NAME
     old = run_dir / f"{NAME}.old-{os.getpid()}"
     if final.exists():

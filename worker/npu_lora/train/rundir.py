@@ -123,10 +123,14 @@ def plan_resume(run_dir: Path, manifest: MoEFinetune) -> ResumePlan:
 
 def write_text_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:  # disk full, quota: no temporary file left, the old file intact
+        tmp.unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror or str(e), str(path)) from e
     os.replace(tmp, path)
     fsync_dir(path.parent)
 
@@ -163,16 +167,26 @@ def truncate_metrics(path: Path, max_step: int) -> list[dict[str, Any]]:
 
 
 class MetricsWriter:
-    """Append one JSON line per step; flush + fsync each (a killed run loses no written step)."""
+    """Append one JSON line per step; fsync each (a killed run loses no written step).
+
+    Unbuffered: a failed write (disk full) raises an OSError naming the file and leaves nothing
+    pending that a later ``close`` would try (and fail) to write again.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._f = open(path, "a", encoding="utf-8")  # noqa: SIM115
+        self._f = open(path, "ab", buffering=0)  # noqa: SIM115
 
     def write(self, record: dict[str, Any]) -> None:
-        self._f.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
-        self._f.flush()
-        os.fsync(self._f.fileno())
+        data = (json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
+        try:
+            view = memoryview(data)
+            while view:
+                n = self._f.write(view)
+                view = view[n or 0 :]
+            os.fsync(self._f.fileno())
+        except OSError as e:  # disk full: name the file
+            raise OSError(e.errno, e.strerror or str(e), str(self.path)) from e
 
     def close(self) -> None:
         if not self._f.closed:

@@ -1,0 +1,280 @@
+"""Run identity: a run directory and its checkpoints belong to one run.
+
+The identity of a run is ``(namespace, name, uid)``: in a cluster the MoEFinetune's namespace and
+UID come from the operator (``NPU_LORA_RESOURCE_NAMESPACE``, ``NPU_LORA_RESOURCE_UID``), else
+from the manifest's ``metadata``; a local run has no UID and gets a generated ``runId``. The
+first write of a run directory records it in ``run.json`` (and every checkpoint's
+``state.json`` carries a copy, ``"run"``).
+
+Decision, made before anything is written (:func:`plan_run`):
+
+- the directory is new, or belongs to this run (same UID; for local runs same namespace and
+  name): resume as usual (a pod retried by its Job, a rerun of the same command);
+- it belongs to a run with the *same namespace and name* but another UID: the old object was
+  deleted (a namespace holds one object of a name at a time) and this is its re-creation. It
+  starts fresh: the old directory is renamed to ``<dir>.prev-<old uid>`` (kept, never
+  overwritten). With ``spec.resumeFrom`` naming this directory it adopts the old checkpoint;
+- it belongs to another run (another namespace or name): refused (exit 2) naming both runs.
+  ``spec.resumeFrom`` may name such a directory only as a *source*: its checkpoint (and the
+  metrics up to it) are copied into this run's own directory; the source is only read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from npu_lora.api.load import SpecError
+from npu_lora.api.v1alpha1 import ENV_NAMESPACE, ENV_UID
+from npu_lora.train.checkpoint import NAME as CHECKPOINT
+from npu_lora.train.checkpoint import find_checkpoint, fsync_dir
+
+if TYPE_CHECKING:
+    from npu_lora.api.v1alpha1 import MoEFinetune
+    from npu_lora.train.rundir import ResumePlan
+
+RUN_FILE = "run.json"
+_RUN_FILES = ("config.yaml", "metrics.jsonl", CHECKPOINT, "adapter", "summary.json", RUN_FILE)
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    name: str | None
+    namespace: str | None
+    uid: str | None  # the MoEFinetune's UID; None for a local run
+    run_id: str  # the UID, or a generated id for a local run
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "namespace": self.namespace,
+            "uid": self.uid,
+            "runId": self.run_id,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunIdentity:
+        def s(key: str) -> str | None:
+            v = d.get(key)
+            return str(v) if v not in (None, "") else None
+
+        uid = s("uid")
+        return cls(s("name"), s("namespace"), uid, s("runId") or uid or "")
+
+    def describe(self) -> str:
+        where = f"{self.namespace}/{self.name}" if self.namespace else f"{self.name}"
+        return f"{where} (uid {self.uid})" if self.uid else f"{where} (local run {self.run_id})"
+
+    def same_run(self, other: RunIdentity) -> bool:
+        if self.uid or other.uid:
+            return self.uid == other.uid
+        return (self.name, self.namespace) == (other.name, other.namespace)
+
+
+def current_identity(manifest: MoEFinetune) -> RunIdentity:
+    """This process's run: the operator's environment, else the manifest's metadata."""
+    meta = manifest.metadata
+    extra = meta.model_extra or {}
+    uid = os.environ.get(ENV_UID) or extra.get("uid") or None
+    namespace = os.environ.get(ENV_NAMESPACE) or meta.namespace
+    run_id = str(uid) if uid else f"local-{uuid.uuid4().hex[:12]}"
+    return RunIdentity(meta.name, namespace, str(uid) if uid else None, run_id)
+
+
+def has_run_files(run_dir: Path) -> bool:
+    return run_dir.is_dir() and any((run_dir / n).exists() for n in _RUN_FILES)
+
+
+def saved_identity(run_dir: Path) -> RunIdentity | None:
+    """Who wrote ``run_dir``: run.json, else its checkpoint's, else config.yaml's metadata."""
+    try:
+        d = json.loads((run_dir / RUN_FILE).read_text(encoding="utf-8"))
+        if isinstance(d, dict):
+            return RunIdentity.from_dict(d)
+    except (OSError, ValueError):
+        pass
+    found = find_checkpoint(run_dir) if run_dir.is_dir() else None
+    if found is not None and isinstance(found[1].get("run"), dict):
+        return RunIdentity.from_dict(found[1]["run"])
+    try:  # a directory written before run.json existed
+        cfg = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+        meta = cfg.get("metadata") or {}
+        return RunIdentity(meta.get("name"), meta.get("namespace"), meta.get("uid"), "legacy")
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):
+        return None
+
+
+@dataclass
+class RunPlan:
+    """What to do with the run directory, decided before anything is written."""
+
+    identity: RunIdentity
+    resume: ResumePlan
+    move_aside: Path | None = None  # rename the re-created run's old directory to this
+    copy_from: Path | None = None  # copy this checkpoint (resumeFrom) into the run directory
+    notes: list[str] = field(default_factory=list)
+
+
+def resolve_resume_from(value: str, run_dir: Path) -> Path:
+    p = Path(value).expanduser()
+    return p if p.is_absolute() else run_dir.parent / p
+
+
+def _aside(run_dir: Path, old: RunIdentity) -> Path:
+    tag = (old.uid or old.run_id or "old")[:8]
+    cand = run_dir.with_name(f"{run_dir.name}.prev-{tag}")
+    n = 1
+    while cand.exists():
+        n += 1
+        cand = run_dir.with_name(f"{run_dir.name}.prev-{tag}-{n}")
+    return cand
+
+
+def plan_run(run_dir: Path, manifest: MoEFinetune) -> RunPlan:
+    """Check ``run_dir`` against this run's identity (and ``spec.resumeFrom``). Writes nothing."""
+    from npu_lora.train.rundir import ResumePlan, plan_resume
+
+    cur = current_identity(manifest)
+    resume_from = manifest.spec.resume_from
+    source = resolve_resume_from(resume_from, run_dir) if resume_from else None
+    is_self = source is not None and _same_path(source, run_dir)
+    saved = saved_identity(run_dir) if has_run_files(run_dir) else None
+
+    if saved is None or saved.same_run(cur):
+        if saved is not None and not cur.uid and saved.run_id not in ("", "legacy"):
+            cur = RunIdentity(cur.name, cur.namespace, None, saved.run_id)  # keep the local id
+        plan = RunPlan(cur, plan_resume(run_dir, manifest))
+        if plan.resume.checkpoint is None and source is not None and not is_self:
+            _plan_copy(plan, source, manifest, run_dir)
+        return plan
+
+    if saved.namespace == cur.namespace and saved.name == cur.name:
+        if is_self:  # re-created and asked to continue the old run's directory
+            plan = RunPlan(cur, plan_resume(run_dir, manifest))
+            plan.notes.append(f"adopting {run_dir} of the deleted run {saved.describe()}")
+            return plan
+        plan = RunPlan(cur, ResumePlan(exists=False), move_aside=_aside(run_dir, saved))
+        plan.notes.append(
+            f"{run_dir} belongs to the deleted run {saved.describe()}: starting fresh; its files "
+            f"move to {plan.move_aside} (set spec.resumeFrom: {run_dir.name} to continue it)"
+        )
+        if source is not None:
+            _plan_copy(plan, source, manifest, run_dir)
+        return plan
+
+    raise SpecError(
+        f"--out: {run_dir} belongs to run {saved.describe()}, not to this run "
+        f"{cur.describe()}; a run never resumes or overwrites another run's files. Use another "
+        "directory (spec.output.path or --out); to start from that run's checkpoint set "
+        "spec.resumeFrom to it and a directory of your own."
+    )
+
+
+def _same_path(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
+
+
+def _plan_copy(plan: RunPlan, source: Path, manifest: MoEFinetune, run_dir: Path) -> None:
+    from npu_lora.train.rundir import plan_resume
+
+    if not source.is_dir():
+        raise SpecError(f"spec.resumeFrom: no such run directory: {source}")
+    src = plan_resume(source, manifest)  # its config must match ours; read only
+    if src.checkpoint is None:
+        raise SpecError(f"spec.resumeFrom: {source} has no complete checkpoint")
+    plan.copy_from = src.checkpoint
+    plan.resume.checkpoint = run_dir / CHECKPOINT
+    plan.resume.checkpoint_step = src.checkpoint_step
+    plan.notes.append(f"starting from the checkpoint of {source} at step {src.checkpoint_step}")
+
+
+def apply_plan(plan: RunPlan, run_dir: Path) -> None:
+    """Carry out the plan's writes: move aside, copy the resumeFrom checkpoint, run.json."""
+    if plan.move_aside is None:
+        _check_not_locked(run_dir)
+    if plan.move_aside is not None:
+        with _old_run_stopped(run_dir):
+            os.replace(run_dir, plan.move_aside)
+        fsync_dir(run_dir.parent)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if plan.copy_from is not None:
+        tmp = run_dir / f"{CHECKPOINT}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            shutil.copytree(plan.copy_from, tmp)
+            metrics = plan.copy_from.parent / "metrics.jsonl"
+            if metrics.is_file() and not (run_dir / "metrics.jsonl").exists():
+                shutil.copyfile(metrics, run_dir / "metrics.jsonl")
+            os.replace(tmp, run_dir / CHECKPOINT)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    write_identity(run_dir, plan.identity)
+
+
+def _check_not_locked(run_dir: Path) -> None:
+    """Refuse (before writing) when another process holds the run directory's lock."""
+    import fcntl
+
+    lock = run_dir / ".lock"
+    if not lock.is_file():
+        return
+    with open(lock, "a+") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SpecError(
+                f"--out: {run_dir} is in use by another npu-lora run (lock {lock})"
+            ) from None
+        except OSError:
+            pass
+
+
+@contextlib.contextmanager
+def _old_run_stopped(run_dir: Path, timeout: float = 120.0):
+    """Hold the old run's lock (its pod may still be stopping after the deletion)."""
+    import fcntl
+
+    with open(run_dir / ".lock", "a+") as f:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"{run_dir} is still in use by the deleted run's process after "
+                        f"{timeout:.0f}s; retry when it has stopped"
+                    ) from None
+                time.sleep(0.5)
+            except OSError:  # no flock on this filesystem
+                break
+        yield
+
+
+def write_identity(run_dir: Path, ident: RunIdentity) -> None:
+    from npu_lora.train.rundir import write_text_atomic
+
+    doc = {**ident.to_dict(), "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    write_text_atomic(run_dir / RUN_FILE, json.dumps(doc, indent=1) + "\n")
+
+
+def identity_of(run_dir: Path) -> dict[str, Any] | None:
+    """run.json's content (copied into each checkpoint's state.json as ``"run"``)."""
+    try:
+        d = json.loads((run_dir / RUN_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return d if isinstance(d, dict) else None
