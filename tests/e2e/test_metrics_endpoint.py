@@ -79,6 +79,10 @@ def test_metrics_endpoint(cluster: Cluster, operator: OperatorProcess) -> None:
     # the units follow the conventions: every *_seconds family is a number of seconds >= 0
     assert all(s.value >= 0 for n, ss in m.items() if n.endswith("_seconds") for s in ss)
 
+    # the worker's TensorBoard event files are in the run directory on the output volume
+    run_dir = cluster.kubelet.pvc_dir("runs") / name
+    assert list(run_dir.glob("events.out.tfevents.*")), sorted(p.name for p in run_dir.iterdir())
+
     cluster.kubectl("delete", "mft", name, "--wait=false")
     wait_until(
         lambda: value(scrape(operator.metrics_url), "npu_lora_run_step", **run) is None,

@@ -21,7 +21,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import math
 import os
 import sys
 import time
@@ -30,21 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from npu_lora.api.v1alpha1 import BenchmarkStatus, MoEFinetune
+from npu_lora.report.status import _sig as _finite  # 4 significant digits, None if not finite
 
 log = logging.getLogger(__name__)
 
 PEER = "peer@grouped_mm"
 PEER_REFERENCE = "host-only+keep_graph"
-
-
-def _finite(x: Any, digits: int = 4) -> float | None:
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    if not math.isfinite(v):
-        return None
-    return float(f"{v:.{digits}g}") if v else 0.0
 
 
 def cases(manifest: MoEFinetune) -> list[tuple[int, str, float]]:
