@@ -49,7 +49,12 @@ Identity = tuple[str, list[str]] | None
 ANONYMOUS = "system:anonymous"
 UNAUTHENTICATED = "system:unauthenticated"
 AUTHENTICATED = "system:authenticated"
-_IDENTITY_KEY = "npu_lora_sandbox.identity"
+#: where a request's identity is kept (aiohttp < 3.12 has no RequestKey: a plain string)
+_IDENTITY_KEY: Any = (
+    aiohttp.web.RequestKey("npu_lora_sandbox.identity", object)
+    if hasattr(aiohttp.web, "RequestKey")
+    else "npu_lora_sandbox.identity"
+)
 
 _PUBLIC_INFO = ["/healthz", "/livez", "/readyz", "/version", "/version/"]
 _DISCOVERY = [

@@ -1,7 +1,7 @@
 """An in-process Kubernetes API server for tests and the laptop sandbox, built on ``kmock``.
 
 :class:`ApiEmulator` subclasses :class:`kmock.KubernetesEmulator` and replaces its request
-handling with a small but faithful API server: real HTTP on a free localhost port, against which
+handling with a small but faithful API server: real HTTPS (see :mod:`.tls`) on a free localhost port, against which
 the real ``kubectl`` (v1.32), the ``kubernetes`` Python client and kopf work.
 
 Usage (sync or async code alike: the server runs in its own thread with its own event loop)::
@@ -11,8 +11,8 @@ Usage (sync or async code alike: the server runs in its own thread with its own 
     emu = ApiEmulator()                 # ApiEmulator(port=0, host="127.0.0.1")
     emu.start()                         # returns once the port listens
     emu.load_crd(crd_dict)              # or create the CRD through the API (kubectl apply)
-    emu.write_kubeconfig(path)          # insecure http, admin token, context namespace "default"
-    emu.url                             # "http://127.0.0.1:PORT"
+    emu.write_kubeconfig(path)          # https + its CA, admin token, context namespace "default"
+    emu.url                             # "https://127.0.0.1:PORT" (emu.tls.client_context())
     obj = emu.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {...}})
     emu.get("v1", "ConfigMap", "name", namespace="default")       # None when absent
     emu.list("batch/v1", "Job", namespace="default", label_selector="a=b")
@@ -94,6 +94,7 @@ waiting for finalizers of its contents, ``events.k8s.io/v1`` and ``v1`` events s
 from __future__ import annotations
 
 import asyncio
+import base64
 import collections
 import contextlib
 import copy
@@ -120,6 +121,7 @@ from .resources import (
     now_iso,
 )
 from .store import ObjectStore
+from .tls import serving_cert
 from .watch import WatchHub, _Watcher
 
 __all__ = ["ApiEmulator", "ApiError", "ResourceType"]
@@ -141,6 +143,8 @@ class ApiEmulator(
         self, *, host: str = "127.0.0.1", port: int = 0, admin_token: str | None = None
     ) -> None:
         super().__init__()
+        #: the serving certificate (HTTPS: kubectl sends credentials only over TLS)
+        self.tls = serving_cert(host)
         #: the sandbox admin's bearer token (random per emulator unless given)
         self.admin_token = admin_token or new_token("sandbox-admin-")
         # ServiceAccount tokens: token -> (namespace, name, uid) and back (see .auth)
@@ -213,7 +217,8 @@ class ApiEmulator(
             server = aiohttp.web.Server(self, handler_cancellation=True)
             runner = aiohttp.web.ServerRunner(server, shutdown_timeout=1.0)
             await runner.setup()
-            site = aiohttp.web.TCPSite(runner, self._host, self._want_port)
+            ctx = self.tls.server_context()
+            site = aiohttp.web.TCPSite(runner, self._host, self._want_port, ssl_context=ctx)
             await site.start()
             sockets = getattr(site._server, "sockets", None) or []
             self._port = sockets[0].getsockname()[1]
@@ -267,7 +272,7 @@ class ApiEmulator(
 
     @property
     def url(self) -> str:  # type: ignore[override]
-        return f"http://{self._host}:{self.port}"
+        return f"https://{self._host}:{self.port}"
 
     def write_kubeconfig(
         self,
@@ -276,7 +281,7 @@ class ApiEmulator(
         namespace: str = "default",
         service_account: tuple[str, str] | None = None,
     ) -> Path:
-        """Write a kubeconfig (insecure http) for kubectl and the Python client.
+        """Write a kubeconfig (https, trusting :attr:`tls`) for kubectl and the Python client.
 
         By default its user is the sandbox admin (the bearer token :attr:`admin_token`);
         ``service_account=(namespace, name)`` makes it authenticate as that ServiceAccount
@@ -291,7 +296,15 @@ class ApiEmulator(
         config = {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": "sandbox", "cluster": {"server": self.url}}],
+            "clusters": [
+                {
+                    "name": "sandbox",
+                    "cluster": {
+                        "server": self.url,
+                        "certificate-authority-data": base64.b64encode(self.tls.cert_pem).decode(),
+                    },
+                }
+            ],
             "users": [{"name": "sandbox", "user": {"token": token}}],
             "contexts": [
                 {
