@@ -66,9 +66,7 @@ def test_worker_kubeconfig_cannot_touch_other_runs_or_secrets(
     cluster: Cluster, operator: OperatorProcess, tmp_path: Path
 ) -> None:
     emu = cluster.emulator
-    cluster.kubectl(
-        "create", "secret", "generic", "db-password", "--from-literal=password=hunter2"
-    )
+    cluster.kubectl("create", "secret", "generic", "db-password", "--from-literal=password=hunter2")
     cluster.apply(manifest("victim", steps=4, suspend=True))
     cluster.apply(manifest("worker-a", steps=4))
     _wait(lambda: cluster.status("victim").get("phase") == "Suspended", 60, "victim", operator)

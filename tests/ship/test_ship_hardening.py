@@ -69,3 +69,63 @@ def test_sandbox_operator_runs_under_the_charts_cluster_role() -> None:
     (role,) = by_kind(objects(render({})), "ClusterRole")
     assert chart_operator_rules() == role["rules"]
     assert Path(CHART / "templates" / "rbac.yaml").exists()
+
+
+def _vap_rules(values: dict) -> list[dict]:
+    objs = objects(render(values))
+    (vap,) = by_kind(objs, "ValidatingAdmissionPolicy")
+    (binding,) = by_kind(objs, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == vap["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    return vap["spec"]["validations"]
+
+
+def _refused(rules: list[dict], spec: dict) -> list[str]:
+    """The messages of the rules the object fails, evaluated with cel-python (as the API server
+    evaluates them with cel-go)."""
+    schema = pytest.importorskip("npu_lora_sandbox.schema")
+    obj = schema.to_cel({"spec": {"model": {"preset": "tiny-qwen3-moe"}, **spec}}, None)
+    out = []
+    for rule in rules:
+        if not bool(schema._cel_eval(rule["expression"], {"object": obj})):
+            out.append(rule["message"].split(":")[0])
+    return out
+
+
+def test_validating_admission_policy_is_off_by_default() -> None:
+    objs = objects(render({}))
+    assert by_kind(objs, "ValidatingAdmissionPolicy") == []
+    assert by_kind(objs, "ValidatingAdmissionPolicyBinding") == []
+
+
+def test_validating_admission_policy_refuses_the_static_cases() -> None:
+    rules = _vap_rules({"validatingAdmissionPolicy": {"enabled": True}})
+    worker = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    assert _refused(rules, {}) == []
+    assert _refused(rules, {"image": f"npu-lora-worker:{worker}"}) == []
+    assert _refused(rules, {"image": "docker.io/evil/miner:latest"}) == ["spec.image"]
+    assert _refused(rules, {"image": f"npu-lora-worker:{worker}x"}) == ["spec.image"]
+    assert _refused(rules, {"podTemplate": {"serviceAccountName": "default"}}) == [
+        "spec.podTemplate.serviceAccountName"
+    ]
+    assert _refused(rules, {"output": {"volume": {"hostPath": "/"}}}) == [
+        "spec.output.volume.hostPath"
+    ]
+    assert _refused(rules, {"output": {"volume": {"claimName": "runs"}}}) == []
+    vols = {"volumes": [{"name": "a", "emptyDir": {}}, {"name": "h", "hostPath": {"path": "/"}}]}
+    assert _refused(rules, {"podTemplate": vols}) == ["spec.podTemplate.volumes"]
+    assert _refused(rules, {"device": {"compileCache": {"hostPath": "/c"}}}) == [
+        "spec.device.compileCache.hostPath"
+    ]
+
+
+def test_validating_admission_policy_follows_the_policy_values() -> None:
+    values = yaml.safe_load((CHART / "ci" / "admission-policy-values.yaml").read_text())
+    rules = _vap_rules(values)
+    assert _refused(rules, {"image": "registry.example.com/ml/worker:2"}) == []
+    assert _refused(rules, {"image": "registry.example.com/mlx/worker:2"}) == ["spec.image"]
+    assert _refused(rules, {"podTemplate": {"serviceAccountName": "trainer"}}) == []
+    assert _refused(rules, {"podTemplate": {"serviceAccountName": "trainer2"}}) != []
+    # hostPath prefixes need path normalisation: the operator checks them, not CEL
+    allowed = _vap_rules({**values, "policy": {**values["policy"], "allowedHostPaths": ["/srv"]}})
+    assert _refused(allowed, {"output": {"volume": {"hostPath": "/srv/x"}}}) == []
