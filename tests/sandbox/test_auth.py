@@ -78,7 +78,10 @@ def test_service_account_tokens_are_random_stored_and_revoked(emulator: ApiEmula
     sa(emulator, "w")
     token = emulator.service_account_token("default", "w")
     assert token == emulator.service_account_token("default", "w")  # stored
-    assert "w" not in token.removeprefix("sandbox-sa-") and len(token) > 40
+    # random (not derived from the name as the old "sandbox-sa:<ns>:<name>" was)
+    assert "default:w" not in token and len(token) > 40
+    sa(emulator, "v")
+    assert emulator.service_account_token("default", "v") != token
     assert get(emulator, "/api", token)[0] == 200  # authenticated: discovery
     code, body = get(emulator, SECRETS, token)
     assert code == 403
