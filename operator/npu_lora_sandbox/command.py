@@ -8,7 +8,9 @@ For trying the operator with the real ``kubectl`` on a laptop, without a cluster
     kubectl get mft -w
 
 The emulator serves the MoEFinetune CRD (generated from the models, with schema validation and
-CEL), the kubelet runs each Job's worker as a local subprocess (PVC ``runs`` is the directory
+CEL) and authenticates as a cluster does: the user's kubeconfig carries the sandbox admin's
+random token, the operator runs as its own ServiceAccount under the chart's ClusterRole, each
+worker pod's kubeconfig carries its ServiceAccount's token (see :mod:`.auth`). The kubelet runs each Job's worker as a local subprocess (PVC ``runs`` is the directory
 ``<root>/pvc/runs``) and the operator runs in a thread with its own event loop. The worker
 command is this interpreter's ``python -m npu_lora.cli`` (the kubelet maps ``python`` to
 ``sys.executable``), so the pods run this checkout's ``npu-lora run``.
@@ -25,8 +27,58 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 SANDBOX_WORKER_COMMAND = ("python", "-m", "npu_lora.cli")
 SANDBOX_WORKER_IMAGE = "npu-lora-worker:sandbox"
+#: where the in-sandbox operator's identity lives (as the chart installs it)
+OPERATOR_NAMESPACE = "npu-lora-system"
+OPERATOR_ACCOUNT = "npu-lora-operator"
+CHART_RBAC = (
+    Path(__file__).resolve().parents[2] / "charts" / "npu-lora-operator" / "templates" / "rbac.yaml"
+)
+
+
+def chart_operator_rules(path: Path = CHART_RBAC) -> list[dict[str, Any]]:
+    """The rules of the chart's operator ClusterRole, read from ``templates/rbac.yaml`` (its
+    ``rules:`` block is plain YAML; tests/ship checks it equals Helm's render)."""
+    text = path.read_text()
+    start = text.index("\nrules:\n") + len("\nrules:\n")
+    end = text.index("{{", start)
+    rules = yaml.safe_load(text[start:end])
+    if not isinstance(rules, list) or not rules:
+        raise ValueError(f"{path}: no ClusterRole rules found")
+    return rules
+
+
+def install_operator_identity(emu: Any, kubeconfig: Path) -> Path:
+    """Create the operator's ServiceAccount, the chart's ClusterRole and a ClusterRoleBinding
+    (as ``helm install`` does with the default values) and write a kubeconfig carrying that
+    ServiceAccount's token: the sandbox's operator runs under the chart's RBAC."""
+    rbac = "rbac.authorization.k8s.io"
+    emu.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OPERATOR_NAMESPACE}})
+    sa = {"name": OPERATOR_ACCOUNT, "namespace": OPERATOR_NAMESPACE}
+    emu.create({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": sa})
+    emu.create(
+        {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": OPERATOR_ACCOUNT},
+            "rules": chart_operator_rules(),
+        }
+    )
+    emu.create(
+        {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": OPERATOR_ACCOUNT},
+            "roleRef": {"apiGroup": rbac, "kind": "ClusterRole", "name": OPERATOR_ACCOUNT},
+            "subjects": [{"kind": "ServiceAccount", **sa}],
+        }
+    )
+    return emu.write_kubeconfig(  # type: ignore[no-any-return]
+        kubeconfig, service_account=(OPERATOR_NAMESPACE, OPERATOR_ACCOUNT)
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -122,7 +174,9 @@ def start_sandbox(
     emu.write_kubeconfig(kc)
     parts: dict[str, Any] = {"emulator": emu, "kubelet": kubelet, "kubeconfig": kc, "root": root}
     if operator:
-        kubernetes.config.load_kube_config(config_file=str(kc))
+        op_kc = install_operator_identity(emu, root / "operator-kubeconfig")
+        parts["operator_kubeconfig"] = op_kc
+        kubernetes.config.load_kube_config(config_file=str(op_kc))
         memo = handlers.new_memo(
             OperatorConfig(
                 worker_image=SANDBOX_WORKER_IMAGE,

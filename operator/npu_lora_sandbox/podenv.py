@@ -222,7 +222,7 @@ class PodEnvironment:
         sa_dir.mkdir(exist_ok=True)
         (sa_dir / "namespace").write_text(ns)
         (sa_dir / "token").write_text(token)
-        (sa_dir / "ca.crt").write_text("")
+        (sa_dir / "ca.crt").write_bytes(self.emu.tls.cert_pem)
         return Path(kubeconfig), sa_dir
 
     def _argv(self, container: dict[str, Any], env: dict[str, str], rewrite: Any) -> list[str]:

@@ -13,8 +13,9 @@ else: ``progress``, ``lastStep``, ``stepSecondsMedian``, ``hot``, ``lastCheckpoi
   Each patch carries the whole worker subtree, so only the latest state matters: a failed patch
   (network error, 409, 5xx, ...) is logged and retried after a back-off unless a newer state
   replaced it. Reporting never raises into the training loop.
-- Deletion: a 404, or a 403 after earlier patches succeeded (the per-run Role is deleted with
-  the run, often before the pod), means the run is gone: reporting stops and, when the trainer's
+- Deletion: a 404, or a 403 or 401 after earlier patches succeeded (the per-run Role, or the
+  ServiceAccount, whose deletion revokes its tokens, is deleted with the run, often before the
+  pod), means the run is gone: reporting stops and, when the trainer's
   SIGTERM handler is installed, the reporter sends SIGTERM to its own process, so the step in
   flight is finished and checkpointed and the worker exits 143 (``ctx.extra["stop_reason"]``
   names the cause for the termination message). A 403 before any success (a misconfigured
@@ -235,9 +236,10 @@ class StatusReporter(TrainCallback):
             except Exception as e:  # network, 409, 5xx, auth: never fatal
                 self.failures += 1
                 code = getattr(e, "status", None)
-                if code == 404 or (code == 403 and self.sent > 0):
-                    # the MoEFinetune is gone (404), or its Role went first during the deletion
-                    # cascade (403 after earlier patches succeeded): stop reporting, and stop the
+                if code == 404 or (code in (401, 403) and self.sent > 0):
+                    # the MoEFinetune is gone (404), or its Role (403) or ServiceAccount (401)
+                    # went first during the deletion cascade (after earlier patches succeeded):
+                    # stop reporting, and stop the
                     # run cleanly (the step in flight is finished and checkpointed)
                     self._run_deleted(int(code))
                     return
