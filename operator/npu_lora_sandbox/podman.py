@@ -28,9 +28,10 @@ rewritten: the container sees its own paths, and :class:`PodmanRuntime` maps the
   through its kubeconfig.
 
 The container's stdout+stderr go to the pod's log file (``kubectl logs``). On exit the runtime
-reads podman's state: the exit code, ``OOMKilled`` (reported as exit code 137 with reason
-``OOMKilled``, as a kubelet does) and a failure to start (reason ``StartError``, exit code 128);
-then it removes the container. Stopping is ``podman stop -t GRACE`` (SIGTERM, then SIGKILL).
+reads podman's state: the exit code, an OOM kill (podman's ``OOMKilled``, or, where podman misses
+it as on cgroup v1, the kernel's ``oom-kill`` record for the container's cgroup in ``/dev/kmsg``,
+as cAdvisor reads it; reported as exit code 137 with reason ``OOMKilled``, as a kubelet does) and
+a failure to start (reason ``StartError``, exit code 128); then it removes the container. Stopping is ``podman stop -t GRACE`` (SIGTERM, then SIGKILL).
 
 podman settings: ``$CONTAINERS_CONF`` if set, else the project's ``scripts/containers.conf`` when
 this is a checkout (runc, explicit ulimits; see the README's Images section).
@@ -141,7 +142,6 @@ def podman_run_args(
         str(meta.get("name") or name)[:63],
         f"--network={network}",
         "--pull=never",
-        "--stdin=false",
         "--label",
         f"{LABEL}=1",
         "--label",
@@ -243,6 +243,32 @@ def _give_to_group(root: Path, gid: int) -> None:
             p.chmod((mode | 0o060) & 0o7777)
 
 
+def _kernel_oom_killed(container_id: str) -> bool:
+    """Whether the kernel log records an OOM kill in the container's memory cgroup.
+
+    podman 4.3 with runc on cgroup v1 leaves ``State.OOMKilled`` false after a memory-limit
+    kill; like cAdvisor (the kubelet's OOM watcher) read the kernel's ``oom-kill:`` records
+    (``oom_memcg=.../libpod-<id>``) from ``/dev/kmsg`` (root only; False without it)."""
+    try:
+        fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        while True:
+            try:
+                rec = os.read(fd, 8192)
+            except BlockingIOError:
+                return False
+            except OSError:  # EPIPE: a record was overwritten while reading; go on
+                continue
+            if not rec:
+                return False
+            if b"oom-kill:" in rec and container_id.encode() in rec:
+                return True
+    finally:
+        os.close(fd)
+
+
 class PodmanContainer:
     """A pod container started with ``podman run`` (attached: its output goes to the log)."""
 
@@ -254,6 +280,7 @@ class PodmanContainer:
         #: ``state.terminated.reason`` when not plain Completed/Error (``OOMKilled``, ``StartError``)
         self.reason: str | None = None
         self._code: int | None = None
+        self.stopping = False
 
     @property
     def running(self) -> bool:
@@ -284,13 +311,15 @@ class PodmanContainer:
         rc, out = await self._podman(
             "inspect",
             "--format",
-            "{{.State.ExitCode}} {{.State.OOMKilled}} {{.State.StartedAt.IsZero}}",
+            "{{.State.ExitCode}} {{.State.OOMKilled}} {{.State.StartedAt.IsZero}} {{.Id}}",
             self.name,
         )
         if rc == 0 and out:
-            exit_code, oom, never_started = [*out.split(), "", "", ""][:3]
+            exit_code, oom, never_started, full_id = [*out.split(), "", "", "", ""][:4]
             with contextlib.suppress(ValueError):
                 code = int(exit_code)
+            if code == 137 and oom != "true" and full_id and not self.stopping:
+                oom = "true" if await asyncio.to_thread(_kernel_oom_killed, full_id) else oom
             if oom == "true":
                 self.reason, code = "OOMKilled", 137
             elif never_started == "true":
@@ -305,6 +334,7 @@ class PodmanContainer:
     async def stop(self, grace: float) -> None:
         if not self.running:
             return
+        self.stopping = True
         await self._podman("stop", "--time", str(max(0, round(grace))), self.name)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(asyncio.shield(self.proc.wait()), 10)
@@ -420,7 +450,6 @@ class OperatorContainer:
             self.name,
             "--network=host",
             "--pull=never",
-            "--stdin=false",
             "--label",
             f"{LABEL}=1",
             "--user",
