@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 from npu_lora_operator.builders import Run, build_children
+from npu_lora_operator.crd import build_crd
 from npu_lora_operator.settings import OperatorConfig
 from npu_lora_sandbox.kubelet import LocalKubelet
 from npu_lora_sandbox.podenv import POD_KUBECONFIG, SA_PATH
@@ -49,9 +50,10 @@ def test_worker_image_runs_the_operators_job(images, emulator, tmp_path, podman,
     read-only root, all capabilities dropped, no privilege escalation, the Job's mounts only;
     the run directory lands in the output PVC."""
     body = _manifest("tiny-local.yaml")
-    body["metadata"].update(namespace="default", uid="11111111-2222-3333-4444-555555555555")
+    body["metadata"]["namespace"] = "default"
     body["spec"]["output"] = {"volume": {"claimName": "runs"}}
-    run = Run.from_body(body)
+    emulator.load_crd(build_crd())  # the worker reports to its MoEFinetune's status
+    run = Run.from_body(emulator.create(body))
     config = OperatorConfig(worker_image=images["worker"], image_pull_policy="Never")
     children = build_children(run, config)
     runtime = PodmanRuntime(keep_containers=True)
