@@ -97,6 +97,10 @@ def test_worker_image_runs_the_operators_job(images, emulator, tmp_path, podman,
             podman("rm", "--force", name)
     finally:
         kl.stop()
+        for p in emulator.list("v1", "Pod", "default"):  # kept containers (keep_containers)
+            uid = f"label=io.kubernetes.pod.uid={p['metadata']['uid']}"
+            for cid in podman("ps", "-aq", "--filter", uid).stdout.split():
+                podman("rm", "--force", cid)
 
 
 def _bare_pod(name: str, image: str, code: str, **container: Any) -> dict[str, Any]:
