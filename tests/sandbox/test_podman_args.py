@@ -135,3 +135,12 @@ def test_volumes_prepared_like_a_kubelet(job_pod, tmp_path):
     assert out.st_gid == 1000 and out.st_mode & 0o2070 == 0o2070  # fsGroup, setgid, g+rwx
     for f in launch.mounts["/etc/npu-lora"].iterdir():
         assert f.stat().st_mode & 0o777 == 0o644
+
+
+def test_unknown_runtime_and_missing_podman_are_named(tmp_path):
+    from npu_lora_sandbox.command import start_sandbox
+    from npu_lora_sandbox.podman import podman_available
+
+    with pytest.raises(ValueError, match=r"runtime: 'docker' is not one of 'subprocess', 'podman'"):
+        start_sandbox(tmp_path, runtime="docker")
+    assert podman_available("no-such-podman-here") == "no-such-podman-here not found on PATH"
