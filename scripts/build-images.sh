@@ -54,8 +54,10 @@ for tool in podman buildah debootstrap runc; do command -v "$tool" >/dev/null ||
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$INSTALL" = 1 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     say "installing ${need[*]} (apt-get)"
+    t_install=$(date +%s)
     apt-get update -q >/dev/null
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q podman buildah debootstrap runc >/dev/null
+    say "installed in $(( $(date +%s) - t_install )) s"
   else
     echo "build-images.sh: missing ${need[*]}; install them (Debian: apt-get install podman buildah debootstrap runc) or run as root" >&2
     exit 1
