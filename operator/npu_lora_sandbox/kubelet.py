@@ -2,7 +2,8 @@
 
 Parts: :mod:`.jobs` (Job controller), :mod:`.pods` (pod runner), :mod:`.podenv` (pod environment),
 :mod:`.runtime` (how a container runs: ``runtime=`` a :class:`~.runtime.PodRuntime`, by default
-:class:`~.runtime.HostRuntime`, a local subprocess).
+:class:`~.runtime.HostRuntime`, a local subprocess; :class:`~.podman.PodmanRuntime` runs each
+pod's image as a real container, without the path rewriting described below).
 
 Usage::
 
