@@ -329,7 +329,7 @@ class HotExpertsBatched(nn.Module):
     ``w_gate_up_EhFD [Eh, 2I, D]``, ``w_down_EhDI [Eh, D, I]``::
 
         g, u  = bmm(x, w_gate_up^T).chunk(2)       # [Eh, Bk, I] each
-        y     = bmm(silu(g) * u, w_down^T) * r     # padding rows have x = 0 and r = 0 → y = 0
+        y     = bmm(silu(g) * u, w_down^T) * r     # padding rows have r = 0 → y = 0
 
     Same arithmetic per (token, expert) pair as transformers' experts kernels (linear, gate,
     linear, × weight); only the GEMM reduction order may differ.
