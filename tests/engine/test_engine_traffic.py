@@ -54,13 +54,13 @@ def test_counted_bytes_match_the_arithmetic(tiny, placement):
             d2h += rows * D * n + rows * D * n + rows * n  # y; then dx, dr
             moved += h.num_hot * (2 * I * D + D * I) * n  # the selection's weight copies
             h2d += h.num_hot * (2 * I * D + D * I) * n
-        assert per["h2d_bytes"][i] == h2d, i
-        assert per["d2h_bytes"][i] == d2h, i
+        assert per["to_device_bytes"][i] == h2d, i
+        assert per["to_host_bytes"][i] == d2h, i
     assert prof.move_bytes == moved
-    assert prof.h2d_bytes == sum(per["h2d_bytes"]) + _input_bytes(batch, dt)
-    assert prof.d2h_bytes == sum(per["d2h_bytes"])  # the loss comes back as a Python float
-    assert prof.copy_mb == pytest.approx((prof.h2d_bytes + prof.d2h_bytes) / 1e6)
-    assert prof.h2d_s >= 0 and prof.d2h_s >= 0
+    assert prof.to_device_bytes == sum(per["to_device_bytes"]) + _input_bytes(batch, dt)
+    assert prof.to_host_bytes == sum(per["to_host_bytes"])  # the loss comes back as a Python float
+    assert prof.copy_mb == pytest.approx((prof.to_device_bytes + prof.to_host_bytes) / 1e6)
+    assert prof.to_device_s >= 0 and prof.to_host_s >= 0
     # the next step moves no weights
     assert eng.forward_backward(batch).move_bytes == 0
 
@@ -73,7 +73,7 @@ def test_a_cast_on_the_way_counts_the_device_dtype():
     y = be.to_device(x, layer=3, dtype=torch.bfloat16)
     assert y.dtype == torch.bfloat16
     y.float().sum().backward()
-    assert be.traffic.h2d_bytes[3] == 6 * 4 * 2 and be.traffic.d2h_bytes[3] == 6 * 4 * 2
+    assert be.traffic.to_device_bytes[3] == 6 * 4 * 2 and be.traffic.to_host_bytes[3] == 6 * 4 * 2
     assert x.grad.dtype == torch.float32 and torch.equal(x.grad, torch.ones(6, 4))
 
 

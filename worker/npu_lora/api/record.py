@@ -195,9 +195,9 @@ RECORD: tuple[Column, ...] = (
     Column("opt_s", "float", "s", "Clipping and optimizer step.", median=True),
     Column("micro_batches", "int", "", "Micro-batches of the step (training.gradAccumulation)."),
     Column(
-        "h2d_bytes",
+        "to_device_bytes",
         "int",
-        "B",
+        "bytes",
         "Bytes copied host→device (forward and backward, all copies through the device seam, "
         "incl. move_bytes).",
         summed=True,
@@ -207,9 +207,9 @@ RECORD: tuple[Column, ...] = (
         status_doc="Bytes copied host→device in the step.",
     ),
     Column(
-        "d2h_bytes",
+        "to_host_bytes",
         "int",
-        "B",
+        "bytes",
         "Bytes copied device→host (forward and backward).",
         summed=True,
         median=True,
@@ -218,7 +218,7 @@ RECORD: tuple[Column, ...] = (
         status_doc="Bytes copied device→host in the step.",
     ),
     Column(
-        "h2d_s",
+        "to_device_s",
         "float",
         "s",
         "Wall seconds of the host→device copies.",
@@ -227,7 +227,7 @@ RECORD: tuple[Column, ...] = (
         bench=True,
     ),
     Column(
-        "d2h_s",
+        "to_host_s",
         "float",
         "s",
         "Wall seconds of the device→host copies.",
@@ -239,7 +239,7 @@ RECORD: tuple[Column, ...] = (
         "copy_mb",
         "float",
         "MB",
-        "(h2d_bytes + d2h_bytes) / 10^6.",
+        "(to_device_bytes + to_host_bytes) / 10^6.",
         summed=True,
         status=True,
         status_doc="MB (10^6 bytes) copied between host and device, both directions.",
@@ -251,15 +251,15 @@ RECORD: tuple[Column, ...] = (
     Column(
         "move_bytes",
         "int",
-        "B",
-        "Part of h2d_bytes that copied hot experts' weights (selection, refresh).",
+        "bytes",
+        "Part of to_device_bytes that copied hot experts' weights (selection, refresh).",
         summed=True,
     ),
     Column(
         "traffic_layers",
         "layers",
         "",
-        "Per decoder layer: {h2d_bytes, d2h_bytes, h2d_s, d2h_s} as lists (index = layer); "
+        "Per decoder layer: {to_device_bytes, to_host_bytes, to_device_s, to_host_s} as lists (index = layer); "
         "copies outside the layers (inputs, head) are only in the totals.",
         summed=True,
     ),

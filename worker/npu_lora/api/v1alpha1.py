@@ -279,7 +279,7 @@ class LoraSpec(_Model):
         False,
         description=(
             "Also train the expert weights in full (full fine-tuning of `experts.gate_up_proj` and "
-            "`experts.down_proj`) besides the LoRA adapters. Requires `moe.placement: host-only`."
+            "`experts.down_proj`) besides the LoRA adapters. Requires `moe.placement: host-only` or `auto` (then host-only)."
         ),
     )
 
@@ -351,7 +351,7 @@ class MoESpec(_Model):
         ge=1,
         description=(
             "Re-choose the hot set every N steps from a routing histogram that halves each "
-            "period; only the experts that change are copied (counted in moveBytes and the "
+            "period; only the experts that change are copied (counted in the `move_bytes` and "
             "copy columns). Null: the hot set is chosen once."
         ),
     )

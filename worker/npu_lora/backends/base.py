@@ -17,8 +17,8 @@ What is counted (``Backend.call``):
 
 Traffic (``Backend.to_device`` / ``to_host``, the one place copies happen): every copy across
 the seam adds its bytes (``numel · element_size`` of what crosses, in the dtype it crosses in)
-to ``h2d_bytes`` / ``d2h_bytes`` and its wall time (the copy, then ``synchronize``) to ``h2d_s``
-/ ``d2h_s``, keyed by ``layer`` (``None``: outside the decoder layers: inputs, head, ...).
+to ``to_device_bytes`` / ``to_host_bytes`` and its wall time (the copy, then ``synchronize``) to ``to_device_s``
+/ ``to_host_s``, keyed by ``layer`` (``None``: outside the decoder layers: inputs, head, ...).
 The copies are differentiable (``_Transfer``): the backward of a host→device copy is a
 device→host copy of the gradient, counted the same way in the other direction under the same
 layer. The ``cpu`` backend moves nothing (the host stands in for the device) but counts what a
@@ -45,47 +45,47 @@ from torch import nn
 class Traffic:
     """Bytes and copy seconds across the seam, per direction, keyed by layer (None: other)."""
 
-    h2d_bytes: Counter = field(default_factory=Counter)
-    d2h_bytes: Counter = field(default_factory=Counter)
-    h2d_s: Counter = field(default_factory=Counter)
-    d2h_s: Counter = field(default_factory=Counter)
+    to_device_bytes: Counter = field(default_factory=Counter)
+    to_host_bytes: Counter = field(default_factory=Counter)
+    to_device_s: Counter = field(default_factory=Counter)
+    to_host_s: Counter = field(default_factory=Counter)
 
     def add(self, to_device: bool, layer: int | None, nbytes: int, seconds: float) -> None:
         if to_device:
-            self.h2d_bytes[layer] += nbytes
-            self.h2d_s[layer] += seconds
+            self.to_device_bytes[layer] += nbytes
+            self.to_device_s[layer] += seconds
         else:
-            self.d2h_bytes[layer] += nbytes
-            self.d2h_s[layer] += seconds
+            self.to_host_bytes[layer] += nbytes
+            self.to_host_s[layer] += seconds
 
     def merge(self, other: Traffic) -> None:
         for mine, theirs in (
-            (self.h2d_bytes, other.h2d_bytes),
-            (self.d2h_bytes, other.d2h_bytes),
-            (self.h2d_s, other.h2d_s),
-            (self.d2h_s, other.d2h_s),
+            (self.to_device_bytes, other.to_device_bytes),
+            (self.to_host_bytes, other.to_host_bytes),
+            (self.to_device_s, other.to_device_s),
+            (self.to_host_s, other.to_host_s),
         ):
             mine.update(theirs)
 
     def clear(self) -> None:
-        for c in (self.h2d_bytes, self.d2h_bytes, self.h2d_s, self.d2h_s):
+        for c in (self.to_device_bytes, self.to_host_bytes, self.to_device_s, self.to_host_s):
             c.clear()
 
     def totals(self) -> dict[str, float]:
         return {
-            "h2d_bytes": int(sum(self.h2d_bytes.values())),
-            "d2h_bytes": int(sum(self.d2h_bytes.values())),
-            "h2d_s": float(sum(self.h2d_s.values())),
-            "d2h_s": float(sum(self.d2h_s.values())),
+            "to_device_bytes": int(sum(self.to_device_bytes.values())),
+            "to_host_bytes": int(sum(self.to_host_bytes.values())),
+            "to_device_s": float(sum(self.to_device_s.values())),
+            "to_host_s": float(sum(self.to_host_s.values())),
         }
 
     def by_layer(self, num_layers: int) -> dict[str, list]:
         """Per decoder layer (index 0..L-1); traffic outside the layers is only in the totals."""
         return {
-            "h2d_bytes": [int(self.h2d_bytes.get(i, 0)) for i in range(num_layers)],
-            "d2h_bytes": [int(self.d2h_bytes.get(i, 0)) for i in range(num_layers)],
-            "h2d_s": [float(self.h2d_s.get(i, 0.0)) for i in range(num_layers)],
-            "d2h_s": [float(self.d2h_s.get(i, 0.0)) for i in range(num_layers)],
+            "to_device_bytes": [int(self.to_device_bytes.get(i, 0)) for i in range(num_layers)],
+            "to_host_bytes": [int(self.to_host_bytes.get(i, 0)) for i in range(num_layers)],
+            "to_device_s": [float(self.to_device_s.get(i, 0.0)) for i in range(num_layers)],
+            "to_host_s": [float(self.to_host_s.get(i, 0.0)) for i in range(num_layers)],
         }
 
 

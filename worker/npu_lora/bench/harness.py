@@ -479,11 +479,22 @@ def _fmt(x: float | None, nd: int = 3) -> str:
     return f"{x:.{nd}f}"
 
 
+def _mb(x: float | None) -> str:
+    return "—" if x is None or math.isnan(x) else f"{x / 1e6:.3f}"
+
+
+def _copy_s(m: dict[str, Any]) -> str:
+    a, b = m.get("to_device_s"), m.get("to_host_s")
+    if a is None or b is None or math.isnan(a) or math.isnan(b):
+        return "—"
+    return f"{a + b:.4f}"
+
+
 def render_table(summary: dict[str, Any], variants: list[str]) -> str:
     base = summary["baseline"]
     lines = [
-        f"| variant | s/step | attn+head | HostMLP fwd | HostMLP bwd | recompute | calls/layer | Δ vs {base} (same-sign rounds) | ratio | CPU s/step |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"| variant | s/step | attn+head | HostMLP fwd | HostMLP bwd | recompute | calls/layer | Δ vs {base} (same-sign rounds) | ratio | CPU s/step | →dev MB | →host MB | copy s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for v in variants:
         m, d = summary["medians"][v], summary["deltas"][v]
@@ -495,7 +506,8 @@ def render_table(summary: dict[str, Any], variants: list[str]) -> str:
         ratio = "1.00" if v == base else _fmt(d["median_ratio"], 2)
         lines.append(
             f"| {v} | {_fmt(m['step_s'])} | {_fmt(m['attn_head_s'])} | {_fmt(m['host_fwd_s'])} | "
-            f"{_fmt(m['host_bwd_s'])} | {_fmt(m['recompute_s'])} | {_fmt(m['device_calls_per_layer'], 1)} | {delta} | {ratio} | {_fmt(m.get('cpu_s'))} |"
+            f"{_fmt(m['host_bwd_s'])} | {_fmt(m['recompute_s'])} | {_fmt(m['device_calls_per_layer'], 1)} | {delta} | {ratio} | {_fmt(m.get('cpu_s'))} | "
+            f"{_mb(m.get('to_device_bytes'))} | {_mb(m.get('to_host_bytes'))} | {_copy_s(m)} |"
         )
     return "\n".join(lines)
 

@@ -230,7 +230,7 @@ class HybridEngine:
         be = self.backend
         t_fb = time.perf_counter()
         be.reset_counts()
-        move_bytes = int(sum(self._pending.h2d_bytes.values()))
+        move_bytes = int(sum(self._pending.to_device_bytes.values()))
         be.traffic.merge(self._pending)  # moves since the last step count in this one
         self._pending.clear()
         self.times.reset()
@@ -286,11 +286,11 @@ class HybridEngine:
             placement=self.placement,
             hot_s=self.times.hot_s,
             device_calls=dict(be.calls_by_name),
-            h2d_bytes=int(tr["h2d_bytes"]),
-            d2h_bytes=int(tr["d2h_bytes"]),
-            h2d_s=tr["h2d_s"],
-            d2h_s=tr["d2h_s"],
-            copy_mb=(tr["h2d_bytes"] + tr["d2h_bytes"]) / 1e6,
+            to_device_bytes=int(tr["to_device_bytes"]),
+            to_host_bytes=int(tr["to_host_bytes"]),
+            to_device_s=tr["to_device_s"],
+            to_host_s=tr["to_host_s"],
+            copy_mb=(tr["to_device_bytes"] + tr["to_host_bytes"]) / 1e6,
             move_bytes=move_bytes,
             traffic_layers=be.traffic.by_layer(self.num_layers),
         )
@@ -329,7 +329,7 @@ class HybridEngine:
         return saved
 
     def _end_between_steps(self, saved: Traffic) -> int:
-        moved = int(sum(self.backend.traffic.h2d_bytes.values()))
+        moved = int(sum(self.backend.traffic.to_device_bytes.values()))
         self._pending.merge(self.backend.traffic)
         self.backend.traffic = saved
         return moved
