@@ -312,3 +312,19 @@ def test_hot_memory_refresh_moves_budget_between_layers(tiny):
     got = dict(eng.named_trainable_parameters())
     for n, p in fresh.named_trainable_parameters():
         assert torch.equal(p.grad, got[n].grad), n
+
+
+def test_auto_state_survives_a_resume_mid_trial(tiny):
+    spec = tiny.spec(moe={"placement": "auto", "warmupSteps": 1})
+    eng = build_engine(spec)
+    batch = tiny.batch()
+    for step in range(1, 4):  # selection after 1, trials 2 and 3 recorded
+        eng.forward_backward(batch)
+        eng.select_hot_experts(step)
+    state = json.loads(json.dumps(eng.hot_state()))
+    assert [t[0] for t in state["auto"]["trials"]] == ["host-only", "hot"]
+    resumed = build_engine(spec)
+    resumed.load_hot_state(state)
+    assert resumed.placement == eng.placement == "hot"  # round 1 starts with hot
+    assert resumed.placement_choice() == eng.placement_choice()
+    assert [m.hot.experts for m in resumed.mlps] == [m.hot.experts for m in eng.mlps]
