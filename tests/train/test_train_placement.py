@@ -31,11 +31,8 @@ def test_auto_run_reports_the_choice_traffic_and_hot_history(tmp_path, monkeypat
         assert main(["run", str(cfg), "--out", str(out), "--quiet"]) == 0
     recs = _records(out)
     # steps 3..8 alternate host-only/hot (H D, D H, H D); from step 9 the chosen one
-    assert [r["placement"] for r in recs[2:8]] == ["host-only", "hot", "hot"] + [
-        "host-only",
-        "host-only",
-        "hot",
-    ]
+    trial = ["host-only", "hot", "hot", "host-only", "host-only", "hot"]
+    assert [r["placement"] for r in recs[2:8]] == trial
     summary = json.loads((out / "summary.json").read_text())
     choice = summary["placement_choice"]
     assert choice["policy"] == "auto" and choice["decided_at_step"] == 8

@@ -59,7 +59,9 @@ class Variant:
     ``+overlap``: hot placement with the overlapped device call (``HostMLP.overlap``; only
     differs on a non-CPU device); ``+sequential``: without it (the default, named explicitly).
     ``+padmax``: hot groups padded to
-    the largest group (``HotLayer.capacity="max"``, no host overflow) instead of the cost rule."""
+    the largest group (``HotLayer.capacity="max"``, no host overflow) instead of the cost rule.
+    ``+legacy``: the copies and gathers as before issue 13 (zero-row concatenation gather,
+    separate cast, the first layer's zero input copied to the device), for A/B."""
 
     name: str
     placement: str  # host-only | hot | peer
@@ -68,6 +70,7 @@ class Variant:
     sequential: bool = False
     padmax: bool = False
     overlap: bool = False
+    legacy: bool = False
 
     @property
     def is_peer(self) -> bool:
@@ -81,7 +84,7 @@ class Variant:
         placement, flags = parts[0], set(parts[1:])
         if placement not in ("host-only", "hot", "peer"):
             raise ValueError(f"variant {name!r}: placement must be host-only, hot or peer")
-        unknown = flags - {"keep_graph", "sequential", "padmax", "overlap"}
+        unknown = flags - {"keep_graph", "sequential", "padmax", "overlap", "legacy"}
         if unknown or (placement == "peer" and flags):
             raise ValueError(f"variant {name!r}: unknown modifiers {sorted(flags)}")
         hot_only = flags & {"sequential", "padmax", "overlap"}
@@ -97,6 +100,7 @@ class Variant:
             "sequential" in flags,
             "padmax" in flags,
             "overlap" in flags,
+            "legacy" in flags,
         )
 
 
@@ -221,9 +225,11 @@ class VariantRunner:
         if v.placement == "hot" and not self.hot_layers:
             raise RuntimeError(f"variant {v.name}: no hot set was selected")
         eng.set_mode(EngineMode(v.placement, v.keep_graph, v.overlap))  # type: ignore[arg-type]
+        eng.legacy_traffic = v.legacy
         for m in eng.mlps:
             if m.hot is not None:
                 m.hot.capacity = "max" if v.padmax else "cost"
+                m.hot.legacy = v.legacy
 
     def _clear_grads(self) -> None:
         for p in self.params:

@@ -133,6 +133,7 @@ class HybridEngine:
         self._counts_at_refresh: torch.Tensor | None = None
         self._pending = Traffic()  # copies between steps (moves), reported with the next step
         self._fb_s = 0.0  # forward_backward wall seconds since the last select_hot_experts
+        self.legacy_traffic = False  # bench A/B (variant +legacy): the copies before issue 13
         self._place_on_device()
         self.device_dtype = self.lm.model.embed_tokens.weight.dtype
         inner = self.lm.model
@@ -247,7 +248,11 @@ class HybridEngine:
         sel, lab, w = (be.to_device(t) for t in (lg.sel_BNS, lg.labels_BN, lg.w_BN))
         ids_d = be.to_device(ids.to(torch.int32))
         # the first layer's "MoE output" is zeros: made on the device, nothing is copied
-        moe = torch.zeros(B, S, self.config.hidden_size, dtype=dt, device=be.device)
+        # (``legacy_traffic``: copied from the host, as before issue 13; bench A/B only)
+        if self.legacy_traffic:
+            moe = be.to_device(torch.zeros(B, S, self.config.hidden_size, dtype=dt))
+        else:
+            moe = torch.zeros(B, S, self.config.hidden_size, dtype=dt, device=be.device)
 
         dev_s = 0.0
         t0 = time.perf_counter()

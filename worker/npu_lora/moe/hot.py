@@ -180,6 +180,9 @@ class HotLayer:
     rows_padded: int = 0  # padded rows sent (Eh·Bk per call)
     overflow_E: torch.Tensor | None = None  # bool [E]: hot experts that overflowed (ever)
     layer: int | None = None  # decoder layer (traffic accounting, staging buffer names)
+    #: the hot path before issue 13 (bench A/B only, variant ``+legacy``): gather from a copy
+    #: of x with a zero row appended, cast in a separate pass, no staging buffer
+    legacy: bool = False
 
     @property
     def num_hot(self) -> int:
@@ -394,14 +397,20 @@ def plan_hot_cold(x_TD: torch.Tensor, gate: nn.Module, hot: HotLayer) -> HotPlan
 
 
 def hot_inputs(
-    x_TD: torch.Tensor, r_P: torch.Tensor, plan: HotPlan
+    x_TD: torch.Tensor, r_P: torch.Tensor, plan: HotPlan, *, legacy: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dense padded hot inputs ``x_EhBD``, ``r_EhB`` (routing weight 0 on padding rows).
 
     One gather pass straight from ``x_TD``: a padding row repeats token 0's row (its routing
     weight is 0, so its output and its gradient contribution are exactly 0), so no zero row is
-    appended to a copy of ``x_TD`` first."""
+    appended to a copy of ``x_TD`` first. ``legacy``: the gather before issue 13 (bench A/B)."""
     D = x_TD.shape[1]
+    if legacy:
+        tok_ext = torch.cat([plan.tok_P, torch.tensor([plan.T])])
+        x_ext_TD = torch.cat([x_TD, x_TD.new_zeros(1, D)])
+        r_ext_P = torch.cat([r_P, r_P.new_zeros(1)])
+        x_EhBD = x_ext_TD.index_select(0, tok_ext[plan.src_EhB]).view(plan.Eh, plan.Bk, D)
+        return x_EhBD, r_ext_P.index_select(0, plan.src_EhB).view(plan.Eh, plan.Bk)
     pad = plan.src_EhB == plan.T * plan.K
     tok_EhB = plan.tok_P.index_select(0, plan.src_EhB.clamp(max=plan.T * plan.K - 1))
     tok_EhB = tok_EhB.masked_fill(pad, 0)
@@ -444,6 +453,11 @@ def send_hot_inputs(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The hot inputs to the device in the device dtype: cast while writing the layer's reused
     (pinned on cuda) staging buffers, then one copy each (counted as layer ``layer``)."""
+    if hot.legacy:
+        return (
+            backend.to_device(x_EhBD.to(hot.device_dtype), layer=layer),
+            backend.to_device(r_EhB.to(hot.device_dtype), layer=layer),
+        )
     return (
         backend.to_device(x_EhBD, layer=layer, dtype=hot.device_dtype, stage=f"hot{layer}.x"),
         backend.to_device(r_EhB, layer=layer, dtype=hot.device_dtype, stage=f"hot{layer}.r"),
@@ -471,7 +485,7 @@ def hot_cold_forward(
     else:
         y_cold = x_TD.new_zeros(0, x_TD.shape[1])
 
-    x_EhBD, r_EhB = hot_inputs(x_TD, plan.r_P, plan)
+    x_EhBD, r_EhB = hot_inputs(x_TD, plan.r_P, plan, legacy=hot.legacy)
     t0 = time.perf_counter()
     x_dev, r_dev = send_hot_inputs(x_EhBD, r_EhB, hot, backend, layer)
     y_EhBD = backend.call("hot_experts", hot.fn, x_dev, r_dev, layer=layer)
