@@ -528,7 +528,7 @@ class ResourceRequirements(_Model):
 #: The seed's four variants (``npu-lora bench``'s default).
 BENCHMARK_VARIANTS = ("host-only", "host-only+keep_graph", "hot", "hot+keep_graph")
 #: ``npu-lora bench``'s variant grammar (``npu_lora.bench.harness.Variant``).
-VARIANT_PATTERN = r"^((host-only|hot)(\+(keep_graph|sequential|padmax|overlap))*|peer)(@[a-z_]+)?$"
+VARIANT_PATTERN = r"^((host-only|hot)(\+(keep_graph|sequential|padmax|overlap|legacy))*|peer)(@[a-z_]+)?$"
 
 
 class BenchmarkSpec(_Model):
@@ -543,7 +543,7 @@ class BenchmarkSpec(_Model):
         min_length=1,
         max_length=16,
         description=(
-            "Variants: `<host-only|hot>[+keep_graph][+sequential|+overlap][+padmax][@kernel]` "
+            "Variants: `<host-only|hot>[+keep_graph][+sequential|+overlap][+padmax][+legacy][@kernel]` "
             "or `peer[@kernel]` (stock transformers + peft, cpu backend only). Default: the "
             "seed's four (host-only, host-only+keep_graph, hot, hot+keep_graph)."
         ),
