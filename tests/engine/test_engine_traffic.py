@@ -355,3 +355,43 @@ def test_legacy_path_is_the_same_arithmetic_with_more_bytes(tiny):
     extra = B * S * eng.config.hidden_size * eng.device_dtype.itemsize
     assert old.to_device_bytes - new.to_device_bytes == extra
     assert old.to_host_bytes == new.to_host_bytes
+
+
+def test_device_gather_sends_token_rows_and_computes_the_same(tiny):
+    """Eh·Bk > T: the T token rows go to the device once with an int32 row index, the gather
+    (and its backward) runs there; same loss and gradients as the padded send, fewer bytes."""
+    spec = tiny.spec(moe={"placement": "hot", "warmupSteps": 0, "bucketSizes": [64]})
+    batch = tiny.batch()
+    B, S = batch["input_ids"].shape
+    res = {}
+    for gather in (True, False):
+        eng = build_engine(spec)
+        eng.device_gather = gather
+        tiny.randomize_lora(eng.model)
+        eng.select_hot_experts(0)
+        eng.forward_backward(batch)  # the selection's copies
+        for p in eng.trainable_parameters():
+            p.grad = None
+        for m in eng.mlps:
+            m.hot.bucket_hist.clear()
+        prof = eng.forward_backward(batch)
+        res[gather] = (prof, {n: p.grad for n, p in eng.named_trainable_parameters()}, eng)
+    (on, g_on, eng), (off, g_off, _) = res[True], res[False]
+    assert abs(on.loss - off.loss) < 1e-6
+    for n, g in g_off.items():
+        torch.testing.assert_close(g_on[n], g, rtol=1e-5, atol=1e-7)
+    D, n = eng.config.hidden_size, eng.device_dtype.itemsize
+    T = B * S
+    for i, m in enumerate(eng.mlps):
+        ((Bk, _),) = m.hot.bucket_hist.items()
+        rows = m.hot.num_hot * Bk
+        assert rows > T
+        base = 2 * T * D * n  # HostMLP's own copies (forward and backward)
+        assert (
+            on.traffic_layers["to_device_bytes"][i]
+            == base + T * D * n + rows * 4 + rows * n + rows * D * n
+        )
+        assert on.traffic_layers["to_host_bytes"][i] == base + rows * D * n + T * D * n + rows * n
+        assert off.traffic_layers["to_device_bytes"][i] - on.traffic_layers["to_device_bytes"][
+            i
+        ] == (rows * D * n - T * D * n - rows * 4)

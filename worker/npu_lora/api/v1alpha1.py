@@ -528,7 +528,9 @@ class ResourceRequirements(_Model):
 #: The seed's four variants (``npu-lora bench``'s default).
 BENCHMARK_VARIANTS = ("host-only", "host-only+keep_graph", "hot", "hot+keep_graph")
 #: ``npu-lora bench``'s variant grammar (``npu_lora.bench.harness.Variant``).
-VARIANT_PATTERN = r"^((host-only|hot)(\+(keep_graph|sequential|padmax|overlap|legacy))*|peer)(@[a-z_]+)?$"
+VARIANT_PATTERN = (
+    r"^((host-only|hot)(\+(keep_graph|sequential|padmax|overlap|legacy))*|peer)(@[a-z_]+)?$"
+)
 
 
 class BenchmarkSpec(_Model):

@@ -322,6 +322,25 @@ class DeviceHead(nn.Module):
         return cross_entropy_int32(z_BNV, labels_BN, w_BN, label_logits=picked_BN)
 
 
+class HotExpertsGathered(nn.Module):
+    """``HotExpertsBatched`` fed by a gather on the device: forward(x_TD, idx_EhB int32, r_EhB)
+    = hot(x_TD[idx].view(Eh, Bk, D), r). The host sends the block's T token rows once instead of
+    the Eh·Bk padded rows (fewer whenever Eh·Bk > T); the gather's backward (an index_add into
+    dx_TD) runs on the device too, so T rows come back instead of Eh·Bk. Static shapes per bucket.
+    Not yet in the RNGD catalogue (the engine uses it on cpu/cuda only)."""
+
+    def __init__(self, hot: HotExpertsBatched) -> None:
+        super().__init__()
+        self.hot = hot
+
+    def forward(
+        self, x_TD: torch.Tensor, idx_EhB: torch.Tensor, r_EhB: torch.Tensor
+    ) -> torch.Tensor:
+        Eh, Bk = r_EhB.shape
+        x_EhBD = x_TD.index_select(0, idx_EhB.reshape(-1)).view(Eh, Bk, x_TD.shape[-1])
+        return self.hot(x_EhBD, r_EhB)
+
+
 class HotExpertsBatched(nn.Module):
     """A layer's hot experts in one padded batched call (SwiGLU experts × routing weight).
 

@@ -134,6 +134,9 @@ class HybridEngine:
         self._pending = Traffic()  # copies between steps (moves), reported with the next step
         self._fb_s = 0.0  # forward_backward wall seconds since the last select_hot_experts
         self.legacy_traffic = False  # bench A/B (variant +legacy): the copies before issue 13
+        #: hot rows gathered on the device when that sends fewer rows (HotExpertsGathered);
+        #: off for furiosa until `npu-lora rngd-check` covers that graph
+        self.device_gather = backend.name != "furiosa"
         self._place_on_device()
         self.device_dtype = self.lm.model.embed_tokens.weight.dtype
         inner = self.lm.model
@@ -355,6 +358,7 @@ class HybridEngine:
                     buckets=self._buckets(),
                     device_dtype=self.device_dtype,
                     layer=i,
+                    device_gather=self.device_gather,
                 )
                 if ids
                 else None  # hotMemory gave this layer nothing: all its experts on the host
@@ -474,6 +478,7 @@ class HybridEngine:
                     buckets=self._buckets(),
                     device_dtype=self.device_dtype,
                     layer=i,
+                    device_gather=self.device_gather,
                 )
                 entered += len(ids)
             elif mlp.hot is not None and not ids:

@@ -56,7 +56,7 @@ import torch
 from torch import nn
 
 from npu_lora.backends.base import Backend
-from npu_lora.device.graphs import HotExpertsBatched, next_pow2
+from npu_lora.device.graphs import HotExpertsBatched, HotExpertsGathered, next_pow2
 from npu_lora.moe.experts import expert_bytes
 
 
@@ -183,6 +183,10 @@ class HotLayer:
     #: the hot path before issue 13 (bench A/B only, variant ``+legacy``): gather from a copy
     #: of x with a zero row appended, cast in a separate pass, no staging buffer
     legacy: bool = False
+    #: gather the hot rows on the device from the T token rows when Eh·Bk > T (fewer rows
+    #: sent and returned); the engine turns it on for cpu/cuda, not (yet) for furiosa
+    device_gather: bool = False
+    gathered_fn: Callable[..., torch.Tensor] | None = None
 
     @property
     def num_hot(self) -> int:
@@ -224,9 +228,11 @@ def make_hot_layer(
     device_dtype: torch.dtype,
     capacity: str = "cost",
     layer: int | None = None,
+    device_gather: bool = False,
 ) -> HotLayer:
     """Copy the chosen experts' weights to the device as stacked ``[Eh, 2I, D]`` / ``[Eh, D, I]``.
-    ``capacity``: the bucket rule (``choose_bucket``); ``layer``: for the traffic accounting."""
+    ``capacity``: the bucket rule (``choose_bucket``); ``layer``: for the traffic accounting;
+    ``device_gather``: see ``HotLayer.device_gather``."""
     E = experts_module.gate_up_proj.shape[0]
     ids = torch.tensor(expert_ids, dtype=torch.int64)
     slot = torch.full((E,), -1, dtype=torch.int64)
@@ -234,19 +240,29 @@ def make_hot_layer(
     w_gu, w_dn = _device_weights(experts_module, list(expert_ids), backend, device_dtype, layer)
     module = HotExpertsBatched(w_gu, w_dn).to(backend.device)
     D = experts_module.gate_up_proj.shape[-1]
-    return HotLayer(
-        list(expert_ids),
-        slot,
-        module,
-        backend.compile(module),
-        tuple(buckets),
-        device_dtype,
-        capacity=capacity,
-        row_bytes=2 * D * device_dtype.itemsize,
-        expert_bytes=expert_bytes(experts_module.gate_up_proj, experts_module.down_proj),
-        overflow_E=torch.zeros(E, dtype=torch.bool),
-        layer=layer,
+    return _with_gather(
+        HotLayer(
+            list(expert_ids),
+            slot,
+            module,
+            backend.compile(module),
+            tuple(buckets),
+            device_dtype,
+            capacity=capacity,
+            row_bytes=2 * D * device_dtype.itemsize,
+            expert_bytes=expert_bytes(experts_module.gate_up_proj, experts_module.down_proj),
+            overflow_E=torch.zeros(E, dtype=torch.bool),
+            layer=layer,
+        ),
+        backend,
+        device_gather,
     )
+
+
+def _with_gather(hot: HotLayer, backend: Backend, device_gather: bool) -> HotLayer:
+    hot.device_gather = device_gather
+    hot.gathered_fn = backend.compile(HotExpertsGathered(hot.module)) if device_gather else None
+    return hot
 
 
 def refresh_hot_layer(layer: HotLayer, experts_module: nn.Module, backend: Backend) -> None:
@@ -320,7 +336,7 @@ def move_hot_layer(
         overflow_E=torch.zeros(E, dtype=torch.bool),
         layer=hot.layer,
     )
-    return new, len(enter)
+    return _with_gather(new, backend, hot.device_gather), len(enter)
 
 
 @dataclass
@@ -411,13 +427,25 @@ def hot_inputs(
         r_ext_P = torch.cat([r_P, r_P.new_zeros(1)])
         x_EhBD = x_ext_TD.index_select(0, tok_ext[plan.src_EhB]).view(plan.Eh, plan.Bk, D)
         return x_EhBD, r_ext_P.index_select(0, plan.src_EhB).view(plan.Eh, plan.Bk)
-    pad = plan.src_EhB == plan.T * plan.K
-    tok_EhB = plan.tok_P.index_select(0, plan.src_EhB.clamp(max=plan.T * plan.K - 1))
-    tok_EhB = tok_EhB.masked_fill(pad, 0)
-    r_ext_P = torch.cat([r_P, r_P.new_zeros(1)])
-    x_EhBD = x_TD.index_select(0, tok_EhB).view(plan.Eh, plan.Bk, D)
-    r_EhB = r_ext_P.index_select(0, plan.src_EhB).view(plan.Eh, plan.Bk)
+    tok_EhB, r_EhB = hot_rows(r_P, plan)
+    x_EhBD = x_TD.index_select(0, tok_EhB.reshape(-1)).view(plan.Eh, plan.Bk, D)
     return x_EhBD, r_EhB
+
+
+def hot_rows(r_P: torch.Tensor, plan: HotPlan) -> tuple[torch.Tensor, torch.Tensor]:
+    """The token feeding each padded hot row, ``tok_EhB`` (padding: token 0), and the rows'
+    routing weights ``r_EhB`` (0 on padding)."""
+    pad = plan.src_EhB == plan.T * plan.K
+    tok = plan.tok_P.index_select(0, plan.src_EhB.clamp(max=plan.T * plan.K - 1))
+    r_ext_P = torch.cat([r_P, r_P.new_zeros(1)])
+    r_EhB = r_ext_P.index_select(0, plan.src_EhB).view(plan.Eh, plan.Bk)
+    return tok.masked_fill(pad, 0).view(plan.Eh, plan.Bk), r_EhB
+
+
+def gathers_on_device(hot: HotLayer, plan: HotPlan) -> bool:
+    """Send the T token rows and gather on the device (``HotExpertsGathered``) when that sends
+    fewer rows than the Eh·Bk padded ones."""
+    return hot.device_gather and not hot.legacy and plan.Eh * plan.Bk > plan.T
 
 
 def cold_inputs(x_TD: torch.Tensor, plan: HotPlan):
@@ -485,10 +513,21 @@ def hot_cold_forward(
     else:
         y_cold = x_TD.new_zeros(0, x_TD.shape[1])
 
-    x_EhBD, r_EhB = hot_inputs(x_TD, plan.r_P, plan, legacy=hot.legacy)
-    t0 = time.perf_counter()
-    x_dev, r_dev = send_hot_inputs(x_EhBD, r_EhB, hot, backend, layer)
-    y_EhBD = backend.call("hot_experts", hot.fn, x_dev, r_dev, layer=layer)
+    if gathers_on_device(hot, plan):
+        t0 = time.perf_counter()
+        tok_EhB, r_EhB = hot_rows(plan.r_P, plan)
+        args = (
+            backend.to_device(x_TD, layer=layer, dtype=hot.device_dtype, stage=f"hot{layer}.xT"),
+            backend.to_device(tok_EhB.to(torch.int32), layer=layer, stage=f"hot{layer}.i"),
+            backend.to_device(r_EhB, layer=layer, dtype=hot.device_dtype, stage=f"hot{layer}.r"),
+        )
+        assert hot.gathered_fn is not None
+        y_EhBD = backend.call("hot_experts", hot.gathered_fn, *args, layer=layer)
+    else:
+        x_EhBD, r_EhB = hot_inputs(x_TD, plan.r_P, plan, legacy=hot.legacy)
+        t0 = time.perf_counter()
+        x_dev, r_dev = send_hot_inputs(x_EhBD, r_EhB, hot, backend, layer)
+        y_EhBD = backend.call("hot_experts", hot.fn, x_dev, r_dev, layer=layer)
     y_TD = combine(y_cold, y_EhBD, x_TD, plan, backend)
     if on_device_s is not None:
         on_device_s(time.perf_counter() - t0)
