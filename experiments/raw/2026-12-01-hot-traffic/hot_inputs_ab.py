@@ -1,8 +1,10 @@
 """A/B of the hot path's host-side input preparation (issue 13), interleaved, medians.
 
-legacy: x_ext = cat(x, zero row) → index_select → .to(device dtype) → to_device (cpu: a view)
-new   : index_select straight from x (padding rows repeat token 0, weight 0) → to_device with
-        the cast folded into the copy (cpu backend: one cast; staging only on non-cpu devices)
+legacy  : x_ext = cat(x, zero row) → index_select → .to(device dtype) → to_device (cpu: a view)
+padded  : index_select straight from x (padding rows repeat token 0, weight 0) → to_device with
+          the cast folded into the copy (cpu backend: one cast; staging only on non-cpu devices)
+gathered: x (T rows) → to_device (cast) → index_select with an int32 index "on the device"
+          (HotExpertsGathered's first op), what the engine does when Eh·Bk > T
 
 Forward and backward (the gather's backward is an index_add into dx), Qwen3-30B-A3B widths
 (D=2048, E=128, top-8, 32 hot experts), routing from random logits, bucket by the cost rule.
@@ -18,7 +20,16 @@ import time
 
 import torch
 from npu_lora.backends import CpuBackend
-from npu_lora.moe.hot import HotLayer, default_buckets, hot_inputs, plan_hot_cold, send_hot_inputs
+from npu_lora.moe.hot import (
+    HotLayer,
+    default_buckets,
+    hot_inputs,
+    hot_rows,
+    plan_hot_cold,
+    send_hot_inputs,
+)
+
+VARIANTS = ("legacy", "padded", "gathered")
 
 torch.set_num_threads(1)
 D, E, K, EH, I = 2048, 128, 8, 32, 768
@@ -46,15 +57,21 @@ def hot_layer(T: int, counts: torch.Tensor, dtype: torch.dtype) -> HotLayer:
     )
 
 
-def one(T: int, dtype: torch.dtype, legacy: bool, be: CpuBackend, gate, hot) -> float:
+def one(T: int, dtype: torch.dtype, variant: str, be: CpuBackend, gate, hot) -> float:
     x = torch.randn(T, D, requires_grad=True)
     plan = plan_hot_cold(x, gate, hot)
     t0 = time.perf_counter()
-    xs, rs = hot_inputs(x, plan.r_P, plan, legacy=legacy)
-    if legacy:
+    if variant == "gathered":
+        tok, r = hot_rows(plan.r_P, plan)
+        x_dev = be.to_device(x, layer=0, dtype=dtype)
+        i_dev = be.to_device(tok.to(torch.int32), layer=0)
+        xd = x_dev.index_select(0, i_dev.reshape(-1))
+        rd = be.to_device(r, layer=0, dtype=dtype)
+    elif variant == "legacy":
+        xs, rs = hot_inputs(x, plan.r_P, plan, legacy=True)
         xd, rd = xs.to(dtype), rs.to(dtype)
     else:
-        hot.legacy = False
+        xs, rs = hot_inputs(x, plan.r_P, plan)
         xd, rd = send_hot_inputs(xs, rs, hot, be, 0)
     (xd.float().sum() + rd.float().sum()).backward()
     return time.perf_counter() - t0
@@ -71,19 +88,21 @@ def main() -> None:
         counts = torch.bincount(torch.topk(logits, K, dim=-1).indices.reshape(-1), minlength=E)
         for dtype in (torch.float32, torch.bfloat16):
             hot = hot_layer(T, counts, dtype)
-            res = {False: [], True: []}
+            res: dict[str, list[float]] = {v: [] for v in VARIANTS}
             for rep in range(25):
-                order = (False, True) if rep % 2 == 0 else (True, False)
-                for legacy in order:
-                    s = one(T, dtype, legacy, be, gate, hot)
+                order = VARIANTS if rep % 2 == 0 else VARIANTS[::-1]
+                for v in order:
+                    s = one(T, dtype, v, be, gate, hot)
                     if rep >= 3:
-                        res[legacy].append(s)
-                    print(json.dumps({"T": T, "dtype": str(dtype), "legacy": legacy, "rep": rep, "s": s}))
-            m_new, m_old = statistics.median(res[False]), statistics.median(res[True])
-            ratios = [a / b for a, b in zip(res[False], res[True], strict=True)]
-            print(json.dumps({"summary": True, "T": T, "dtype": str(dtype), "Bk": plan_bk(hot),
-                              "median_new_s": m_new, "median_legacy_s": m_old,
-                              "median_paired_ratio": statistics.median(ratios)}), flush=True)
+                        res[v].append(s)
+                    print(json.dumps({"T": T, "dtype": str(dtype), "variant": v, "rep": rep, "s": s}))
+            out = {"summary": True, "T": T, "dtype": str(dtype), "Bk": plan_bk(hot)}
+            for v in VARIANTS:
+                out[f"median_{v}_s"] = statistics.median(res[v])
+                out[f"median_paired_ratio_{v}_vs_legacy"] = statistics.median(
+                    a / b for a, b in zip(res[v], res["legacy"], strict=True)
+                )
+            print(json.dumps(out), flush=True)
 
 
 def plan_bk(hot: HotLayer) -> dict:

@@ -171,11 +171,17 @@ class ProgressBar(TrainCallback):
 
     def on_hot_selected(self, info: dict[str, Any], ctx: RunContext) -> None:
         if self.bar is not None and not self.disable:
-            self.bar.write(
-                f"hot experts selected after step {info.get('selected_at_step')}: "
-                f"{info.get('experts')} experts ({info.get('fraction')} of each layer)",
-                file=sys.stderr,
-            )
+            if info.get("refreshed_at_step") is not None:
+                text = (
+                    f"hot experts re-chosen after step {info['refreshed_at_step']}: "
+                    f"{info.get('experts')} experts"
+                )
+            else:
+                text = (
+                    f"hot experts selected after step {info.get('selected_at_step')}: "
+                    f"{info.get('experts')} experts ({info.get('fraction')} of each layer)"
+                )
+            self.bar.write(text, file=sys.stderr)
 
     def on_placement(self, info: dict[str, Any], ctx: RunContext) -> None:
         if self.bar is not None and not self.disable:
