@@ -323,11 +323,14 @@ class DeviceHead(nn.Module):
 
 
 class HotExpertsGathered(nn.Module):
-    """``HotExpertsBatched`` fed by a gather on the device: forward(x_TD, idx_EhB int32, r_EhB)
-    = hot(x_TD[idx].view(Eh, Bk, D), r). The host sends the block's T token rows once instead of
-    the Eh·Bk padded rows (fewer whenever Eh·Bk > T); the gather's backward (an index_add into
-    dx_TD) runs on the device too, so T rows come back instead of Eh·Bk. Static shapes per bucket.
-    Not yet in the RNGD catalogue (the engine uses it on cpu/cuda only)."""
+    """``HotExpertsBatched`` between a gather and a scatter on the device:
+    forward(x_TD, idx_EhB int32, r_EhB) -> y_TD = index_add(0, idx, hot(x_TD[idx], r)), the hot
+    pairs' outputs summed per token. The host sends the block's T token rows once and gets T rows
+    back, instead of the Eh·Bk padded rows each way (fewer whenever Eh·Bk > T); the backward
+    (gather of dy, the experts, index_add into dx_TD) runs on the device too. Static shapes per
+    bucket. On cuda the index_adds use atomics (run-to-run bitwise only under
+    ``torch.use_deterministic_algorithms``). Not yet in the RNGD catalogue (the engine uses it
+    on cpu/cuda only)."""
 
     def __init__(self, hot: HotExpertsBatched) -> None:
         super().__init__()
@@ -337,8 +340,10 @@ class HotExpertsGathered(nn.Module):
         self, x_TD: torch.Tensor, idx_EhB: torch.Tensor, r_EhB: torch.Tensor
     ) -> torch.Tensor:
         Eh, Bk = r_EhB.shape
-        x_EhBD = x_TD.index_select(0, idx_EhB.reshape(-1)).view(Eh, Bk, x_TD.shape[-1])
-        return self.hot(x_EhBD, r_EhB)
+        idx = idx_EhB.reshape(-1)
+        x_EhBD = x_TD.index_select(0, idx).view(Eh, Bk, x_TD.shape[-1])
+        y_EhBD = self.hot(x_EhBD, r_EhB)  # padding rows: exactly 0 (weight 0)
+        return torch.zeros_like(x_TD).index_add(0, idx, y_EhBD.reshape(Eh * Bk, -1))
 
 
 class HotExpertsBatched(nn.Module):

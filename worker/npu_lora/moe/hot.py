@@ -476,6 +476,27 @@ def combine(
     return y_PD.view(plan.T, plan.K, D).sum(dim=1)
 
 
+def combine_tokens(
+    y_cold: torch.Tensor,
+    y_hot_TD: torch.Tensor,
+    x_TD: torch.Tensor,
+    plan: HotPlan,
+    backend: Backend,
+) -> torch.Tensor:
+    """The device-combined path (``HotExpertsGathered``): the hot pairs arrive summed per token
+    (``[T, D]``, T rows instead of Eh·Bk); the cold pairs are summed per token on the host and
+    the two added. Same per-pair products; the top-k sum runs in another order than the stock
+    ``view(T, K, D).sum(1)`` (cold pairs, then hot), so it agrees to rounding, not bitwise."""
+    T, D = x_TD.shape
+    y_hot = backend.to_host(y_hot_TD, layer=plan.layer).to(x_TD.dtype)
+    if plan.cold_Pc.numel() == 0:
+        return y_hot
+    y_cold_TD = x_TD.new_zeros(T, D).index_add(
+        0, plan.tok_P.index_select(0, plan.cold_Pc), y_cold.to(x_TD.dtype)
+    )
+    return y_cold_TD + y_hot
+
+
 def send_hot_inputs(
     x_EhBD: torch.Tensor, r_EhB: torch.Tensor, hot: HotLayer, backend: Backend, layer: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -522,13 +543,14 @@ def hot_cold_forward(
             backend.to_device(r_EhB, layer=layer, dtype=hot.device_dtype, stage=f"hot{layer}.r"),
         )
         assert hot.gathered_fn is not None
-        y_EhBD = backend.call("hot_experts", hot.gathered_fn, *args, layer=layer)
+        y_hot_TD = backend.call("hot_experts", hot.gathered_fn, *args, layer=layer)
+        y_TD = combine_tokens(y_cold, y_hot_TD, x_TD, plan, backend)
     else:
         x_EhBD, r_EhB = hot_inputs(x_TD, plan.r_P, plan, legacy=hot.legacy)
         t0 = time.perf_counter()
         x_dev, r_dev = send_hot_inputs(x_EhBD, r_EhB, hot, backend, layer)
         y_EhBD = backend.call("hot_experts", hot.fn, x_dev, r_dev, layer=layer)
-    y_TD = combine(y_cold, y_EhBD, x_TD, plan, backend)
+        y_TD = combine(y_cold, y_EhBD, x_TD, plan, backend)
     if on_device_s is not None:
         on_device_s(time.perf_counter() - t0)
     return y_TD
