@@ -24,6 +24,12 @@ Hybrid forward of one MoE block (``hot_cold_forward``), all on the host except o
 4. per-pair outputs back in pair order, then ``view(T, K, D).sum(1)``: the same per-pair
    products and the same top-k summation order as the stock ``grouped_mm`` kernel.
 
+   When the padded rows outnumber the tokens (``Eh·Bk > T``) and the backend allows it
+   (``HotLayer.device_gather``: cpu, cuda), step 3 sends the T token rows once with an int32
+   row index instead, and ``HotExpertsGathered`` gathers, computes and sums the hot pairs per
+   token on the device; T rows come back (``combine_tokens``: cold per-token sum + hot, the same
+   per-pair products in another summation order). Every copy is counted at the backend seam.
+
 Bucket choice (``choose_bucket``, ``capacity="cost"``, the default). Padding every slot to the
 largest group wastes most of the dense tensor when routing is skewed, and hot experts are skewed
 by construction: measured on an H200 + 16-core host (Qwen3-30B-A3B widths, S=512, hot 0.25),
