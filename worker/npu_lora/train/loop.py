@@ -5,7 +5,8 @@ Per optimizer step ``s`` (1-based)::
     for m in range(gradAccumulation): engine.forward_backward(batch(s, m), loss_scale=1/accum)
     clip_grad_norm_(trainable, maxGradNorm); opt.step(); opt.zero_grad(); engine.after_optimizer_step()
     record → metrics.jsonl (flushed + fsynced) → callbacks.on_step
-    engine.select_hot_experts(s)      # picks the hot set once s == warmupSteps (placement hot)
+    engine.select_hot_experts(s)      # hot/auto: picks the hot set once s == warmupSteps; then
+                                      # refreshes it (hotRefreshSteps) or runs the auto trials
     checkpoint every checkpoint.everySteps steps and at the end
 
 The record of a step sums the micro-batches' timings, device calls and tokens; ``loss`` is their
