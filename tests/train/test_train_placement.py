@@ -61,3 +61,43 @@ def test_auto_run_reports_the_choice_traffic_and_hot_history(tmp_path, monkeypat
     assert {"hostOnlyMedianS", "hotMedianS"} <= set(last["placement"])
     assert last["lastStep"]["copyMb"] > 0 and last["lastStep"]["toDeviceBytes"] > 0
     MoEFinetuneStatus.model_validate(last)
+
+
+def test_auto_trials_resume_where_they_stopped(tmp_path, monkeypatch):
+    """SIGTERM in the middle of the auto trials (after step 5): the rerun resumes from that
+    step's checkpoint and carries on with the same trial order and the trials done before."""
+    import os
+    import signal
+
+    import npu_lora.commands.run as run_cmd
+    from npu_lora.train.callbacks import TrainCallback
+
+    class StopAt(TrainCallback):
+        def __init__(self, step: int | None) -> None:
+            self.step = step
+
+        def on_step(self, record, ctx):
+            if record["step"] == self.step:
+                os.kill(os.getpid(), signal.SIGTERM)  # the trainer finishes and checkpoints
+
+    cfg = tiny_manifest(
+        tmp_path,
+        moe={"placement": "auto", "warmupSteps": 2},
+        training={"steps": 10},
+        checkpoint={"everySteps": 50},
+    )
+    out = tmp_path / "run"
+    monkeypatch.setattr(run_cmd, "_status_reporter", lambda ctx: StopAt(5))
+    assert main(["run", str(cfg), "--out", str(out), "--quiet"]) == 143
+    monkeypatch.setattr(run_cmd, "_status_reporter", lambda ctx: StopAt(None))
+    assert main(["run", str(cfg), "--out", str(out), "--quiet"]) == 0
+    recs = _records(out)
+    assert [r["step"] for r in recs] == list(range(1, 11))
+    trial = ["host-only", "hot", "hot", "host-only", "host-only", "hot"]
+    assert [r["placement"] for r in recs[2:8]] == trial
+    summary = json.loads((out / "summary.json").read_text())
+    choice = summary["placement_choice"]
+    assert summary["resumed_from"] == 5 and choice["decided_at_step"] == 8
+    assert [t[1] for t in choice["trials"]] == [3, 4, 5, 6, 7, 8]
+    assert [t[0] for t in choice["trials"]] == trial
+    assert {r["placement"] for r in recs[8:]} == {choice["chosen"]}
