@@ -2,7 +2,10 @@
 
 Added by ``npu-lora run`` when ``NPU_LORA_RESOURCE_NAME`` is set (the operator sets it, with
 ``NPU_LORA_RESOURCE_NAMESPACE``). The worker owns these keys of ``status`` and writes nothing
-else: ``progress``, ``lastStep``, ``stepSecondsMedian``, ``hot``, ``lastCheckpoint``.
+else: ``progress``, ``lastStep``, ``stepSecondsMedian``, ``hot``, ``placement``,
+``lastCheckpoint``. (``placement``: the trial medians and the choice of ``moe.placement: auto``;
+a field of the worker's, not a condition, because ``conditions`` belong to the operator and a
+merge patch replaces the whole list.)
 
 - API access: the in-cluster service account (the operator's per-run Role allows exactly
   ``get``/``patch`` on this run's ``moefinetunes/status``), or ``$KUBECONFIG`` outside a pod.
@@ -46,7 +49,7 @@ from npu_lora.train.callbacks import TrainCallback  # torch-free
 
 log = logging.getLogger(__name__)
 
-WORKER_KEYS = ("progress", "lastStep", "stepSecondsMedian", "hot", "lastCheckpoint")
+WORKER_KEYS = ("progress", "lastStep", "stepSecondsMedian", "hot", "placement", "lastCheckpoint")
 
 
 def now_iso() -> str:
@@ -175,7 +178,7 @@ class StatusReporter(TrainCallback):
             opts["total_steps"] = getattr(ctx, "total_steps", spec.training.steps)
             opts["every_steps"] = spec.reporting.every_steps
             opts["min_interval_seconds"] = spec.reporting.min_interval_seconds
-            if spec.moe.placement == "hot":
+            if spec.moe.placement != "host-only":
                 opts["warmup_steps"] = spec.moe.warmup_steps
         opts.update(kwargs)
         return cls(name, namespace, **opts)
@@ -356,6 +359,9 @@ class StatusReporter(TrainCallback):
             }
         if getattr(ctx, "hot", None):
             self._set_hot(ctx.hot)
+        placement = (getattr(ctx, "extra", None) or {}).get("placement")
+        if placement:
+            self._set_placement(placement)
         self._submit()
 
     def on_step(self, record: dict[str, Any], ctx: Any) -> None:
@@ -390,6 +396,22 @@ class StatusReporter(TrainCallback):
     def on_hot_selected(self, info: dict[str, Any], ctx: Any) -> None:
         self._set_hot(info)
         self._submit()
+
+    def on_placement(self, info: dict[str, Any], ctx: Any) -> None:
+        self._set_placement(info)
+        self._submit()
+
+    def _set_placement(self, info: dict[str, Any]) -> None:
+        out: dict[str, Any] = {"policy": str(info.get("policy", "auto"))}
+        if info.get("chosen"):
+            out["chosen"] = str(info["chosen"])
+        if info.get("decided_at_step") is not None:
+            out["decidedAtStep"] = int(info["decided_at_step"])
+        for src, dst in (("host_only_median_s", "hostOnlyMedianS"), ("hot_median_s", "hotMedianS")):
+            v = _sig(info.get(src))
+            if v is not None:
+                out[dst] = v
+        self._state["placement"] = out
 
     def on_checkpoint(self, step: int, path: str, ctx: Any) -> None:
         self._state["lastCheckpoint"] = {"step": int(step), "path": str(path), "time": now_iso()}
