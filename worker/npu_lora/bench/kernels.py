@@ -26,7 +26,10 @@ from typing import Any
 
 import torch
 
-DEFAULT_IMPLS = ("eager", "grouped_mm", "npu_lora_sorted_grouped", "npu_lora_sorted_loop")
+DEFAULT_IMPLS = ("copy", "grouped_mm", "npu_lora_sorted", "npu_lora_stream")
+#: Pseudo-kernel measured in the same rotation as the kernels: ``c[:] = a`` over a buffer of the
+#: layer's hit-expert bytes (``limits.stream_bandwidth``; "fwd" is the copy, "bwd" the triad).
+COPY = "copy"
 
 
 def _module(H: int, inter: int, E: int, K: int, dtype: torch.dtype, train: bool, seed: int):
@@ -60,14 +63,20 @@ def _inputs(T: int, H: int, E: int, K: int, dtype: torch.dtype, seed: int) -> tu
 
 
 def _timed_calls(
-    m: torch.nn.Module, cfg: Any, inputs: tuple, impls: list[str], rounds: int
+    m: torch.nn.Module, cfg: Any, inputs: tuple, impls: list[str], rounds: int, copy_bw: Any = None
 ) -> Iterator[tuple[str, int, float, float, float]]:
     """Forward + backward per kernel, ``rounds`` rounds (alternating order) after one warm-up
-    round; yields ``(impl, round, fwd_s, bwd_s, cpu_s)`` right after each measured call."""
+    round; yields ``(impl, round, fwd_s, bwd_s, cpu_s)`` right after each measured call (for
+    ``copy``: ``(copy, round, copy_gbs, triad_gbs, 0)``, ``copy_bw()`` the measurement)."""
     x0, idx, w, gy = inputs
     for rnd in range(rounds + 1):  # round 0 is warm-up
         order = impls if rnd % 2 == 0 else impls[::-1]
         for impl in order:
+            if impl == COPY:
+                bw = copy_bw()
+                if rnd > 0:
+                    yield impl, rnd, bw.copy_gbs, bw.triad_gbs, 0.0
+                continue
             cfg._experts_implementation = impl
             x = x0.clone().requires_grad_(True)
             ww = w.clone().requires_grad_(True)
@@ -97,7 +106,21 @@ def _call_records(
 ) -> list[dict]:
     """The ``call`` records of one case (written to ``jf`` as measured)."""
     recs: list[dict] = []
-    for impl, rnd, fwd_s, bwd_s, cpu_s in _timed_calls(m, cfg, inputs, impls, rounds):
+    from npu_lora.bench.limits import stream_bandwidth
+
+    elems = max(hit * per_expert // 8, 1 << 20)  # two fp32 buffers of half the hit bytes each
+
+    def copy_bw():
+        return stream_bandwidth(elems=elems, repeats=3)
+
+    for impl, rnd, fwd_s, bwd_s, cpu_s in _timed_calls(m, cfg, inputs, impls, rounds, copy_bw):
+        if impl == COPY:
+            rec = {"kind": "copy", "impl": impl, **where, "round": rnd, "copy_gbs": fwd_s}
+            rec.update(triad_gbs=bwd_s, loadavg=os.getloadavg())
+            recs.append(rec)
+            jf.write(json.dumps(rec) + "\n")
+            jf.flush()
+            continue
         rec = {
             "kind": "call",
             "impl": impl,
@@ -120,6 +143,7 @@ def _median_row(recs: list[dict], impl: str, base: str, hit_bytes: int, where: d
     """Medians of one kernel's calls and its per-round ratios against ``base``."""
     mine = [r for r in recs if r["impl"] == impl]
     ref = {r["round"]: r for r in recs if r["impl"] == base}
+    copies = [r["copy_gbs"] for r in recs if r["impl"] == COPY]
     row = {
         "kind": "median",
         "impl": impl,
@@ -134,6 +158,11 @@ def _median_row(recs: list[dict], impl: str, base: str, hit_bytes: int, where: d
         "loadavg_median": statistics.median(r["loadavg"][0] for r in mine),
     }
     row["fwd_gbs"] = row["hit_bytes"] / (row["fwd_ms"] / 1e3) / 1e9
+    row["bwd_gbs"] = row["hit_bytes"] / (row["bwd_ms"] / 1e3) / 1e9
+    if copies:  # the copy bandwidth measured in this case's rotation
+        row["copy_gbs"] = statistics.median(copies)
+        row["fwd_of_copy"] = row["fwd_gbs"] / row["copy_gbs"]
+        row["bwd_of_copy"] = row["bwd_gbs"] / row["copy_gbs"]
     return row
 
 
@@ -143,14 +172,19 @@ def _table(rows: list[dict], bw: Any, bw2: Any) -> list[str]:
         f"Copy bandwidth: {bw.copy_gbs:.1f} GB/s before, {bw2.copy_gbs:.1f} GB/s after "
         f"({bw.threads} threads); fraction below uses {copy:.1f}.",
         "",
-        "| T | dtype | backward | kernel | fwd ms | bwd ms | fwd ÷ grouped_mm | bwd ÷ grouped_mm | fwd GB/s (hit experts) | % of copy | load |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "Per row, `copy` is the median copy bandwidth measured in that case's rotation; the "
+        "% columns are (hit expert bytes / time) / that copy bandwidth.",
+        "",
+        "| T | dtype | backward | kernel | fwd ms | bwd ms | fwd ÷ base | bwd ÷ base | fwd GB/s (hit experts) | bwd GB/s | copy GB/s | fwd % of copy | bwd % of copy | load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        c = r.get("copy_gbs", copy)
         lines.append(
             f"| {r['T']} | {r['dtype']} | {r['mode']} | {r['impl']} | {r['fwd_ms']:.1f} | {r['bwd_ms']:.1f} | "
             f"{r['fwd_ratio_vs_base']:.2f} | {r['bwd_ratio_vs_base']:.2f} | {r['fwd_gbs']:.1f} | "
-            f"{r['fwd_gbs'] / copy:.0%} | {r['loadavg_median']:.1f} |"
+            f"{r['bwd_gbs']:.1f} | {c:.1f} | {r['fwd_gbs'] / c:.0%} | {r['bwd_gbs'] / c:.0%} | "
+            f"{r['loadavg_median']:.1f} |"
         )
     return lines
 
@@ -183,7 +217,8 @@ def bench_kernels(
     log(f"copy {bw.copy_gbs:.1f} GB/s triad {bw.triad_gbs:.1f} GB/s load {bw.loadavg}")
     rows = []
     modes = ["frozen", "train"] if train_experts else ["frozen"]
-    base = "grouped_mm" if "grouped_mm" in impls else impls[0]
+    kernels_only = [i for i in impls if i != COPY]
+    base = "grouped_mm" if "grouped_mm" in impls else kernels_only[0]
     for dname in dtypes:
         dtype = getattr(torch, dname)
         for mode in modes:
@@ -194,7 +229,7 @@ def bench_kernels(
                 inputs = (x0, idx, w, gy)
                 where = {"dtype": dname, "mode": mode, "T": T}
                 recs = _call_records(jf, m, cfg, inputs, impls, rounds, where, hit, per_expert)
-                for impl in impls:
+                for impl in [i for i in impls if i != COPY]:
                     row = _median_row(recs, impl, base, hit * per_expert, where)
                     rows.append(row)
                     jf.write(json.dumps(row) + "\n")

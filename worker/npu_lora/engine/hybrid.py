@@ -392,7 +392,7 @@ def build_engine(
     everything but the MoE blocks (embeddings, attention, norms, head, LoRA; default
     ``spec.device.dtype``). ``moe.hostThreads`` sets ``torch.set_num_threads`` (process-wide)."""
     experts_implementation = experts_implementation or spec.moe.experts_kernel
-    if experts_implementation.startswith("npu_lora_sorted"):
+    if experts_implementation.startswith("npu_lora_"):
         from npu_lora.moe import experts as sorted_experts
 
         sorted_experts.register()
