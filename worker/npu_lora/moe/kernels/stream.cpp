@@ -25,7 +25,8 @@ namespace npu_lora_stream {
                       i64);                                                                 \
   void isa##_axpy_f32(const float*, i64, i64, i64, const float*, i64, i64, float*, i64);    \
   void isa##_axpy_bf16(const unsigned short*, i64, i64, i64, const float*, i64, i64, float*, \
-                       i64);
+                       i64);                                                                \
+  int isa##_pair();
 DECL(base)
 DECL(avx2)
 DECL(avx512)
@@ -39,13 +40,15 @@ struct Ops {
   void (*dot_bf16)(const unsigned short*, i64, i64, i64, const float*, i64, i64, float*, i64);
   void (*axpy_f32)(const float*, i64, i64, i64, const float*, i64, i64, float*, i64);
   void (*axpy_bf16)(const unsigned short*, i64, i64, i64, const float*, i64, i64, float*, i64);
+  int pair;  // bf16 dot operand order: blocks of `pair` elements, evens then odds (1: natural)
 };
 
 // 0 base, 1 avx2, 2 avx512
 Ops ops_for(int64_t isa) {
-  if (isa == 2) return {avx512_dot_f32, avx512_dot_bf16, avx512_axpy_f32, avx512_axpy_bf16};
-  if (isa == 1) return {avx2_dot_f32, avx2_dot_bf16, avx2_axpy_f32, avx2_axpy_bf16};
-  return {base_dot_f32, base_dot_bf16, base_axpy_f32, base_axpy_bf16};
+  if (isa == 2)
+    return {avx512_dot_f32, avx512_dot_bf16, avx512_axpy_f32, avx512_axpy_bf16, avx512_pair()};
+  if (isa == 1) return {avx2_dot_f32, avx2_dot_bf16, avx2_axpy_f32, avx2_axpy_bf16, avx2_pair()};
+  return {base_dot_f32, base_dot_bf16, base_axpy_f32, base_axpy_bf16, base_pair()};
 }
 
 struct W {  // one weight tensor [E, R, C], fp32 or bf16
@@ -127,6 +130,13 @@ void combine(const float* part, i64 P, i64 S, i64 D, const int64_t* inv, i64 T, 
   });
 }
 
+// Position of element j of a length-L row in the paired order (blocks of P: evens, then odds).
+inline i64 paired(i64 j, i64 L, i64 P) {
+  if (P <= 1 || j >= (L / P) * P) return j;
+  const i64 b = j - j % P, q = j % P;
+  return b + (q & 1) * (P / 2) + q / 2;
+}
+
 inline float sigmoid(float v) { return 1.f / (1.f + std::exp(-v)); }
 
 }  // namespace
@@ -146,7 +156,7 @@ std::vector<torch::Tensor> forward(torch::Tensor x_g, torch::Tensor wr, torch::T
   const Ops o = ops_for(isa);
   auto fopt = x_g.options();
   auto h = torch::empty({S, 2 * I}, fopt);
-  auto a = torch::empty({S, I}, fopt);
+  auto a = torch::empty({S, I}, fopt);  // in the paired order when Wd is bf16
   auto y = torch::empty({S, H}, fopt);
   const float* xp = x_g.data_ptr<float>();
   const float* wp = wr.contiguous().data_ptr<float>();
@@ -154,6 +164,17 @@ std::vector<torch::Tensor> forward(torch::Tensor x_g, torch::Tensor wr, torch::T
   float* ap = a.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   if (valid < S) h.narrow(0, valid, S - valid).zero_();
+  const i64 pg = gu.bf16 ? o.pair : 1, pd = dn.bf16 ? o.pair : 1;
+  torch::Tensor xq = x_g;
+  if (pg > 1) {  // x in the paired order of the bf16 dot kernel
+    xq = torch::empty_like(x_g);
+    float* q = xq.data_ptr<float>();
+    at::parallel_for(0, S, 1, [&](int64_t b, int64_t e) {
+      for (int64_t s = b; s < e; ++s)
+        for (i64 c = 0; c < H; ++c) q[s * H + paired(c, H, pg)] = xp[s * H + c];
+    });
+    xp = q;
+  }
   // gate/up: gate rows [r0, r1) and up rows [I + r0, I + r1), then a = SiLU(gate) * up
   run(tasks(off, I, gu_block), [&](const Task& t) {
     const i64 rows = t.r1 - t.r0;
@@ -163,7 +184,7 @@ std::vector<torch::Tensor> forward(torch::Tensor x_g, torch::Tensor wr, torch::T
     for (i64 s = 0; s < t.n; ++s)
       for (i64 j = t.r0; j < t.r1; ++j) {
         const float g = ht[s * 2 * I + j];
-        ap[(t.s0 + s) * I + j] = g * sigmoid(g) * ht[s * 2 * I + I + j];
+        ap[(t.s0 + s) * I + paired(j, I, pd)] = g * sigmoid(g) * ht[s * 2 * I + I + j];
       }
   });
   // down: y[s, d] = wr[s] * a[s, :] · Wd[e, d, :]

@@ -5,6 +5,9 @@ struct V {
   using reg = float;
   static constexpr int W = 1;
   static constexpr int DOT_RB = 2, DOT_NB = 4, AXPY_CV = 4, AXPY_NB = 2;
+  static constexpr bool PAIRED = false;
+  static constexpr int DOT16_RB = 1, DOT16_NB = 1;
+  static inline void load2(const unsigned short*, reg&, reg&) {}
   static inline reg zero() { return 0.f; }
   static inline reg load(const float* p) { return *p; }
   static inline reg loadf(const float* p) { return *p; }

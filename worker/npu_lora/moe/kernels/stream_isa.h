@@ -11,6 +11,8 @@
 //   dot_rows:  out[t, r] = sum_c x[t, c] * w[r, c]        (x · Wᵀ: forward direction)
 //   axpy_rows: out[t, c] = sum_r coef[t, r] * w[r, c]     (coef · W: backward direction)
 //
+//   bf16 weights on AVX2/AVX-512: dot16_rows / axpy16_rows (even/odd split, below).
+//
 // Both read each weight row once from memory (token chunks after the first re-read it from L1).
 
 namespace {
@@ -142,6 +144,119 @@ static void axpy_rows(const WT* w, i64 ldw, i64 L, i64 rows, const float* coef, 
   }
 }
 
+
+// ---- bf16 weights, even/odd split (AVX2 / AVX-512 only: V::PAIRED) ---------------------------
+// One load of 2W bf16 words gives two fp32 vectors with one uop each: the even elements
+// (word << 16) and the odd ones (word & 0xffff0000). The matching fp32 operand is kept in the
+// same "paired" order: per block of 2W elements, the W even ones then the W odd ones (the tail
+// past the last full block stays in natural order). dot: x is paired; axpy: out is written
+// paired and put back in natural order at the end.
+
+template <int RB, int NB>
+static inline void dot16_tile(const unsigned short* w, i64 ldw, i64 L, const float* x, i64 ldx,
+                              float* out, i64 ldo) {
+  typename V::reg acc[RB][NB];
+#pragma GCC unroll 8
+  for (int r = 0; r < RB; ++r)
+#pragma GCC unroll 8
+    for (int t = 0; t < NB; ++t) acc[r][t] = V::zero();
+  i64 c = 0;
+  for (; c + 2 * V::W <= L; c += 2 * V::W) {
+    typename V::reg we[RB], wo[RB];
+#pragma GCC unroll 8
+    for (int r = 0; r < RB; ++r) V::load2(w + r * ldw + c, we[r], wo[r]);
+#pragma GCC unroll 8
+    for (int t = 0; t < NB; ++t) {
+      typename V::reg xe = V::loadf(x + t * ldx + c), xo = V::loadf(x + t * ldx + c + V::W);
+#pragma GCC unroll 8
+      for (int r = 0; r < RB; ++r) acc[r][t] = V::fma(wo[r], xo, V::fma(we[r], xe, acc[r][t]));
+    }
+  }
+  for (int r = 0; r < RB; ++r)
+    for (int t = 0; t < NB; ++t) {
+      float s = V::hsum(acc[r][t]);
+      for (i64 cc = c; cc < L; ++cc) s += widen(w[r * ldw + cc]) * x[t * ldx + cc];
+      out[t * ldo + r] = s;
+    }
+}
+
+template <int RB, int NB>
+static inline void dot16_rows_rb(const unsigned short* w, i64 ldw, i64 L, const float* x,
+                                 i64 ldx, i64 n, float* out, i64 ldo) {
+  i64 t = 0;
+  for (; t + NB <= n; t += NB) dot16_tile<RB, NB>(w, ldw, L, x + t * ldx, ldx, out + t * ldo, ldo);
+  for (; t < n; ++t) dot16_tile<RB, 1>(w, ldw, L, x + t * ldx, ldx, out + t * ldo, ldo);
+}
+
+static void dot16_rows(const unsigned short* w, i64 ldw, i64 L, i64 rows, const float* x,
+                       i64 ldx, i64 n, float* out, i64 ldo) {
+  i64 r = 0;
+  for (; r + V::DOT16_RB <= rows; r += V::DOT16_RB)
+    dot16_rows_rb<V::DOT16_RB, V::DOT16_NB>(w + r * ldw, ldw, L, x, ldx, n, out + r, ldo);
+  for (; r < rows; ++r) dot16_rows_rb<1, V::DOT16_NB>(w + r * ldw, ldw, L, x, ldx, n, out + r, ldo);
+}
+
+template <int NB>
+static inline void axpy16_tile(const unsigned short* w, i64 ldw, i64 r0, i64 r1, i64 c0,
+                               const float* coef, i64 ldc, float* out, i64 ldo, bool first) {
+  typename V::reg ae[NB], ao[NB];
+#pragma GCC unroll 8
+  for (int t = 0; t < NB; ++t) {
+    ae[t] = first ? V::zero() : V::loadf(out + t * ldo + c0);
+    ao[t] = first ? V::zero() : V::loadf(out + t * ldo + c0 + V::W);
+  }
+  for (i64 r = r0; r < r1; ++r) {
+    typename V::reg we, wo;
+    V::load2(w + r * ldw + c0, we, wo);
+#pragma GCC unroll 8
+    for (int t = 0; t < NB; ++t) {
+      typename V::reg b = V::set1(coef[t * ldc + r]);
+      ae[t] = V::fma(b, we, ae[t]);
+      ao[t] = V::fma(b, wo, ao[t]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int t = 0; t < NB; ++t) {
+    V::store(out + t * ldo + c0, ae[t]);
+    V::store(out + t * ldo + c0 + V::W, ao[t]);
+  }
+}
+
+static void axpy16_rows(const unsigned short* w, i64 ldw, i64 L, i64 rows, const float* coef,
+                        i64 ldc, i64 n, float* out, i64 ldo) {
+  const i64 RG = 16;
+  const i64 P = 2 * V::W;
+  const i64 Lp = (L / P) * P;
+  for (i64 r0 = 0; r0 < rows; r0 += RG) {
+    const i64 r1 = r0 + RG < rows ? r0 + RG : rows;
+    const bool first = r0 == 0;
+    for (i64 c = 0; c < Lp; c += P) {
+      i64 t = 0;
+      for (; t + V::AXPY_NB <= n; t += V::AXPY_NB)
+        axpy16_tile<V::AXPY_NB>(w, ldw, r0, r1, c, coef + t * ldc, ldc, out + t * ldo, ldo, first);
+      for (; t < n; ++t)
+        axpy16_tile<1>(w, ldw, r0, r1, c, coef + t * ldc, ldc, out + t * ldo, ldo, first);
+    }
+    for (i64 t = 0; t < n; ++t)
+      for (i64 cc = Lp; cc < L; ++cc) {
+        float s = first ? 0.f : out[t * ldo + cc];
+        for (i64 r = r0; r < r1; ++r) s += coef[t * ldc + r] * widen(w[r * ldw + cc]);
+        out[t * ldo + cc] = s;
+      }
+  }
+  // paired -> natural order, block by block
+  float tmp[2 * V::W];
+  for (i64 t = 0; t < n; ++t)
+    for (i64 c = 0; c < Lp; c += P) {
+      float* o = out + t * ldo + c;
+      for (int i = 0; i < P; ++i) tmp[i] = o[i];
+      for (int i = 0; i < V::W; ++i) {
+        o[2 * i] = tmp[i];
+        o[2 * i + 1] = tmp[V::W + i];
+      }
+    }
+}
+
 }  // namespace
 
 #define NPU_LORA_EXPORT(isa)                                                                    \
@@ -152,7 +267,8 @@ static void axpy_rows(const WT* w, i64 ldw, i64 L, i64 rows, const float* coef, 
   }                                                                                             \
   void isa##_dot_bf16(const unsigned short* w, i64 ldw, i64 L, i64 rows, const float* x,      \
                       i64 ldx, i64 n, float* out, i64 ldo) {                                    \
-    dot_rows<unsigned short>(w, ldw, L, rows, x, ldx, n, out, ldo);                             \
+    if (V::PAIRED) dot16_rows(w, ldw, L, rows, x, ldx, n, out, ldo);                            \
+    else dot_rows<unsigned short>(w, ldw, L, rows, x, ldx, n, out, ldo);                        \
   }                                                                                             \
   void isa##_axpy_f32(const float* w, i64 ldw, i64 L, i64 rows, const float* c, i64 ldc,       \
                       i64 n, float* out, i64 ldo) {                                             \
@@ -160,6 +276,9 @@ static void axpy_rows(const WT* w, i64 ldw, i64 L, i64 rows, const float* coef, 
   }                                                                                             \
   void isa##_axpy_bf16(const unsigned short* w, i64 ldw, i64 L, i64 rows, const float* c,     \
                        i64 ldc, i64 n, float* out, i64 ldo) {                                   \
-    axpy_rows<unsigned short>(w, ldw, L, rows, c, ldc, n, out, ldo);                            \
+    if (V::PAIRED) axpy16_rows(w, ldw, L, rows, c, ldc, n, out, ldo);                           \
+    else axpy_rows<unsigned short>(w, ldw, L, rows, c, ldc, n, out, ldo);                       \
   }                                                                                             \
+  /* block of the paired fp32 operand order for bf16 weights (1: natural order) */             \
+  int isa##_pair() { return V::PAIRED ? 2 * V::W : 1; }                                         \
   }
