@@ -396,6 +396,9 @@ def build_engine(
         from npu_lora.moe import experts as sorted_experts
 
         sorted_experts.register()
+    from npu_lora.moe.host_dtype import resolve_host_dtype
+
+    host_choice = resolve_host_dtype(spec.moe.host_dtype, experts_implementation)
     if device_dtype is None:
         device_dtype = to_dtype(spec.device.dtype)
     if spec.moe.host_threads:
@@ -406,12 +409,12 @@ def build_engine(
         spec.lora,
         seed=spec.training.seed,
         vocab_size=vocab_size,
-        host_dtype=to_dtype(spec.moe.host_dtype),
+        host_dtype=to_dtype(host_choice.dtype),
         experts_implementation=experts_implementation,
         model_root=model_root,
         device_dtype=device_dtype,
     )
-    return HybridEngine(
+    engine = HybridEngine(
         model,
         config,
         be,
@@ -424,3 +427,5 @@ def build_engine(
         tokens_per_batch=spec.training.batch_size * spec.training.seq_len,
         train_experts=spec.lora.train_experts,
     )
+    engine.host_choice = host_choice  # summary.json machine.host, status.host
+    return engine

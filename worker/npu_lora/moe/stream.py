@@ -69,8 +69,8 @@ def _offsets(r: Routing) -> torch.Tensor:
 
 
 def _torch_forward(x_g, w_g, r: Routing, gu, dn):
-    S, I = x_g.shape[0], dn.shape[2]
-    h = x_g.new_zeros(S, 2 * I)
+    S, inter = x_g.shape[0], dn.shape[2]
+    h = x_g.new_zeros(S, 2 * inter)
     y = x_g.new_zeros(S, x_g.shape[1])
     s0 = 0
     for e, n in enumerate(r.counts):
@@ -87,8 +87,8 @@ def _torch_forward(x_g, w_g, r: Routing, gu, dn):
 
 
 def _torch_backward(g_g, h, w_g, r: Routing, gu, dn):
-    S, I = g_g.shape[0], dn.shape[2]
-    z = g_g.new_zeros(S, I)
+    S, inter = g_g.shape[0], dn.shape[2]
+    z = g_g.new_zeros(S, inter)
     s0 = 0
     for e, n in enumerate(r.counts):
         if n:

@@ -2,7 +2,9 @@
 
 Added by ``npu-lora run`` when ``NPU_LORA_RESOURCE_NAME`` is set (the operator sets it, with
 ``NPU_LORA_RESOURCE_NAMESPACE``). The worker owns these keys of ``status`` and writes nothing
-else: ``progress``, ``lastStep``, ``stepSecondsMedian``, ``hot``, ``lastCheckpoint``.
+else: ``progress``, ``lastStep``, ``stepSecondsMedian``, ``hot``, ``host`` (the resolved host dtype
+and experts kernel, with ``warning`` for a choice known to be slow on the CPU),
+``lastCheckpoint``.
 
 - API access: the in-cluster service account (the operator's per-run Role allows exactly
   ``get``/``patch`` on this run's ``moefinetunes/status``), or ``$KUBECONFIG`` outside a pod.
@@ -45,7 +47,7 @@ from npu_lora.train.callbacks import TrainCallback  # torch-free
 
 log = logging.getLogger(__name__)
 
-WORKER_KEYS = ("progress", "lastStep", "stepSecondsMedian", "hot", "lastCheckpoint")
+WORKER_KEYS = ("progress", "lastStep", "stepSecondsMedian", "hot", "host", "lastCheckpoint")
 
 
 def now_iso() -> str:
@@ -354,6 +356,9 @@ class StatusReporter(TrainCallback):
             }
         if getattr(ctx, "hot", None):
             self._set_hot(ctx.hot)
+        host = (getattr(ctx, "extra", None) or {}).get("host")
+        if host:
+            self._state["host"] = host
         self._submit()
 
     def on_step(self, record: dict[str, Any], ctx: Any) -> None:

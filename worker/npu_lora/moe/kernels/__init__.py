@@ -69,10 +69,12 @@ def load() -> Any | None:
                     build_directory=str(build),
                     verbose=False,
                 )
-            except Exception as exc:  # noqa: BLE001 - any build failure means: use the fallback
+            except Exception as exc:  # any build failure means: use the fallback
                 _state["error"] = f"{type(exc).__name__}: {str(exc).strip()[-500:]}"
-                log.warning("npu_lora_stream extension unavailable, using the torch fallback: %s",
-                            _state["error"])
+                log.warning(
+                    "npu_lora_stream extension unavailable, using the torch fallback: %s",
+                    _state["error"],
+                )
         _state["mod"] = mod
         return mod
 
