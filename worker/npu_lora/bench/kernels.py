@@ -211,6 +211,17 @@ def bench_kernels(
     register()
     out.mkdir(parents=True, exist_ok=True)
     jf = (out / "kernels.jsonl").open("w")
+    from npu_lora.machine import machine_facts
+    from npu_lora.moe import stream
+
+    facts = {"kind": "machine", **machine_facts(), "stream_backend": stream.backend()}
+    jf.write(json.dumps(facts) + "\n")
+    caps = facts["cpu_capabilities"]
+    log(
+        f"{facts['cpu_model']}: isa {caps['isa']}, {caps['cores']} cores, "
+        f"{caps['numa_nodes']} NUMA node(s), caches {caps['caches']}; "
+        f"npu_lora_stream {facts['stream_backend']}; threads {torch.get_num_threads()}"
+    )
     bw_kw = {"elems": bw_elems} if bw_elems else {}
     bw = stream_bandwidth(**bw_kw)
     jf.write(json.dumps({"kind": "limits", **bw.to_dict()}) + "\n")

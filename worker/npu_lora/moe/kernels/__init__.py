@@ -1,7 +1,8 @@
 """Build and load the streaming experts C++ extension (``stream*.cpp``), or report why not.
 
 The extension is compiled on first use with ``torch.utils.cpp_extension.load`` (ninja, g++ -O3)
-into ``$NPU_LORA_KERNEL_CACHE`` (default ``~/.cache/npu-lora/kernels``), keyed by the sources'
+into ``$NPU_LORA_KERNEL_CACHE/kernels`` (default ``$XDG_CACHE_HOME/npu-lora``, else
+``~/.cache/npu-lora``), keyed by the sources'
 hash and torch's version, so a worker builds it once per image/host. It holds three instances of
 the micro-kernels, each compiled for one instruction set with ``#pragma GCC target`` (AVX-512,
 AVX2+FMA, baseline); the one used is chosen at run time from what the CPU supports (the
@@ -34,7 +35,8 @@ _state: dict[str, Any] = {}
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("NPU_LORA_KERNEL_CACHE") or str(Path.home() / ".cache" / "npu-lora")
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    root = os.environ.get("NPU_LORA_KERNEL_CACHE") or str(Path(xdg) / "npu-lora")
     return Path(root) / "kernels"
 
 
