@@ -174,3 +174,19 @@ def test_forced_isa_must_run_here(monkeypatch):
     monkeypatch.setenv("NPU_LORA_STREAM_ISA", "neon")
     with pytest.raises(ValueError, match="NPU_LORA_STREAM_ISA='neon'"):
         kernels.isa()
+
+
+def test_host_dtype_auto_and_probe():
+    """The probe lands in machine_facts; auto picks bf16 with the stream kernel where the
+    extension runs (here), float32 for a torch kernel on a CPU without native bf16."""
+    from npu_lora.machine import machine_facts
+    from npu_lora.moe.host_dtype import resolve_host_dtype
+
+    caps = machine_facts()["cpu_capabilities"]
+    assert {"isa", "native_bf16", "cores", "numa_nodes", "caches"} <= set(caps)
+    choice = resolve_host_dtype("auto", stream.NAME, log_it=False)
+    assert choice.dtype == "bfloat16" and choice.kernel_backend == stream.backend()
+    no_bf16 = {"native_bf16": False, "isa": ["avx2"]}
+    assert resolve_host_dtype("auto", "eager", caps=no_bf16, log_it=False).dtype == "float32"
+    # the stream kernel never computes in bf16: explicit bf16 is not flagged even without it
+    assert resolve_host_dtype("bfloat16", stream.NAME, caps=no_bf16, log_it=False).warning is None

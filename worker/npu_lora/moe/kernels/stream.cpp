@@ -131,10 +131,11 @@ void combine(const float* part, i64 P, i64 S, i64 D, const int64_t* inv, i64 T, 
 }
 
 // Position of element j of a length-L row in the paired order (blocks of P: evens, then odds).
+// P is 1 or a power of two (2 * vector width).
 inline i64 paired(i64 j, i64 L, i64 P) {
-  if (P <= 1 || j >= (L / P) * P) return j;
-  const i64 b = j - j % P, q = j % P;
-  return b + (q & 1) * (P / 2) + q / 2;
+  if (P <= 1 || j >= (L & ~(P - 1))) return j;
+  const i64 q = j & (P - 1);
+  return (j - q) + (q & 1) * (P >> 1) + (q >> 1);
 }
 
 inline float sigmoid(float v) { return 1.f / (1.f + std::exp(-v)); }
