@@ -258,6 +258,99 @@ def bench_kernels(
     return rows
 
 
+def bench_dtype_ab(
+    *,
+    tokens: list[int],
+    impl: str,
+    rounds: int,
+    H: int = 2048,
+    inter: int = 768,
+    E: int = 128,
+    K: int = 8,
+    seed: int = 0,
+    out: Path,
+    log=print,
+) -> list[dict]:
+    """bf16 vs fp32 storage of one kernel *in the same rotation* (the same weights, rounded to
+    bf16 for the bf16 module), with the copy bandwidth: ``[copy, float32, bfloat16]`` per round,
+    order reversed on odd rounds; medians and the per-round paired bf16/fp32 ratio of wall and
+    CPU time (CPU time is the steadier figure on a shared, oversubscribed machine)."""
+    from npu_lora.bench.limits import stream_bandwidth
+    from npu_lora.machine import machine_facts
+    from npu_lora.moe import stream
+    from npu_lora.moe.experts import expert_bytes, register
+
+    register()
+    out.mkdir(parents=True, exist_ok=True)
+    jf = (out / "dtype_ab.jsonl").open("w")
+    jf.write(json.dumps({"kind": "machine", **machine_facts(), "stream_backend": stream.backend()}))
+    jf.write("\n")
+    m32, cfg32 = _module(H, inter, E, K, torch.float32, False, seed)
+    m16, cfg16 = _module(H, inter, E, K, torch.bfloat16, False, seed)
+    cfg32._experts_implementation = cfg16._experts_implementation = impl
+    rows = []
+    for T in tokens:
+        x0, idx, w, gy, hit = _inputs(T, H, E, K, torch.float32, seed)
+        recs: dict[str, list[dict]] = {"copy": [], "float32": [], "bfloat16": []}
+        for rnd in range(rounds + 1):
+            order = ["copy", "float32", "bfloat16"]
+            for name in order if rnd % 2 == 0 else order[::-1]:
+                if name == "copy":
+                    bw = stream_bandwidth(
+                        elems=hit * expert_bytes(m32.gate_up_proj, m32.down_proj) // 8, repeats=3
+                    )
+                    rec = {"copy_gbs": bw.copy_gbs}
+                else:
+                    m, dt = (m32, torch.float32) if name == "float32" else (m16, torch.bfloat16)
+                    x = x0.to(dt).requires_grad_(True)
+                    ww = w.to(dt).requires_grad_(True)
+                    c0, t0 = time.process_time(), time.perf_counter()
+                    y = m(x, idx, ww)
+                    t1 = time.perf_counter()
+                    y.backward(gy.to(dt))
+                    t2 = time.perf_counter()
+                    rec = {"fwd_s": t1 - t0, "bwd_s": t2 - t1, "cpu_s": time.process_time() - c0}
+                    rec["hit_bytes"] = hit * expert_bytes(m.gate_up_proj, m.down_proj)
+                if rnd > 0:
+                    rec.update(kind="call", name=name, impl=impl, T=T, round=rnd)
+                    rec["loadavg"] = os.getloadavg()
+                    recs[name].append(rec)
+                    jf.write(json.dumps(rec) + "\n")
+                    jf.flush()
+        copy = statistics.median(r["copy_gbs"] for r in recs["copy"])
+        for name in ("float32", "bfloat16"):
+            mine, ref = recs[name], recs["float32"]
+            row = {"kind": "median", "impl": impl, "T": T, "dtype": name, "copy_gbs": copy}
+            for k in ("fwd_s", "bwd_s", "cpu_s"):
+                row[k] = statistics.median(r[k] for r in mine)
+                row[f"{k}_vs_fp32"] = statistics.median(
+                    a[k] / b[k] for a, b in zip(mine, ref, strict=True)
+                )
+            hb = mine[0]["hit_bytes"]
+            row["fwd_of_copy"] = hb / row["fwd_s"] / 1e9 / copy
+            row["bwd_of_copy"] = hb / row["bwd_s"] / 1e9 / copy
+            row["load"] = statistics.median(r["loadavg"][0] for r in mine)
+            rows.append(row)
+            jf.write(json.dumps(row) + "\n")
+    jf.close()
+    lines = [
+        f"`{impl}`, bf16 vs fp32 storage in one rotation (ratios: per-round paired medians).",
+        "",
+        "| T | storage | fwd ms | bwd ms | CPU s | fwd ÷ fp32 | bwd ÷ fp32 | CPU ÷ fp32 | copy GB/s | fwd % of copy | bwd % of copy | load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['T']} | {r['dtype']} | {1e3 * r['fwd_s']:.0f} | {1e3 * r['bwd_s']:.0f} | "
+            f"{r['cpu_s']:.2f} | {r['fwd_s_vs_fp32']:.2f} | {r['bwd_s_vs_fp32']:.2f} | "
+            f"{r['cpu_s_vs_fp32']:.2f} | {r['copy_gbs']:.1f} | {r['fwd_of_copy']:.0%} | "
+            f"{r['bwd_of_copy']:.0%} | {r['load']:.1f} |"
+        )
+    (out / "dtype_ab.md").write_text("\n".join(lines) + "\n")
+    log("\n".join(lines))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -275,9 +368,27 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--threads", type=int)
     p.add_argument("--out", default="bench-kernels")
+    p.add_argument(
+        "--dtype-ab",
+        metavar="KERNEL",
+        help="instead: bf16 vs fp32 storage of KERNEL interleaved in one rotation",
+    )
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
+    if a.dtype_ab:
+        bench_dtype_ab(
+            tokens=a.tokens,
+            impl=a.dtype_ab,
+            rounds=a.rounds,
+            H=a.hidden,
+            inter=a.intermediate,
+            E=a.experts,
+            K=a.top_k,
+            out=Path(a.out),
+            log=lambda s: print(s, flush=True),
+        )
+        return 0
     bench_kernels(
         tokens=a.tokens,
         dtypes=a.dtypes,
