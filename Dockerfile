@@ -79,8 +79,12 @@ LABEL org.opencontainers.image.description="npu-lora worker: hybrid device/host 
 # furiosa-torch's compiler shells out to an aarch64 cross-compiler (it builds code for the
 # card's host-side cores); without these two packages every op fails to compile. Versions are
 # those of Debian 12 (bookworm), which the base image tag above pins.
+# g++: the npu_lora_stream host experts kernel is compiled on first use (moe/kernels; ninja comes
+# from pip, the worker extra) into $XDG_CACHE_HOME/npu-lora; without it the kernel falls back to
+# torch ops.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
+       g++=4:12.2.0-3 \
        gcc-aarch64-linux-gnu=4:12.2.0-3 \
        libc6-dev-arm64-cross=2.36-8cross1 \
     && rm -rf /var/lib/apt/lists/*

@@ -167,7 +167,7 @@ def test_kernels_bench_tiny(tmp_path):
     rows = bench_kernels(
         tokens=[16],
         dtypes=["float32"],
-        impls=["eager", "grouped_mm", "npu_lora_sorted"],
+        impls=["copy", "eager", "grouped_mm", "npu_lora_sorted"],
         rounds=2,
         H=32,
         inter=16,
@@ -182,7 +182,22 @@ def test_kernels_bench_tiny(tmp_path):
         (i, m) for i in ("eager", "grouped_mm", "npu_lora_sorted") for m in ("frozen", "train")
     }
     assert all(r["rounds"] == 2 and r["fwd_ms"] > 0 for r in rows)
+    assert all(r["copy_gbs"] > 0 and r["fwd_of_copy"] > 0 for r in rows)  # copy in the rotation
     assert "| 16 | float32 | frozen | npu_lora_sorted |" in (tmp_path / "kernels.md").read_text()
+    head = json.loads((tmp_path / "kernels.jsonl").read_text().splitlines()[0])
+    assert head["kind"] == "machine" and "isa" in head["cpu_capabilities"]
+
+
+def test_kernels_dtype_ab_tiny(tmp_path):
+    from npu_lora.bench.kernels import bench_dtype_ab
+
+    rows = bench_dtype_ab(
+        tokens=[16], impl="npu_lora_stream", rounds=2, H=32, inter=16, E=8, K=2, out=tmp_path,
+        log=lambda s: None,
+    )  # fmt: skip
+    assert [r["dtype"] for r in rows] == ["float32", "bfloat16"]
+    assert rows[0]["fwd_s_vs_fp32"] == 1.0 and rows[1]["cpu_s"] > 0
+    assert "| 16 | bfloat16 |" in (tmp_path / "dtype_ab.md").read_text()
 
 
 def test_build_spec_from_manifest_and_preset():

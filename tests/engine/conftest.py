@@ -15,7 +15,13 @@ def make_spec(**over) -> MoEFinetuneSpec:
     doc = {
         "model": {"preset": "tiny-qwen3-moe"},
         "data": {"path": "example:jsonl-mini"},
-        "moe": {"placement": "host-only", "keepGraph": True},
+        # pinned: these tests compare against fp32 stock blocks (the defaults are auto/stream)
+        "moe": {
+            "placement": "host-only",
+            "keepGraph": True,
+            "hostDtype": "float32",
+            "expertsKernel": "grouped_mm",
+        },
         "training": {"seqLen": 32, "batchSize": 2, "steps": 10},
         "device": {"backend": "cpu"},
     }

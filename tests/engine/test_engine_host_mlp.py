@@ -25,10 +25,13 @@ def _block_grads(mlp, x, g):
     )
 
 
-@pytest.mark.parametrize("impl", ["grouped_mm", "eager"])
+@pytest.mark.parametrize("impl", ["grouped_mm", "eager", "npu_lora_stream"])
 def test_host_mlp_keep_graph_equals_recompute(deterministic, impl):
     """Block-level: input grads AND full fine-tune expert grads bitwise equal between
     keep_graph, recompute and the unwrapped stock block."""
+    from npu_lora.moe.experts import register
+
+    register()
     model, _ = build_model(
         ModelSpec(preset="tiny-qwen3-moe"),
         LoraSpec(train_experts=True),

@@ -322,3 +322,24 @@ def test_real_client_retries_409_and_5xx(tmp_path: Path, monkeypatch: pytest.Mon
         assert srv.bodies and srv.bodies[-1]["status"]["progress"]["step"] == 3
         assert all(ct.startswith("application/merge-patch+json") for ct in srv.content_types)
         assert set(srv.bodies[-1]["status"]) <= set(WORKER_KEYS)
+
+
+def test_host_choice_with_warning_is_reported_at_start() -> None:
+    """``status.host``: the resolved host dtype/kernel; an explicit bf16 known to be slow on an
+    AVX2-only CPU carries its warning (the probe is given, so this runs on any CPU)."""
+    from npu_lora.api.v1alpha1 import HostStatus
+    from npu_lora.moe.host_dtype import resolve_host_dtype
+
+    caps = {"native_bf16": False, "isa": ["avx2", "fma"]}
+    choice = resolve_host_dtype("bfloat16", "grouped_mm", caps=caps, log_it=False)
+    assert choice.dtype == "bfloat16" and "without native bf16" in (choice.warning or "")
+    assert resolve_host_dtype("auto", "grouped_mm", caps=caps, log_it=False).dtype == "float32"
+    assert resolve_host_dtype("float32", "grouped_mm", caps=caps, log_it=False).warning is None
+    api = FakeApi()
+    rep = StatusReporter("r1", total_steps=2, patch=api)
+    rep.on_start(SimpleNamespace(total_steps=2, start_step=1, extra={"host": choice.status()}))
+    rep.on_end({}, None)
+    host = api.ok[-1]["status"]["host"]
+    assert host["dtype"] == "bfloat16" and host["warning"] == choice.warning
+    HostStatus.model_validate(host)  # the CRD's schema accepts it
+    assert set(api.ok[-1]["status"]) <= set(WORKER_KEYS)

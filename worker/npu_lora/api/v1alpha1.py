@@ -371,14 +371,22 @@ class MoESpec(_Model):
             "sequential path to rounding, not bit for bit."
         ),
     )
-    host_dtype: Literal["float32", "bfloat16"] = Field(
-        "float32", description="dtype of the expert weights and compute on the host."
-    )
-    experts_kernel: Literal["grouped_mm", "eager", "npu_lora_sorted"] = Field(
-        "grouped_mm",
+    host_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
         description=(
-            "Host experts kernel: transformers' `grouped_mm` or `eager` (per-expert loop), or "
-            "`npu_lora_sorted` (tokens sorted by expert, fused gate/up, deterministic backward)."
+            "dtype of the expert weights on the host. `auto` picks per CPU (recorded in "
+            "summary.json `machine.host`): bfloat16 with `npu_lora_stream` (widened to fp32 in "
+            "registers) or on CPUs with native bf16, else float32. An explicit bfloat16 known to "
+            "be slow on the CPU logs a warning and sets `status.host.warning`."
+        ),
+    )
+    experts_kernel: Literal["grouped_mm", "eager", "npu_lora_sorted", "npu_lora_stream"] = Field(
+        "npu_lora_stream",
+        description=(
+            "Host experts kernel: `npu_lora_stream` (C++ streaming kernel, each hit expert's "
+            "weights read once per direction, torch fallback where it cannot build), "
+            "transformers' `grouped_mm` or `eager`, or `npu_lora_sorted` (tokens sorted by "
+            "expert, torch ops, deterministic backward)."
         ),
     )
     host_threads: int | None = Field(
@@ -809,6 +817,20 @@ class PlacementStatus(_Model):
     )
 
 
+class HostStatus(_Model):
+    """The host experts setup as resolved on the worker's CPU (``moe.hostDtype`` ``auto``)."""
+
+    dtype: str = Field(..., description="Host expert dtype in use.")
+    kernel: str = Field(..., description="Host experts kernel (moe.expertsKernel).")
+    kernel_backend: str | None = Field(
+        None, description="npu_lora_stream: `cpp:<isa>` or `torch` (fallback)."
+    )
+    reason: str = Field(..., description="Why this dtype (the capability probe's verdict).")
+    warning: str | None = Field(
+        None, description="Set when an explicit choice is known to be slow on this CPU."
+    )
+
+
 class CheckpointStatus(_Model):
     step: int = Field(..., description="Step of the last checkpoint.")
     path: str = Field(..., description="Checkpoint directory.")
@@ -896,6 +918,7 @@ class MoEFinetuneStatus(_Model):
     placement: PlacementStatus | None = Field(
         None, description="How placement auto chose (worker)."
     )
+    host: HostStatus | None = Field(None, description="Host dtype and experts kernel (worker).")
     last_checkpoint: CheckpointStatus | None = Field(None, description="Last checkpoint (worker).")
     benchmark: BenchmarkStatus | None = Field(
         None, description="Benchmark progress and results (worker; spec.benchmark)."

@@ -26,7 +26,10 @@ from typing import Any
 
 import torch
 
-DEFAULT_IMPLS = ("eager", "grouped_mm", "npu_lora_sorted_grouped", "npu_lora_sorted_loop")
+DEFAULT_IMPLS = ("copy", "grouped_mm", "npu_lora_sorted", "npu_lora_stream")
+#: Pseudo-kernel measured in the same rotation as the kernels: ``c[:] = a`` over a buffer of the
+#: layer's hit-expert bytes (``limits.stream_bandwidth``; "fwd" is the copy, "bwd" the triad).
+COPY = "copy"
 
 
 def _module(H: int, inter: int, E: int, K: int, dtype: torch.dtype, train: bool, seed: int):
@@ -60,14 +63,20 @@ def _inputs(T: int, H: int, E: int, K: int, dtype: torch.dtype, seed: int) -> tu
 
 
 def _timed_calls(
-    m: torch.nn.Module, cfg: Any, inputs: tuple, impls: list[str], rounds: int
+    m: torch.nn.Module, cfg: Any, inputs: tuple, impls: list[str], rounds: int, copy_bw: Any = None
 ) -> Iterator[tuple[str, int, float, float, float]]:
     """Forward + backward per kernel, ``rounds`` rounds (alternating order) after one warm-up
-    round; yields ``(impl, round, fwd_s, bwd_s, cpu_s)`` right after each measured call."""
+    round; yields ``(impl, round, fwd_s, bwd_s, cpu_s)`` right after each measured call (for
+    ``copy``: ``(copy, round, copy_gbs, triad_gbs, 0)``, ``copy_bw()`` the measurement)."""
     x0, idx, w, gy = inputs
     for rnd in range(rounds + 1):  # round 0 is warm-up
         order = impls if rnd % 2 == 0 else impls[::-1]
         for impl in order:
+            if impl == COPY:
+                bw = copy_bw()
+                if rnd > 0:
+                    yield impl, rnd, bw.copy_gbs, bw.triad_gbs, 0.0
+                continue
             cfg._experts_implementation = impl
             x = x0.clone().requires_grad_(True)
             ww = w.clone().requires_grad_(True)
@@ -97,7 +106,21 @@ def _call_records(
 ) -> list[dict]:
     """The ``call`` records of one case (written to ``jf`` as measured)."""
     recs: list[dict] = []
-    for impl, rnd, fwd_s, bwd_s, cpu_s in _timed_calls(m, cfg, inputs, impls, rounds):
+    from npu_lora.bench.limits import stream_bandwidth
+
+    elems = max(hit * per_expert // 8, 1 << 20)  # two fp32 buffers of half the hit bytes each
+
+    def copy_bw():
+        return stream_bandwidth(elems=elems, repeats=3)
+
+    for impl, rnd, fwd_s, bwd_s, cpu_s in _timed_calls(m, cfg, inputs, impls, rounds, copy_bw):
+        if impl == COPY:
+            rec = {"kind": "copy", "impl": impl, **where, "round": rnd, "copy_gbs": fwd_s}
+            rec.update(triad_gbs=bwd_s, loadavg=os.getloadavg())
+            recs.append(rec)
+            jf.write(json.dumps(rec) + "\n")
+            jf.flush()
+            continue
         rec = {
             "kind": "call",
             "impl": impl,
@@ -120,6 +143,7 @@ def _median_row(recs: list[dict], impl: str, base: str, hit_bytes: int, where: d
     """Medians of one kernel's calls and its per-round ratios against ``base``."""
     mine = [r for r in recs if r["impl"] == impl]
     ref = {r["round"]: r for r in recs if r["impl"] == base}
+    copies = [r["copy_gbs"] for r in recs if r["impl"] == COPY]
     row = {
         "kind": "median",
         "impl": impl,
@@ -134,6 +158,11 @@ def _median_row(recs: list[dict], impl: str, base: str, hit_bytes: int, where: d
         "loadavg_median": statistics.median(r["loadavg"][0] for r in mine),
     }
     row["fwd_gbs"] = row["hit_bytes"] / (row["fwd_ms"] / 1e3) / 1e9
+    row["bwd_gbs"] = row["hit_bytes"] / (row["bwd_ms"] / 1e3) / 1e9
+    if copies:  # the copy bandwidth measured in this case's rotation
+        row["copy_gbs"] = statistics.median(copies)
+        row["fwd_of_copy"] = row["fwd_gbs"] / row["copy_gbs"]
+        row["bwd_of_copy"] = row["bwd_gbs"] / row["copy_gbs"]
     return row
 
 
@@ -143,14 +172,19 @@ def _table(rows: list[dict], bw: Any, bw2: Any) -> list[str]:
         f"Copy bandwidth: {bw.copy_gbs:.1f} GB/s before, {bw2.copy_gbs:.1f} GB/s after "
         f"({bw.threads} threads); fraction below uses {copy:.1f}.",
         "",
-        "| T | dtype | backward | kernel | fwd ms | bwd ms | fwd ÷ grouped_mm | bwd ÷ grouped_mm | fwd GB/s (hit experts) | % of copy | load |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "Per row, `copy` is the median copy bandwidth measured in that case's rotation; the "
+        "% columns are (hit expert bytes / time) / that copy bandwidth.",
+        "",
+        "| T | dtype | backward | kernel | fwd ms | bwd ms | fwd ÷ base | bwd ÷ base | fwd GB/s (hit experts) | bwd GB/s | copy GB/s | fwd % of copy | bwd % of copy | load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        c = r.get("copy_gbs", copy)
         lines.append(
             f"| {r['T']} | {r['dtype']} | {r['mode']} | {r['impl']} | {r['fwd_ms']:.1f} | {r['bwd_ms']:.1f} | "
             f"{r['fwd_ratio_vs_base']:.2f} | {r['bwd_ratio_vs_base']:.2f} | {r['fwd_gbs']:.1f} | "
-            f"{r['fwd_gbs'] / copy:.0%} | {r['loadavg_median']:.1f} |"
+            f"{r['bwd_gbs']:.1f} | {c:.1f} | {r['fwd_gbs'] / c:.0%} | {r['bwd_gbs'] / c:.0%} | "
+            f"{r['loadavg_median']:.1f} |"
         )
     return lines
 
@@ -177,13 +211,25 @@ def bench_kernels(
     register()
     out.mkdir(parents=True, exist_ok=True)
     jf = (out / "kernels.jsonl").open("w")
+    from npu_lora.machine import machine_facts
+    from npu_lora.moe import stream
+
+    facts = {"kind": "machine", **machine_facts(), "stream_backend": stream.backend()}
+    jf.write(json.dumps(facts) + "\n")
+    caps = facts["cpu_capabilities"]
+    log(
+        f"{facts['cpu_model']}: isa {caps['isa']}, {caps['cores']} cores, "
+        f"{caps['numa_nodes']} NUMA node(s), caches {caps['caches']}; "
+        f"npu_lora_stream {facts['stream_backend']}; threads {torch.get_num_threads()}"
+    )
     bw_kw = {"elems": bw_elems} if bw_elems else {}
     bw = stream_bandwidth(**bw_kw)
     jf.write(json.dumps({"kind": "limits", **bw.to_dict()}) + "\n")
     log(f"copy {bw.copy_gbs:.1f} GB/s triad {bw.triad_gbs:.1f} GB/s load {bw.loadavg}")
     rows = []
     modes = ["frozen", "train"] if train_experts else ["frozen"]
-    base = "grouped_mm" if "grouped_mm" in impls else impls[0]
+    kernels_only = [i for i in impls if i != COPY]
+    base = "grouped_mm" if "grouped_mm" in impls else kernels_only[0]
     for dname in dtypes:
         dtype = getattr(torch, dname)
         for mode in modes:
@@ -194,7 +240,7 @@ def bench_kernels(
                 inputs = (x0, idx, w, gy)
                 where = {"dtype": dname, "mode": mode, "T": T}
                 recs = _call_records(jf, m, cfg, inputs, impls, rounds, where, hit, per_expert)
-                for impl in impls:
+                for impl in [i for i in impls if i != COPY]:
                     row = _median_row(recs, impl, base, hit * per_expert, where)
                     rows.append(row)
                     jf.write(json.dumps(row) + "\n")
@@ -208,6 +254,99 @@ def bench_kernels(
     jf.close()
     lines = _table(rows, bw, bw2)
     (out / "kernels.md").write_text("\n".join(lines) + "\n")
+    log("\n".join(lines))
+    return rows
+
+
+def bench_dtype_ab(
+    *,
+    tokens: list[int],
+    impl: str,
+    rounds: int,
+    H: int = 2048,
+    inter: int = 768,
+    E: int = 128,
+    K: int = 8,
+    seed: int = 0,
+    out: Path,
+    log=print,
+) -> list[dict]:
+    """bf16 vs fp32 storage of one kernel *in the same rotation* (the same weights, rounded to
+    bf16 for the bf16 module), with the copy bandwidth: ``[copy, float32, bfloat16]`` per round,
+    order reversed on odd rounds; medians and the per-round paired bf16/fp32 ratio of wall and
+    CPU time (CPU time is the steadier figure on a shared, oversubscribed machine)."""
+    from npu_lora.bench.limits import stream_bandwidth
+    from npu_lora.machine import machine_facts
+    from npu_lora.moe import stream
+    from npu_lora.moe.experts import expert_bytes, register
+
+    register()
+    out.mkdir(parents=True, exist_ok=True)
+    jf = (out / "dtype_ab.jsonl").open("w")
+    jf.write(json.dumps({"kind": "machine", **machine_facts(), "stream_backend": stream.backend()}))
+    jf.write("\n")
+    m32, cfg32 = _module(H, inter, E, K, torch.float32, False, seed)
+    m16, cfg16 = _module(H, inter, E, K, torch.bfloat16, False, seed)
+    cfg32._experts_implementation = cfg16._experts_implementation = impl
+    rows = []
+    for T in tokens:
+        x0, idx, w, gy, hit = _inputs(T, H, E, K, torch.float32, seed)
+        recs: dict[str, list[dict]] = {"copy": [], "float32": [], "bfloat16": []}
+        for rnd in range(rounds + 1):
+            order = ["copy", "float32", "bfloat16"]
+            for name in order if rnd % 2 == 0 else order[::-1]:
+                if name == "copy":
+                    bw = stream_bandwidth(
+                        elems=hit * expert_bytes(m32.gate_up_proj, m32.down_proj) // 8, repeats=3
+                    )
+                    rec = {"copy_gbs": bw.copy_gbs}
+                else:
+                    m, dt = (m32, torch.float32) if name == "float32" else (m16, torch.bfloat16)
+                    x = x0.to(dt).requires_grad_(True)
+                    ww = w.to(dt).requires_grad_(True)
+                    c0, t0 = time.process_time(), time.perf_counter()
+                    y = m(x, idx, ww)
+                    t1 = time.perf_counter()
+                    y.backward(gy.to(dt))
+                    t2 = time.perf_counter()
+                    rec = {"fwd_s": t1 - t0, "bwd_s": t2 - t1, "cpu_s": time.process_time() - c0}
+                    rec["hit_bytes"] = hit * expert_bytes(m.gate_up_proj, m.down_proj)
+                if rnd > 0:
+                    rec.update(kind="call", name=name, impl=impl, T=T, round=rnd)
+                    rec["loadavg"] = os.getloadavg()
+                    recs[name].append(rec)
+                    jf.write(json.dumps(rec) + "\n")
+                    jf.flush()
+        copy = statistics.median(r["copy_gbs"] for r in recs["copy"])
+        for name in ("float32", "bfloat16"):
+            mine, ref = recs[name], recs["float32"]
+            row = {"kind": "median", "impl": impl, "T": T, "dtype": name, "copy_gbs": copy}
+            for k in ("fwd_s", "bwd_s", "cpu_s"):
+                row[k] = statistics.median(r[k] for r in mine)
+                row[f"{k}_vs_fp32"] = statistics.median(
+                    a[k] / b[k] for a, b in zip(mine, ref, strict=True)
+                )
+            hb = mine[0]["hit_bytes"]
+            row["fwd_of_copy"] = hb / row["fwd_s"] / 1e9 / copy
+            row["bwd_of_copy"] = hb / row["bwd_s"] / 1e9 / copy
+            row["load"] = statistics.median(r["loadavg"][0] for r in mine)
+            rows.append(row)
+            jf.write(json.dumps(row) + "\n")
+    jf.close()
+    lines = [
+        f"`{impl}`, bf16 vs fp32 storage in one rotation (ratios: per-round paired medians).",
+        "",
+        "| T | storage | fwd ms | bwd ms | CPU s | fwd ÷ fp32 | bwd ÷ fp32 | CPU ÷ fp32 | copy GB/s | fwd % of copy | bwd % of copy | load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['T']} | {r['dtype']} | {1e3 * r['fwd_s']:.0f} | {1e3 * r['bwd_s']:.0f} | "
+            f"{r['cpu_s']:.2f} | {r['fwd_s_vs_fp32']:.2f} | {r['bwd_s_vs_fp32']:.2f} | "
+            f"{r['cpu_s_vs_fp32']:.2f} | {r['copy_gbs']:.1f} | {r['fwd_of_copy']:.0%} | "
+            f"{r['bwd_of_copy']:.0%} | {r['load']:.1f} |"
+        )
+    (out / "dtype_ab.md").write_text("\n".join(lines) + "\n")
     log("\n".join(lines))
     return rows
 
@@ -229,9 +368,27 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--threads", type=int)
     p.add_argument("--out", default="bench-kernels")
+    p.add_argument(
+        "--dtype-ab",
+        metavar="KERNEL",
+        help="instead: bf16 vs fp32 storage of KERNEL interleaved in one rotation",
+    )
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
+    if a.dtype_ab:
+        bench_dtype_ab(
+            tokens=a.tokens,
+            impl=a.dtype_ab,
+            rounds=a.rounds,
+            H=a.hidden,
+            inter=a.intermediate,
+            E=a.experts,
+            K=a.top_k,
+            out=Path(a.out),
+            log=lambda s: print(s, flush=True),
+        )
+        return 0
     bench_kernels(
         tokens=a.tokens,
         dtypes=a.dtypes,

@@ -262,6 +262,11 @@ def _train(args: argparse.Namespace, manifest: Any, ctx: Any, callbacks: Any) ->
         torch.use_deterministic_algorithms(True)
     seed_everything(spec.training.seed)
     engine = build_engine(spec, len(tok))  # SpecError (bad model/backend) still writes nothing
+    host = getattr(engine, "host_choice", None)
+    if host is not None:  # status.host (the reporter's on_start); the log line is in the engine
+        ctx.extra["host"] = host.status()
+        if host.warning:
+            print(f"warning: {host.warning}", file=sys.stderr)
 
     # 2. train (creates / resumes the run directory)
     for note in run_plan.notes:

@@ -672,10 +672,13 @@ def build_engine(
     everything but the MoE blocks (embeddings, attention, norms, head, LoRA; default
     ``spec.device.dtype``). ``moe.hostThreads`` sets ``torch.set_num_threads`` (process-wide)."""
     experts_implementation = experts_implementation or spec.moe.experts_kernel
-    if experts_implementation.startswith("npu_lora_sorted"):
+    if experts_implementation.startswith("npu_lora_"):
         from npu_lora.moe import experts as sorted_experts
 
         sorted_experts.register()
+    from npu_lora.moe.host_dtype import resolve_host_dtype
+
+    host_choice = resolve_host_dtype(spec.moe.host_dtype, experts_implementation)
     if device_dtype is None:
         device_dtype = to_dtype(spec.device.dtype)
     if spec.moe.host_threads:
@@ -686,12 +689,12 @@ def build_engine(
         spec.lora,
         seed=spec.training.seed,
         vocab_size=vocab_size,
-        host_dtype=to_dtype(spec.moe.host_dtype),
+        host_dtype=to_dtype(host_choice.dtype),
         experts_implementation=experts_implementation,
         model_root=model_root,
         device_dtype=device_dtype,
     )
-    return HybridEngine(
+    engine = HybridEngine(
         model,
         config,
         be,
@@ -706,3 +709,5 @@ def build_engine(
         hot_refresh_steps=spec.moe.hot_refresh_steps,
         hot_memory=spec.moe.hot_memory_bytes,
     )
+    engine.host_choice = host_choice  # summary.json machine.host, status.host
+    return engine

@@ -295,7 +295,9 @@ def register() -> list[str]:
     for name, fn in fns.items():
         if name not in ALL_EXPERTS_FUNCTIONS:
             ALL_EXPERTS_FUNCTIONS.register(name, fn)
-    return list(fns)
+    from npu_lora.moe import stream
+
+    return [*fns, *stream.register()]
 
 
 def expert_bytes(gate_up_proj: torch.Tensor, down_proj: torch.Tensor) -> int:

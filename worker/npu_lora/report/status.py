@@ -2,10 +2,11 @@
 
 Added by ``npu-lora run`` when ``NPU_LORA_RESOURCE_NAME`` is set (the operator sets it, with
 ``NPU_LORA_RESOURCE_NAMESPACE``). The worker owns these keys of ``status`` and writes nothing
-else: ``progress``, ``lastStep``, ``stepSecondsMedian``, ``hot``, ``placement``,
+else: ``progress``, ``lastStep``, ``stepSecondsMedian``, ``hot``, ``placement``, ``host``,
 ``lastCheckpoint``. (``placement``: the trial medians and the choice of ``moe.placement: auto``;
-a field of the worker's, not a condition, because ``conditions`` belong to the operator and a
-merge patch replaces the whole list.)
+``host``: the resolved host dtype and experts kernel, with ``warning`` for a choice known to be
+slow on the CPU. Both are fields of the worker's, not conditions, because ``conditions`` belong
+to the operator and a merge patch replaces the whole list.)
 
 - API access: the in-cluster service account (the operator's per-run Role allows exactly
   ``get``/``patch`` on this run's ``moefinetunes/status``), or ``$KUBECONFIG`` outside a pod.
@@ -49,7 +50,15 @@ from npu_lora.train.callbacks import TrainCallback  # torch-free
 
 log = logging.getLogger(__name__)
 
-WORKER_KEYS = ("progress", "lastStep", "stepSecondsMedian", "hot", "placement", "lastCheckpoint")
+WORKER_KEYS = (
+    "progress",
+    "lastStep",
+    "stepSecondsMedian",
+    "hot",
+    "placement",
+    "host",
+    "lastCheckpoint",
+)
 
 
 def now_iso() -> str:
@@ -362,6 +371,9 @@ class StatusReporter(TrainCallback):
         placement = (getattr(ctx, "extra", None) or {}).get("placement")
         if placement:
             self._set_placement(placement)
+        host = (getattr(ctx, "extra", None) or {}).get("host")
+        if host:
+            self._state["host"] = host
         self._submit()
 
     def on_step(self, record: dict[str, Any], ctx: Any) -> None:

@@ -156,7 +156,10 @@ def estimate_memory(spec: Any, cfg: dict[str, Any], examples: int = 0) -> Memory
     attn_dims["o_proj"] = (nh * hd, H)
     attention = L * sum(a * b for a, b in attn_dims.values())
     embed_head = V * H * (1 if cfg.get("tie_word_embeddings") else 2)
-    weights = experts * _BYTES[spec.moe.host_dtype]
+    from npu_lora.moe.host_dtype import resolve_host_dtype
+
+    host_dtype = resolve_host_dtype(spec.moe.host_dtype, spec.moe.experts_kernel, log_it=False)
+    weights = experts * _BYTES[host_dtype.dtype]
     if on_host_all:
         weights += (attention + embed_head + 2 * L * H) * _BYTES[spec.device.dtype]
 

@@ -1,0 +1,192 @@
+"""``npu_lora_stream``: the streaming C++ experts kernel (every ISA path this CPU runs, and the
+pure-torch fallback) against transformers' ``eager`` experts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+from npu_lora.moe import experts as ex
+from npu_lora.moe import kernels, stream
+from transformers import Qwen3MoeConfig
+from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
+warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
+
+#: "torch" is the fallback (the Function's pure-torch path); the others are the C++ ISA paths.
+PATHS = ["torch", *kernels.cpu_isas()]
+
+
+@pytest.fixture(params=PATHS)
+def path(request, monkeypatch):
+    if request.param == "torch":
+        monkeypatch.setattr(kernels, "isa", lambda: None)
+    else:
+        monkeypatch.setenv("NPU_LORA_STREAM_ISA", request.param)
+    return request.param
+
+
+def _block(dtype, *, E=16, K=4, H=64, inter=32, seed=0):
+    ex.register()
+    cfg = Qwen3MoeConfig(
+        hidden_size=H,
+        moe_intermediate_size=inter,
+        num_experts=E,
+        num_experts_per_tok=K,
+        norm_topk_prob=True,
+    )
+    cfg._experts_implementation = "eager"
+    torch.manual_seed(seed)
+    blk = Qwen3MoeSparseMoeBlock(cfg)
+    with torch.no_grad():
+        blk.experts.gate_up_proj.normal_(std=0.1)
+        blk.experts.down_proj.normal_(std=0.1)
+        blk.gate.weight.normal_(std=0.1)
+    return blk.to(dtype), cfg
+
+
+def _run(blk, cfg, impl, x0, gy):
+    cfg._experts_implementation = impl
+    x = x0.clone().requires_grad_(True)
+    blk.zero_grad(set_to_none=True)
+    y = blk(x)
+    y.backward(gy)
+    return (
+        y.detach(),
+        x.grad,
+        blk.gate.weight.grad,  # reaches the router only through the routing-weight gradient
+        blk.experts.gate_up_proj.grad,
+        blk.experts.down_proj.grad,
+    )
+
+
+NAMES = ("y", "dx", "d_router", "d_gate_up", "d_down")
+
+
+def test_extension_builds_here():
+    """On this (x86-64, g++ + ninja) machine the extension must build: the fallback is for
+    hosts where it cannot, not a silent default."""
+    assert kernels.load() is not None, kernels.error()
+    assert stream.backend().startswith("cpp:")
+    assert "base" in kernels.cpu_isas()
+
+
+# H=40, I=24: widths that are not multiples of any vector width (tails); E=64, K=2, 9 tokens:
+# most experts unhit
+@pytest.mark.parametrize(("H", "inter", "E", "K", "T"), [(64, 32, 16, 4, 48), (40, 24, 64, 2, 9)])
+def test_fp32_matches_eager_incl_grads(path, H, inter, E, K, T):
+    blk, cfg = _block(torch.float32, E=E, K=K, H=H, inter=inter)
+    g = torch.Generator().manual_seed(1)
+    x0 = torch.randn(1, T, H, generator=g)
+    gy = torch.randn(1, T, H, generator=g)
+    ref = _run(blk, cfg, "eager", x0, gy)
+    got = _run(blk, cfg, stream.NAME, x0, gy)
+    for name, a, b in zip(NAMES, got, ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_frozen_experts_no_weight_grads(path):
+    blk, cfg = _block(torch.float32)
+    blk.experts.requires_grad_(False)
+    g = torch.Generator().manual_seed(3)
+    x0 = torch.randn(2, 12, 64, generator=g)
+    gy = torch.randn(2, 12, 64, generator=g)
+    ref = _run(blk, cfg, "eager", x0, gy)
+    got = _run(blk, cfg, stream.NAME, x0, gy)
+    assert got[3] is None and got[4] is None
+    for a, b in zip(got[:3], ref[:3], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("H", "inter"), [(64, 32), (72, 40)])  # 72, 40: paired blocks + tails
+def test_bf16_storage_close_to_fp32_reference(path, H, inter):
+    """bf16 weights, inputs and outputs against the fp32 eager reference of the same (bf16-
+    rounded) weights. Bound: max error ≤ 2 % of the tensor's max magnitude (+1e-3), the same
+    bound the bf16 torch kernels meet (the kernel itself accumulates in fp32; the error is the
+    bf16 rounding of inputs, outputs and gradients)."""
+    blk16, cfg16 = _block(torch.bfloat16, H=H, inter=inter)
+    blk32, cfg32 = _block(torch.float32, H=H, inter=inter)
+    blk32.load_state_dict({k: v.float() for k, v in blk16.state_dict().items()})
+    g = torch.Generator().manual_seed(2)
+    x0 = torch.randn(2, 24, H, generator=g).bfloat16()
+    gy = torch.randn(2, 24, H, generator=g).bfloat16()
+    ref = _run(blk32, cfg32, "eager", x0.float(), gy.float())
+    got = _run(blk16, cfg16, stream.NAME, x0, gy)
+    for name, a, b in zip(NAMES, got, ref, strict=True):
+        assert a.dtype == torch.bfloat16
+        scale = b.abs().max().item()
+        err = (a.float() - b).abs().max().item()
+        assert err <= 2e-2 * scale + 1e-3, f"{name}: max err {err} vs scale {scale}"
+
+
+def _det_case():
+    blk, cfg = _block(torch.float32, E=8, K=2, H=128, inter=64)
+    blk.experts.requires_grad_(False)
+    g = torch.Generator().manual_seed(4)
+    return blk, cfg, torch.randn(4, 32, 128, generator=g), torch.randn(4, 32, 128, generator=g)
+
+
+def test_deterministic_across_runs_and_threads(path):
+    """Bitwise equal: repeated runs, and 1 vs 2 intra-op threads (the task partition depends on
+    the shapes and routing only)."""
+    prev = torch.get_num_threads()
+    blk, cfg, x0, gy = _det_case()
+    try:
+        outs = []
+        for threads in (2, 2, 1):
+            torch.set_num_threads(threads)
+            outs.append(_run(blk, cfg, stream.NAME, x0, gy)[:3])
+    finally:
+        torch.set_num_threads(prev)
+    for other in outs[1:]:
+        for u, v in zip(outs[0], other, strict=True):
+            assert torch.equal(u, v)
+
+
+def test_fallback_when_extension_disabled(tmp_path):
+    """``NPU_LORA_STREAM_EXT=0`` (what a failed build amounts to): the kernel runs its torch
+    path, reports it, and still matches eager."""
+    code = (
+        "import torch\n"
+        "from npu_lora.moe import kernels, stream\n"
+        "from tests.bench.test_stream_kernel import _block, _run\n"
+        "blk, cfg = _block(torch.float32)\n"
+        "x0 = torch.randn(1, 10, 64); gy = torch.randn(1, 10, 64)\n"
+        "ref = _run(blk, cfg, 'eager', x0, gy); got = _run(blk, cfg, stream.NAME, x0, gy)\n"
+        "for a, b in zip(got, ref): torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)\n"
+        "assert kernels.load() is None and 'NPU_LORA_STREAM_EXT' in kernels.error()\n"
+        "print(stream.backend())\n"
+    )
+    env = {"NPU_LORA_STREAM_EXT": "0", "PYTHONPATH": "."}
+    import os
+
+    out = subprocess.run(
+        [sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "torch"
+
+
+def test_forced_isa_must_run_here(monkeypatch):
+    monkeypatch.setenv("NPU_LORA_STREAM_ISA", "neon")
+    with pytest.raises(ValueError, match="NPU_LORA_STREAM_ISA='neon'"):
+        kernels.isa()
+
+
+def test_host_dtype_auto_and_probe():
+    """The probe lands in machine_facts; auto picks bf16 with the stream kernel where the
+    extension runs (here), float32 for a torch kernel on a CPU without native bf16."""
+    from npu_lora.machine import machine_facts
+    from npu_lora.moe.host_dtype import resolve_host_dtype
+
+    caps = machine_facts()["cpu_capabilities"]
+    assert {"isa", "native_bf16", "cores", "numa_nodes", "caches"} <= set(caps)
+    choice = resolve_host_dtype("auto", stream.NAME, log_it=False)
+    assert choice.dtype == "bfloat16" and choice.kernel_backend == stream.backend()
+    no_bf16 = {"native_bf16": False, "isa": ["avx2"]}
+    assert resolve_host_dtype("auto", "eager", caps=no_bf16, log_it=False).dtype == "float32"
+    # the stream kernel never computes in bf16: explicit bf16 is not flagged even without it
+    assert resolve_host_dtype("bfloat16", stream.NAME, caps=no_bf16, log_it=False).warning is None

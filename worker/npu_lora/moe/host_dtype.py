@@ -1,0 +1,92 @@
+"""``moe.hostDtype``: resolve ``auto`` from the capability probe; flag explicit slow choices.
+
+Rules (``caps`` = :func:`npu_lora.machine.cpu_capabilities`):
+
+- ``npu_lora_stream`` with its C++ extension: bf16 storage is widened to fp32 in registers on
+  every x86-64 CPU (AVX2, AVX-512, baseline), so ``auto`` picks ``bfloat16`` (half the bytes to
+  stream; Qwen3 checkpoints are bf16, so the weights lose nothing). Without the extension (its
+  torch fallback widens each expert with a copy) ``auto`` picks ``float32``.
+- kernels that compute in torch (``grouped_mm``, ``eager``, ``npu_lora_sorted*``): ``bfloat16``
+  only where the CPU has native bf16 (AVX512-BF16 or AMX-BF16), else ``float32``. An explicit
+  ``bfloat16`` with such a kernel on a CPU without native bf16 is *known slow* (issue 10: 35-75x
+  fp32 on an AVX2-only EPYC): the choice stands, with a warning in the log and in
+  ``status.host.warning``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+STREAM = "npu_lora_stream"
+
+
+@dataclass(frozen=True)
+class HostChoice:
+    """The resolved host dtype, why, and the warning for a known-slow explicit choice."""
+
+    requested: str
+    dtype: str
+    kernel: str
+    kernel_backend: str | None  # npu_lora_stream: "cpp:<isa>" or "torch"
+    reason: str
+    warning: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def status(self) -> dict[str, Any]:
+        """``status.host`` (worker-owned)."""
+        out = {"dtype": self.dtype, "kernel": self.kernel, "reason": self.reason}
+        if self.kernel_backend:
+            out["kernelBackend"] = self.kernel_backend
+        if self.warning:
+            out["warning"] = self.warning
+        return out
+
+
+def resolve_host_dtype(
+    requested: str, kernel: str, *, caps: dict[str, Any] | None = None, log_it: bool = True
+) -> HostChoice:
+    """``requested``: ``auto``, ``float32`` or ``bfloat16``; ``kernel``: ``moe.expertsKernel``."""
+    from npu_lora.machine import cpu_capabilities
+
+    caps = caps if caps is not None else cpu_capabilities()
+    native = bool(caps.get("native_bf16"))
+    backend = None
+    if kernel == STREAM:
+        from npu_lora.moe import stream
+
+        backend = stream.backend()
+        bf16_ok = backend.startswith("cpp:")
+        why = (
+            f"{kernel} ({backend}) widens bf16 to fp32 in registers"
+            if bf16_ok
+            else f"{kernel} runs its torch fallback (extension unavailable)"
+        )
+    else:
+        bf16_ok = native
+        why = f"{kernel} computes in torch; CPU native bf16: {native} (isa {caps.get('isa')})"
+    warning = None
+    if requested == "auto":
+        dtype = "bfloat16" if bf16_ok else "float32"
+        reason = f"auto: {why}"
+    else:
+        dtype = requested
+        reason = f"explicit: {why}"
+        if requested == "bfloat16" and kernel != STREAM and not native:
+            warning = (
+                f"moe.hostDtype bfloat16 with moe.expertsKernel {kernel} on a CPU without native "
+                f"bf16 (no avx512_bf16/amx_bf16): torch's bf16 matmuls are known to run tens of "
+                f"times slower than fp32 here; use hostDtype auto/float32 or expertsKernel "
+                f"{STREAM}"
+            )
+    choice = HostChoice(requested, dtype, kernel, backend, reason, warning)
+    if log_it:
+        if warning:
+            log.warning(warning)
+        log.info("host dtype %s (%s)", dtype, reason)
+    return choice

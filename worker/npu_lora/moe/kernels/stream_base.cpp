@@ -1,0 +1,28 @@
+// Baseline x86-64 / any-architecture instance: one fp32 lane per "register" (the compiler may
+// still vectorise with the baseline ISA, e.g. SSE2). Used where neither AVX2 nor AVX-512 exists.
+namespace {
+struct V {
+  using reg = float;
+  static constexpr int W = 1;
+  static constexpr int DOT_RB = 2, DOT_NB = 4, AXPY_CV = 4, AXPY_NB = 2;
+  static constexpr bool PAIRED = false;
+  static constexpr int DOT16_RB = 1, DOT16_NB = 1;
+  static inline void load2(const unsigned short*, reg&, reg&) {}
+  static inline reg zero() { return 0.f; }
+  static inline reg load(const float* p) { return *p; }
+  static inline reg loadf(const float* p) { return *p; }
+  static inline reg load(const unsigned short* p) {
+    unsigned int u = static_cast<unsigned int>(*p) << 16;
+    float f;
+    __builtin_memcpy(&f, &u, 4);
+    return f;
+  }
+  static inline reg set1(float v) { return v; }
+  static inline reg fma(reg a, reg b, reg c) { return a * b + c; }
+  static inline void store(float* p, reg v) { *p = v; }
+  static inline float hsum(reg v) { return v; }
+};
+}  // namespace
+
+#include "stream_isa.h"
+NPU_LORA_EXPORT(base)

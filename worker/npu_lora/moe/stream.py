@@ -1,0 +1,228 @@
+"""Streaming host experts kernel (``"npu_lora_stream"``): each hit expert's weights read once per
+direction, parallel across experts, fp32 accumulation, bf16 storage widened in registers.
+
+Legend (shape suffixes)::
+
+    T tokens   K experts per token   S = T·K (token, slot) rows, sorted by expert
+    E experts  H hidden size         I expert intermediate size
+
+Weights are used in the layout transformers stores them (``gate_up_proj`` [E, 2I, H],
+``down_proj`` [E, H, I], row-major, fp32 or bf16): for the row-streaming micro-kernels that layout
+*is* the packed layout (each output row of the forward is one contiguous weight row; each weight
+row of the backward is one contiguous axpy source), so nothing is re-packed or copied, ever, and
+bf16 storage streams half the bytes of fp32.
+
+:class:`StreamExpertsFunction` (``torch.autograd.Function``), with ``e = idx[t,k]``,
+``W_g, W_u`` the gate and up halves of ``gate_up_proj[e]``, ``W_d = down_proj[e]``::
+
+    forward   h_S2I  = [x_t W_gᵀ, x_t W_uᵀ]                 (one pass over gate_up_proj[e])
+              a_SI   = SiLU(h_g) · h_u
+              out_TH = Σ_k w[t,k] · a W_dᵀ                   (one pass over down_proj[e])
+    backward  z_SI   = dout_t W_d                             (one pass over down_proj[e])
+              dw[t,k] = <a, z>                                (routing-weight gradient)
+              dh_S2I = [w z · h_u · SiLU'(h_g), w z · SiLU(h_g)]
+              dx_TH  = Σ_k dh [W_g; W_u]                      (one pass over gate_up_proj[e])
+              dW_gu[e] = dh_segᵀ x_seg, dW_d[e] = (w·dout)_segᵀ a_seg   only under trainExperts
+                                                              (torch ``mm`` per hit expert)
+
+Saved for backward: the input ``x`` [T, H] (referenced, not copied), the fp32 pre-activations
+``h`` [S, 2I] (= 4·T·K·2I bytes: 50 MB at T=1024, K=8, I=768), the routing. Work buffers per call:
+forward ``a`` [S, I] and ``y`` [S, H] fp32; backward two partial-sum buffers of ``z`` and ``dx``
+(2·S·I and 2·S·H fp32) and ``dh`` [S, 2I].
+
+Compute is the C++ extension (:mod:`npu_lora.moe.kernels`): one ``at::parallel_for`` per phase
+over (hit expert, row block) tasks, never threads inside an expert's 8-row GEMM; the task list
+depends only on the shapes and the routing, each output element is written by one task and the
+partial sums and the K slots are summed in a fixed order, so results are bitwise equal across runs
+and thread counts. Without the extension (it did not build, or ``NPU_LORA_STREAM_EXT=0``) the same
+Function runs a pure-torch per-expert loop in fp32 (bf16 weights are widened per expert, so even
+the fallback never computes in bf16 on a CPU without native bf16).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from npu_lora.moe import kernels
+from npu_lora.moe.experts import Routing, _check_module, build_routing
+
+NAME = "npu_lora_stream"
+
+#: Row blocks per task (shape-only, so the task list never depends on the thread count).
+GU_BLOCK = 64  # forward: gate rows (and the matching up rows) per task
+DOWN_BLOCK = 256  # forward: down_proj rows per task
+BWD_SPLITS = 2  # backward: each expert's rows in this many blocks (partial sums, fixed order)
+
+
+def backend() -> str:
+    """``"cpp:<isa>"`` when the extension runs, ``"torch"`` for the fallback."""
+    isa = kernels.isa()
+    return f"cpp:{isa}" if isa is not None else "torch"
+
+
+def _offsets(r: Routing) -> torch.Tensor:
+    counts = torch.tensor([0, *r.counts], dtype=torch.int64)
+    return torch.cumsum(counts, 0)
+
+
+def _torch_forward(x_g, w_g, r: Routing, gu, dn):
+    S, inter = x_g.shape[0], dn.shape[2]
+    h = x_g.new_zeros(S, 2 * inter)
+    y = x_g.new_zeros(S, x_g.shape[1])
+    s0 = 0
+    for e, n in enumerate(r.counts):
+        if n:
+            seg = slice(s0, s0 + n)
+            h[seg] = x_g[seg] @ gu[e].float().t()
+            g, u = h[seg].chunk(2, dim=-1)
+            y[seg] = (F.silu(g) * u) @ dn[e].float().t()
+            s0 += n
+    y.mul_(w_g.unsqueeze(-1))
+    if r.valid < S:
+        y[r.valid :] = 0
+    return y[r.inv_perm].view(r.num_tokens, r.top_k, -1).sum(dim=1), h
+
+
+def _torch_backward(g_g, h, w_g, r: Routing, gu, dn):
+    S, inter = g_g.shape[0], dn.shape[2]
+    z = g_g.new_zeros(S, inter)
+    s0 = 0
+    for e, n in enumerate(r.counts):
+        if n:
+            z[s0 : s0 + n] = g_g[s0 : s0 + n] @ dn[e].float()
+            s0 += n
+    gate, up = h.chunk(2, dim=-1)
+    sig = torch.sigmoid(gate)
+    silu = gate * sig
+    dw = (silu * up * z).sum(-1)
+    da = z * w_g.unsqueeze(-1)
+    dh = torch.cat([da * up * (sig * (1 + gate * (1 - sig))), da * silu], dim=-1)
+    dx = g_g.new_zeros(S, g_g.shape[1])
+    s0 = 0
+    for e, n in enumerate(r.counts):
+        if n:
+            dx[s0 : s0 + n] = dh[s0 : s0 + n] @ gu[e].float()
+            s0 += n
+    if r.valid < S:
+        dx[r.valid :] = 0
+        dw[r.valid :] = 0
+    return dx[r.inv_perm].view(r.num_tokens, r.top_k, -1).sum(dim=1), dw, dh
+
+
+def _weights(t: torch.Tensor) -> torch.Tensor:
+    if t.dtype not in (torch.float32, torch.bfloat16):
+        raise TypeError(f"{NAME}: expert weights must be float32 or bfloat16, got {t.dtype}")
+    return t.detach() if t.is_contiguous() else t.detach().contiguous()
+
+
+class StreamExpertsFunction(torch.autograd.Function):
+    """out[t] = Σ_k w[t,k] · down_e(SiLU(gate_e x_t) · up_e x_t); see the module docstring."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        hidden_states: torch.Tensor,
+        top_k_weights: torch.Tensor,
+        gate_up_proj: torch.Tensor,
+        down_proj: torch.Tensor,
+        routing: Routing,
+    ) -> torch.Tensor:
+        r = routing
+        gu, dn = _weights(gate_up_proj), _weights(down_proj)
+        x_g = hidden_states.detach().float()[r.token_idx].contiguous()  # [S, H]
+        w_g = top_k_weights.detach().reshape(-1)[r.perm].float().contiguous()  # [S]
+        mod, isa = kernels.load(), kernels.isa()
+        if mod is not None and isa is not None:
+            offs = _offsets(r)
+            out, h = mod.forward(
+                x_g, w_g, offs, gu, dn, r.inv_perm, r.num_tokens, r.top_k,
+                kernels.ISA_CODES[isa], GU_BLOCK, DOWN_BLOCK,
+            )  # fmt: skip
+            ctx.offs = offs
+        else:
+            out, h = _torch_forward(x_g, w_g, r, gu, dn)
+        ctx.save_for_backward(hidden_states, top_k_weights, gate_up_proj, down_proj, h)
+        ctx.routing = r
+        ctx.isa = isa
+        return out.to(hidden_states.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor):  # type: ignore[override]
+        hidden_states, top_k_weights, gate_up_proj, down_proj, h = ctx.saved_tensors
+        r: Routing = ctx.routing
+        need_x, need_w, need_gu, need_down = ctx.needs_input_grad[:4]
+        gu, dn = _weights(gate_up_proj), _weights(down_proj)
+        g_g = grad_out.float()[r.token_idx].contiguous()  # [S, H]
+        w_g = top_k_weights.detach().reshape(-1)[r.perm].float().contiguous()
+        if ctx.isa is not None:
+            mod = kernels.load()
+            split_d = -(-dn.shape[1] // BWD_SPLITS)
+            split_gu = -(-gu.shape[1] // BWD_SPLITS)
+            dx, dw, dh = mod.backward(
+                g_g, h, w_g, ctx.offs, gu, dn, r.inv_perm, r.num_tokens, r.top_k,
+                kernels.ISA_CODES[ctx.isa], split_d, split_gu,
+            )  # fmt: skip
+        else:
+            dx, dw, dh = _torch_backward(g_g, h, w_g, r, gu, dn)
+        grad_x = dx.to(hidden_states.dtype) if need_x else None
+        grad_w = dw[r.inv_perm].view_as(top_k_weights).to(top_k_weights.dtype) if need_w else None
+        grad_gu = grad_down = None
+        if need_gu or need_down:  # trainExperts: per hit expert torch mm (fp32, then cast)
+            x_g = hidden_states.detach().float()[r.token_idx]
+            gate, up = h.chunk(2, dim=-1)
+            a = F.silu(gate) * up
+            gw = g_g * w_g.unsqueeze(-1)
+            grad_gu = torch.zeros(gu.shape, dtype=torch.float32) if need_gu else None
+            grad_down = torch.zeros(dn.shape, dtype=torch.float32) if need_down else None
+            s0 = 0
+            for e, n in enumerate(r.counts):
+                if n:
+                    seg = slice(s0, s0 + n)
+                    if grad_gu is not None:
+                        torch.mm(dh[seg].t(), x_g[seg], out=grad_gu[e])
+                    if grad_down is not None:
+                        torch.mm(gw[seg].t(), a[seg], out=grad_down[e])
+                    s0 += n
+            grad_gu = grad_gu.to(gate_up_proj.dtype) if grad_gu is not None else None
+            grad_down = grad_down.to(down_proj.dtype) if grad_down is not None else None
+        return grad_x, grad_w, grad_gu, grad_down, None
+
+
+def stream_experts(
+    hidden_states: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+) -> torch.Tensor:
+    """Functional form: [T, H] -> [T, H]."""
+    routing = build_routing(top_k_index, gate_up_proj.shape[0])
+    return StreamExpertsFunction.apply(
+        hidden_states, top_k_weights, gate_up_proj, down_proj, routing
+    )
+
+
+def npu_lora_stream_experts_forward(
+    self: torch.nn.Module,
+    hidden_states: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+) -> torch.Tensor:
+    _check_module(self)
+    return stream_experts(
+        hidden_states, top_k_index, top_k_weights, self.gate_up_proj, self.down_proj
+    )
+
+
+def register() -> list[str]:
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+    if NAME not in ALL_EXPERTS_FUNCTIONS:
+        ALL_EXPERTS_FUNCTIONS.register(NAME, npu_lora_stream_experts_forward)
+    return [NAME]
+
+
+__all__ = ["NAME", "StreamExpertsFunction", "backend", "register", "stream_experts"]
