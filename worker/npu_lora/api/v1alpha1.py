@@ -673,12 +673,15 @@ class MoEFinetuneSpec(_Model):
         if self.lora.train_experts and self.moe.placement == "hot":
             raise ValueError("lora.trainExperts requires moe.placement: host-only")
         d = self.distributed
-        if d is not None and d.ranks_per_worker is not None and 0 < self.device.cards:
-            if d.ranks_per_worker > self.device.cards:
-                raise ValueError(
-                    f"distributed.ranksPerWorker ({d.ranks_per_worker}) must be at most "
-                    f"device.cards ({self.device.cards}): one training rank per card"
-                )
+        if (
+            d is not None
+            and d.ranks_per_worker is not None
+            and 0 < self.device.cards < d.ranks_per_worker
+        ):
+            raise ValueError(
+                f"distributed.ranksPerWorker ({d.ranks_per_worker}) must be at most "
+                f"device.cards ({self.device.cards}): one training rank per card"
+            )
         if d is not None and d.world_size(self.device.cards) > 1 and self.benchmark is not None:
             raise ValueError("distributed: more than one rank is not supported with benchmark")
         return self

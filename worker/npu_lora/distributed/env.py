@@ -130,5 +130,10 @@ def rank_info(spec: Any, env: Mapping[str, str] | None = None) -> RankInfo:
             f"environment {ENV_NODE_RANK}={node}: must be in [0, {workers}) "
             "(spec.distributed.workers)"
         )
+    if env_world is not None and env_world != world:
+        raise SpecError(
+            f"spec.distributed: the world has {world} ranks ({workers} workers × {per}), "
+            f"the environment says WORLD_SIZE={env_world}"
+        )
     addr = env.get(ENV_MASTER_ADDR) or LOCAL_MASTER
     return RankInfo(world, workers, per, node, per, addr, port, timeout)

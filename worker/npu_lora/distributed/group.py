@@ -166,7 +166,9 @@ class DataParallel:
 
         t0 = time.perf_counter()
         grads = [
-            p.grad if p.grad is not None else torch.zeros_like(p, memory_format=torch.contiguous_format)
+            p.grad
+            if p.grad is not None
+            else torch.zeros_like(p, memory_format=torch.contiguous_format)
             for p in params
         ]
         flat = torch.cat([g.detach().reshape(-1).to("cpu", torch.float32) for g in grads])
@@ -201,7 +203,9 @@ class DataParallel:
         import torch
         import torch.distributed as dist
 
-        mine = torch.tensor([compute_s, float(stop), loss_share, float(tokens)], dtype=torch.float64)
+        mine = torch.tensor(
+            [compute_s, float(stop), loss_share, float(tokens)], dtype=torch.float64
+        )
         parts = [torch.empty_like(mine) for _ in range(self.world)]
         dist.all_gather(parts, mine)
         allv = torch.stack(parts)

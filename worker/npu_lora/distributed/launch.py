@@ -10,7 +10,8 @@ process gets the torchrun environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
 - when one rank exits non-zero (or is killed), stops the others (SIGTERM, then SIGKILL after
   ``GRACE_S``) and exits with that rank's code (a signal ``k``: ``128 + k``), so no rank is left
   waiting in a collective; rerunning the same command resumes from the last checkpoint;
-- never builds a model itself.
+- never builds a model itself; with one local rank (a pod of an Indexed Job with
+  ``ranksPerWorker: 1``) it spawns nothing and runs as that rank.
 
 Host expert weights: the ranks of one launcher share one copy. Local rank 0 builds its engine
 and moves the frozen expert tensors to shared memory in place (``Tensor.share_memory_()``) and
@@ -23,6 +24,7 @@ storage and drops its own copy. Not with ``lora.trainExperts`` (trained experts 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -112,6 +114,11 @@ def _code(exitcode: int | None) -> int:
 
 def launch(args: argparse.Namespace, info: RankInfo, spec: Any) -> int:
     """Spawn ``info.local_world`` ranks, wait; exit code as described in the module doc."""
+    if info.local_world == 1:  # one rank a pod (e.g. an Indexed Job pod): be that rank
+        os.environ.update(info.for_local(0).child_env())
+        from npu_lora.commands.run import run
+
+        return run(args)
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -144,10 +151,8 @@ def launch(args: argparse.Namespace, info: RankInfo, spec: Any) -> int:
     def forward(signum: int, frame: Any) -> None:
         for p in procs:
             if p.exitcode is None and p.pid:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(p.pid, signum)
-                except ProcessLookupError:
-                    pass
 
     old = signal.signal(signal.SIGTERM, forward)
     failed: int | None = None
@@ -165,8 +170,7 @@ def launch(args: argparse.Namespace, info: RankInfo, spec: Any) -> int:
                 if code != 0 and failed is None:
                     failed = code
                     print(
-                        f"npu-lora run: {p.name} exited with code {code}; stopping the other "
-                        "ranks",
+                        f"npu-lora run: {p.name} exited with code {code}; stopping the other ranks",
                         file=sys.stderr,
                     )
                     _stop(alive)
