@@ -262,6 +262,30 @@ class DataParallel:
         dist.barrier()
 
 
+def distributed_status(record: dict[str, Any], info: Any, sig: Any) -> dict[str, Any]:
+    """``status.distributed`` of a data-parallel step record (``sig``: the reporter's
+    rounding). Torch-free."""
+    world = int(record["world_size"])
+    per = int(getattr(info, "ranks_per_worker", 0) or 0) or world
+    out: dict[str, Any] = {
+        "worldSize": world,
+        "workers": int(getattr(info, "workers", 0) or 0) or max(1, world // per),
+        "ranksPerWorker": per,
+        "step": int(record["step"]),
+    }
+    per_rank = record.get("rank_compute_s")
+    if isinstance(per_rank, list) and per_rank:
+        out["rankComputeSeconds"] = [sig(x) for x in per_rank]
+        out["slowestRank"] = int(record.get("slowest_rank") or 0)
+    for src, dst in (("skew_s", "skewSeconds"), ("allreduce_s", "allreduceSeconds")):
+        v = sig(record.get(src))
+        if v is not None:
+            out[dst] = v
+    if record.get("allreduce_bytes") is not None:
+        out["allreduceBytes"] = int(record["allreduce_bytes"])
+    return out
+
+
 def label_count(batch: dict[str, Any]) -> int:
     """Label tokens of a micro-batch as the loss counts them (HF shift: ``labels[:, 1:]``)."""
     labels = batch["labels"]

@@ -2,7 +2,8 @@
 
 Added by ``npu-lora run`` when ``NPU_LORA_RESOURCE_NAME`` is set (the operator sets it, with
 ``NPU_LORA_RESOURCE_NAMESPACE``). The worker owns these keys of ``status`` and writes nothing
-else: ``progress``, ``lastStep``, ``stepSecondsMedian``, ``hot``, ``lastCheckpoint``.
+else: ``progress``, ``lastStep``, ``stepSecondsMedian``, ``hot``, ``lastCheckpoint``, ``distributed``
+(data parallel: world size, per-rank compute seconds, the slowest rank's skew; rank 0 reports).
 
 - API access: the in-cluster service account (the operator's per-run Role allows exactly
   ``get``/``patch`` on this run's ``moefinetunes/status``), or ``$KUBECONFIG`` outside a pod.
@@ -45,7 +46,7 @@ from npu_lora.train.callbacks import TrainCallback  # torch-free
 
 log = logging.getLogger(__name__)
 
-WORKER_KEYS = ("progress", "lastStep", "stepSecondsMedian", "hot", "lastCheckpoint")
+WORKER_KEYS = ("progress", "lastStep", "stepSecondsMedian", "hot", "lastCheckpoint", "distributed")
 
 
 def now_iso() -> str:
@@ -363,6 +364,11 @@ class StatusReporter(TrainCallback):
             self._step_times.append((step, float(step_s)))
         self._state["lastStep"] = last_step_status(record)
         self._state["progress"] = self._progress(step)
+        if "world_size" in record:  # data parallel (rank 0 reports for every rank)
+            from npu_lora.distributed.group import distributed_status
+
+            info = getattr(ctx, "extra", {}).get("rank_info")
+            self._state["distributed"] = distributed_status(record, info, _sig)
         median = self._median()
         if median is not None:
             self._state["stepSecondsMedian"] = _sig(median)
