@@ -44,6 +44,10 @@ ADOPT = (
     "ensure_object adopts an orphaned child of the same name (e.g. left by "
     "`kubectl delete --cascade=orphan`) with a merge patch of its ownerReferences"
 )
+DISTRIBUTED = (
+    "the headless Service of a multi-worker run (spec.distributed.workers > 1); this scenario "
+    "runs one worker: tests/e2e/test_distributed.py creates one"
+)
 #: permissions of the chart's ClusterRole that the scenario does not use, and why they stay
 NOT_EXERCISED: dict[Perm, str] = {
     ("npu-lora.io", "moefinetunes/status", "get"): (
@@ -53,6 +57,9 @@ NOT_EXERCISED: dict[Perm, str] = {
     ("", "serviceaccounts", "patch"): ADOPT,
     ("rbac.authorization.k8s.io", "roles", "patch"): ADOPT,
     ("rbac.authorization.k8s.io", "rolebindings", "patch"): ADOPT,
+    ("", "services", "create"): DISTRIBUTED,
+    ("", "services", "get"): DISTRIBUTED,
+    ("", "services", "patch"): ADOPT,
 }
 
 

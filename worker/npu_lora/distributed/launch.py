@@ -18,7 +18,8 @@ and moves the frozen expert tensors to shared memory in place (``Tensor.share_me
 hands them to the other local ranks through a ``torch.multiprocessing`` queue (file
 descriptors, no copy); each of those builds its engine (one at a time, under a lock, so the
 transient peak is two copies, not one a rank), points its expert parameters at the shared
-storage and drops its own copy. Not with ``lora.trainExperts`` (trained experts are per rank).
+storage and drops its own copy. Not with ``lora.trainExperts`` (trained experts are per rank),
+nor with ``NPU_LORA_SHARE_EXPERTS=0``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from typing import Any
 from npu_lora.distributed.env import RankInfo
 
 GRACE_S = 20.0
+#: ``NPU_LORA_SHARE_EXPERTS=0``: every rank keeps its own copy (for measuring the difference)
+ENV_SHARE = "NPU_LORA_SHARE_EXPERTS"
 
 # set in a rank process by _rank_main: (queue, lock, local_rank, local_world) or None
 _SHARING: tuple[Any, Any, int, int] | None = None
@@ -51,7 +54,7 @@ def _expert_params(engine: Any) -> list[Any]:
 def build_shared(build: Any, spec: Any) -> Any:
     """``build()`` the engine; in a launcher's rank process share the expert weights."""
     sharing = _SHARING
-    if sharing is None or spec.lora.train_experts:
+    if sharing is None or spec.lora.train_experts or os.environ.get(ENV_SHARE) == "0":
         return build()
     queue, lock, local_rank, local_world = sharing
     if local_world <= 1:
