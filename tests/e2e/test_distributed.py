@@ -136,3 +136,29 @@ def test_a_worker_that_never_comes_up_fails_the_run(
     job = cluster.jobs(name)[0]
     assert not job["status"].get("active")
     assert not (Path(kl.root) / "pvc" / "runs" / name / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    ("spec", "needle"),
+    [
+        (
+            {"device": {"backend": "cpu", "cards": 2}, "distributed": {"ranksPerWorker": 4}},
+            "distributed.ranksPerWorker must be at most device.cards",
+        ),
+        ({"distributed": {"workers": 0}}, "spec.distributed.workers"),
+        ({"distributed": {"rendezvousTimeoutSeconds": 1}}, "rendezvousTimeoutSeconds"),
+        (
+            {"distributed": {"workers": 2}, "benchmark": {"rounds": 1}},
+            "more than one rank is not supported with benchmark",
+        ),
+    ],
+)
+def test_invalid_distributed_rejected_by_the_server(
+    cluster: Cluster, spec: dict[str, Any], needle: str
+) -> None:
+    doc = _example("e2e-dp-bad")
+    for key, value in spec.items():
+        doc["spec"][key] = {**doc["spec"].get(key, {}), **value}
+    r = cluster.apply(doc, check=False)
+    assert r.returncode != 0 and needle in r.stderr, r.stderr
+    assert cluster.mft("e2e-dp-bad") is None

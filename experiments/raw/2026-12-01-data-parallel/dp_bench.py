@@ -134,6 +134,11 @@ def throughput(args: argparse.Namespace) -> None:
         order = [1, 2] if rnd % 2 == 0 else [2, 1]
         for ranks in order:
             recs, _, wall = run(cfg, tmp / f"r{rnd}-{ranks}", ranks)
+            raw = HERE / "throughput-metrics"
+            raw.mkdir(exist_ok=True)
+            (raw / f"r{rnd}-{ranks}.jsonl").write_text(
+                (tmp / f"r{rnd}-{ranks}" / "metrics.jsonl").read_text()
+            )
             after = [r for r in recs if r["step"] > 4]
             row = {
                 "round": rnd,
@@ -145,6 +150,12 @@ def throughput(args: argparse.Namespace) -> None:
                 "allreduce_s": statistics.median(r.get("allreduce_s", 0.0) for r in after),
                 "allreduce_bytes": after[0].get("allreduce_bytes", 0),
                 "skew_s": statistics.median(r.get("skew_s", 0.0) for r in after),
+                # the all-reduce less rank 0's wait for the slowest rank
+                "allreduce_net_s": statistics.median(
+                    r.get("allreduce_s", 0.0)
+                    - max(0.0, max(r.get("rank_compute_s") or [0.0]) - (r.get("rank_compute_s") or [0.0])[0])
+                    for r in after
+                ),
                 "compute_s": statistics.median(
                     max(r.get("rank_compute_s") or [r["step_s"]]) for r in after
                 ),
@@ -152,6 +163,13 @@ def throughput(args: argparse.Namespace) -> None:
             rows.append(row)
             print(json.dumps(row), flush=True)
     (HERE / "throughput.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ratios = []
+    for rnd in range(args.rounds):
+        one = next(r for r in rows if r["round"] == rnd and r["ranks"] == 1)
+        two = next(r for r in rows if r["round"] == rnd and r["ranks"] == 2)
+        ratios.append(two["tokens_per_s"] / one["tokens_per_s"])
+    print("per-round tokens/s ratio 2 ranks / 1 rank:", [round(x, 3) for x in ratios],
+          "median", statistics.median(ratios))
     for ranks in (1, 2):
         sel = [r for r in rows if r["ranks"] == ranks]
         print(

@@ -9,7 +9,9 @@ Per optimizer step every rank runs, in this order (the same collectives on every
 3. ``all_reduce(SUM)`` of all trainable gradients, flattened into one fp32 buffer (its bytes
    and seconds are the record's ``allreduce_bytes`` / ``allreduce_s``); the result is the
    gradient of the global batch's loss, identical on every rank, so clipping and AdamW stay in
-   step without a parameter broadcast;
+   step without a parameter broadcast. It is the step's first collective after the compute, so
+   ``allreduce_s`` includes waiting for slower ranks: the transfer alone is about
+   ``allreduce_s - (max(rank_compute_s) - rank_compute_s[0])``;
 4. ``all_reduce(SUM)`` of the step's new routing counts (``[L, E]`` int64): every rank holds
    the global counts, so every rank picks the same hot set (and rank 0's checkpoint has them);
 5. ``all_gather`` of ``[compute seconds, stop flag, loss share, tokens]``: the step's global loss
