@@ -46,7 +46,7 @@ ADOPT = (
 )
 DISTRIBUTED = (
     "the headless Service of a multi-worker run (spec.distributed.workers > 1); this scenario "
-    "runs one worker: tests/e2e/test_distributed.py creates one"
+    "runs one worker: tests/e2e/test_distributed_runs.py creates one"
 )
 #: permissions of the chart's ClusterRole that the scenario does not use, and why they stay
 NOT_EXERCISED: dict[Perm, str] = {
