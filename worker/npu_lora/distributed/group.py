@@ -94,8 +94,14 @@ def init_group(info: RankInfo) -> None:
         dist.barrier()
     except RendezvousTimeout:
         raise
-    except Exception as e:  # DistStoreError / RuntimeError: timed out or refused
+    except Exception as e:  # DistStoreError / RuntimeError
         text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if "timed out" not in text.lower() and "timeout" not in text.lower():
+            # e.g. the port is taken: an error (retried by the Job), not a missing rank
+            raise RuntimeError(
+                f"rank {info.rank}: cannot join the process group at "
+                f"{info.master_addr}:{info.master_port}: {text}"
+            ) from e
         raise RendezvousTimeout(
             f"rank {info.rank}: the {info.world_size} ranks did not all join the process group "
             f"at {info.master_addr}:{info.master_port} within "
