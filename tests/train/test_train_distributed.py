@@ -118,6 +118,16 @@ def _rank_pids(launcher: int) -> list[int]:
     return [pid for _, pid in sorted(out)]
 
 
+def _shm_segments(pid: int) -> set[str]:
+    """The torch shared-memory segments mapped by ``pid`` (``/dev/shm/torch_<creator>_...``)."""
+    out = set()
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        parts = line.split(maxsplit=5)
+        if len(parts) == 6 and "/dev/shm/torch_" in parts[5]:
+            out.add(parts[5].split()[0])
+    return out
+
+
 def test_sigkill_of_a_rank_then_resume_records_every_step_once(
     runs: dict[str, Path],
 ) -> None:
@@ -134,6 +144,10 @@ def test_sigkill_of_a_rank_then_resume_records_every_step_once(
             time.sleep(0.05)
         ranks = _rank_pids(proc.pid)
         assert len(ranks) == 2, ranks
+        # one copy of the experts: rank 1 maps rank 0's shared-memory segments (2 layers ×
+        # gate_up_proj, down_proj of the tiny preset)
+        shared = _shm_segments(ranks[0]) & _shm_segments(ranks[1])
+        assert len(shared) >= 4, (_shm_segments(ranks[0]), _shm_segments(ranks[1]))
         os.kill(ranks[1], signal.SIGKILL)
         _, err = proc.communicate(timeout=120)
     finally:
