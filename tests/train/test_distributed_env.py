@@ -94,3 +94,13 @@ def test_distributed_status_of_a_record() -> None:
         "allreduceSeconds": 0.01235,
         "allreduceBytes": 28672,
     }
+
+
+def test_each_rank_drives_the_card_of_its_local_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    from npu_lora import backends
+
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert backends._local_rank() == 0
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert backends._local_rank() == 3
+    assert backends.get_backend("cpu").name == "cpu"  # the host stand-in has no card index
