@@ -31,7 +31,9 @@ RUN groupadd --gid 1000 npu-lora \
        --shell /usr/sbin/nologin npu-lora
 
 # ---------------------------------------------------------------------------------------------
-# wheel: build the project's wheel once (setuptools runs here, not in the final images).
+# wheel: build the project's wheel once (setuptools runs here, not in the final images), and
+# the operator's copy of it without npu_lora_sandbox (the API emulator + local kubelet of
+# `npu-lora sandbox`, the `sandbox` extra), so the operator image never holds sandbox code.
 FROM base AS wheel
 
 WORKDIR /src
@@ -39,22 +41,29 @@ COPY pyproject.toml README.md ./
 COPY worker/ worker/
 COPY operator/ operator/
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
-    && ls /wheels/npu_lora-*.whl
+    && pip install --no-cache-dir wheel==0.45.1 \
+    && python -m wheel unpack --dest /tmp/unpacked "$(ls /wheels/npu_lora-*.whl)" \
+    && rm -r /tmp/unpacked/npu_lora-*/npu_lora_sandbox \
+    && mkdir /wheels/operator \
+    && python -m wheel pack --dest-dir /wheels/operator /tmp/unpacked/npu_lora-* \
+    && rm -r /tmp/unpacked \
+    && ls /wheels/npu_lora-*.whl /wheels/operator/npu_lora-*.whl
 
 # ---------------------------------------------------------------------------------------------
 # operator: `npu-lora operator` (kopf + kubernetes client; the `operator` extra, no torch).
-# The wheel also carries npu_lora_sandbox (the API emulator + local kubelet of `npu-lora
-# sandbox`, the `sandbox` extra): it is deleted here, so the operator image ships no sandbox code.
+# It installs the wheel without npu_lora_sandbox (see the wheel stage) and checks that neither
+# the sandbox nor torch can be found (find_spec: without importing). The wheels are copied, not
+# bind-mounted: buildah 1.28 (Debian 12's podman) loses a RUN --mount from= a cached stage.
 FROM base AS operator
 
 LABEL org.opencontainers.image.description="npu-lora operator (kopf): MoEFinetune -> Job"
 
-RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
-    pip install --no-cache-dir "$(ls /wheels/npu_lora-*.whl)[operator]" \
+COPY --from=wheel /wheels/operator/ /tmp/wheels/
+RUN pip install --no-cache-dir "$(ls /tmp/wheels/npu_lora-*.whl)[operator]" \
+    && rm -r /tmp/wheels \
     && python -c "import npu_lora_operator, kopf, kubernetes" \
-    && rm -r "$(python -c 'import npu_lora_sandbox, os; print(os.path.dirname(npu_lora_sandbox.__file__))')" \
-    && ! python -c "import npu_lora_sandbox" 2>/dev/null \
-    && ! python -c "import torch" 2>/dev/null
+    && python -c "import importlib.util as u; assert u.find_spec('npu_lora_sandbox') is None, 'sandbox left'" \
+    && python -c "import importlib.util as u; assert u.find_spec('torch') is None, 'torch installed'"
 
 USER 1000:1000
 WORKDIR /home/npu-lora
@@ -87,8 +96,9 @@ RUN echo "torch==${TORCH_VERSION}" > /etc/pip-constraints.txt \
     && pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
 
 ENV PIP_CONSTRAINT=/etc/pip-constraints.txt
-RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
-    pip install --no-cache-dir "$(ls /wheels/npu_lora-*.whl)[rngd]" \
+COPY --from=wheel /wheels/npu_lora-*.whl /tmp/wheels/
+RUN pip install --no-cache-dir "$(ls /tmp/wheels/npu_lora-*.whl)[rngd]" \
+    && rm -r /tmp/wheels \
     && TORCH_DEVICE_BACKEND_AUTOLOAD=0 python -c \
        "import torch, npu_lora; assert torch.__version__.split('+')[0] == '${TORCH_VERSION}', torch.__version__"
 

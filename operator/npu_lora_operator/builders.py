@@ -49,6 +49,7 @@ from npu_lora.api.v1alpha1 import (
     spec_fields,
 )
 
+from npu_lora_operator.policy import default_resources
 from npu_lora_operator.settings import OperatorConfig
 
 Body = dict[str, Any]
@@ -345,8 +346,10 @@ def accelerator_resources(run: Run) -> dict[str, int]:
     return {}
 
 
-def _resources(run: Run) -> Body:
+def _resources(run: Run, config: OperatorConfig) -> Body:
     res = run.spec.resources.to_api() if run.spec.resources is not None else {}
+    # CPU/memory the spec leaves unset: the admission policy's defaults (memory from the model)
+    res = default_resources(run.spec, res, config.policy)
     accel = accelerator_resources(run)
     if accel:
         # extended resources: requests must equal limits
@@ -500,7 +503,7 @@ def build_job(run: Run, config: OperatorConfig) -> Body:
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
-    res = _resources(run)
+    res = _resources(run, config)
     if res:
         container["resources"] = res
 

@@ -1,6 +1,8 @@
 """kopf handlers: thin glue between the API and the pure builders / status mapping.
 
-- create/resume of a MoEFinetune: build the children (:mod:`.builders`) and create them
+- create/resume of a MoEFinetune: build the children (:mod:`.builders`), check them against the
+  admission policy (:mod:`.policy`: a violation fails the run, reason ``PolicyViolation``,
+  before any child exists) and create them
   idempotently — a 409 means the object exists: it is adopted when it is ours (same owner uid)
   or an orphan, and the handler retries later when another owner still holds the name (e.g. the
   garbage collector has not yet removed the Job of a deleted run of the same name). So an
@@ -38,7 +40,7 @@ import kubernetes
 from npu_lora.api import v1alpha1 as api
 from npu_lora.api.v1alpha1 import API_VERSION, GROUP, PLURAL, VERSION
 
-from npu_lora_operator import builders
+from npu_lora_operator import builders, policy
 from npu_lora_operator import metrics as prom
 from npu_lora_operator import status as st
 from npu_lora_operator.kube import Kube, KubeError, plural_of
@@ -279,6 +281,24 @@ def fail_run(state: State, namespace: str, name: str, reason: str, message: str)
         _post(mft, st.transition_events(old, new))
 
 
+def admit(state: State, run: builders.Run, children: list[Body], logger: logging.Logger) -> None:
+    """The admission policy (:mod:`.policy`) on a run, before any child exists: a violation
+    fails the run (reason ``PolicyViolation``, a Warning Event, the fields named) and raises
+    ``kopf.PermanentError``. A run whose Job exists already (admitted under an earlier policy,
+    the operator restarted) is let through with a warning."""
+    violations = policy.check(run.spec, children, state.config.policy, state.config.worker_image)
+    if not violations:
+        return
+    msg = policy.describe(violations)
+    ns = run.namespace or "default"
+    job = state.kube.get("batch/v1", "jobs", builders.job_name(run.name), ns)
+    if job is not None and _owned_by(job, run.uid):
+        logger.warning("run %s has a Job already; not refused again: %s", run.name, msg)
+        return
+    fail_run(state, ns, run.name, policy.REASON, msg)
+    raise kopf.PermanentError(msg)
+
+
 # ---------------------------------------------------------------------------------------------
 # MoEFinetune
 
@@ -307,8 +327,10 @@ def ensure_run(
         msg = f"invalid spec: {e}"
         fail_run(state, namespace, name, "InvalidSpec", msg)
         raise kopf.PermanentError(msg) from e
+    children = builders.build_children(run, state.config)
+    admit(state, run, children, logger)
     created = []
-    for child in builders.build_children(run, state.config):
+    for child in children:
         try:
             _, was_created = ensure_object(state.kube, child, run)
         except KubeError as e:

@@ -13,6 +13,8 @@ Read from the command line of ``npu-lora operator`` and, as defaults, from the e
 ``NPU_LORA_LIVENESS``            kopf's liveness endpoint, e.g. ``http://0.0.0.0:8080/healthz``
 ``NPU_LORA_LOG_LEVEL``           ``DEBUG``, ``INFO`` (default), ``WARNING`` or ``ERROR``
 ``NPU_LORA_METRICS_PORT``        port of the Prometheus ``/metrics`` endpoint (unset or 0: off)
+``NPU_LORA_POLICY``              the admission policy for worker pods, JSON (the chart's
+                                 ``policy`` values; see :mod:`.policy`); unset: its defaults
 ==============================  ===========================================================
 """
 
@@ -26,6 +28,8 @@ from dataclasses import dataclass, field
 
 from npu_lora import __version__
 
+from npu_lora_operator.policy import PodPolicy
+
 DEFAULT_WORKER_IMAGE = f"ghcr.io/npu-lora/npu-lora-worker:{__version__}"
 
 ENV_WORKER_IMAGE = "NPU_LORA_WORKER_IMAGE"
@@ -35,6 +39,7 @@ ENV_NAMESPACES = "NPU_LORA_NAMESPACES"
 ENV_LIVENESS = "NPU_LORA_LIVENESS"
 ENV_LOG_LEVEL = "NPU_LORA_LOG_LEVEL"
 ENV_METRICS_PORT = "NPU_LORA_METRICS_PORT"
+ENV_POLICY = "NPU_LORA_POLICY"
 
 
 def _env(env: Mapping[str, str] | None) -> Mapping[str, str]:
@@ -110,6 +115,8 @@ class OperatorConfig:
     tmp_size_limit: str = "8Gi"
     #: extra environment for every worker (e.g. the sandbox's PYTHONPATH); name -> value
     extra_env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    #: what a MoEFinetune may put into its pod, and the default resources (see .policy)
+    policy: PodPolicy = field(default_factory=PodPolicy)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> OperatorConfig:
@@ -121,6 +128,8 @@ class OperatorConfig:
             kwargs["worker_command"] = tuple(parse_command(env[ENV_WORKER_COMMAND]))
         if env.get(ENV_IMAGE_PULL_POLICY):
             kwargs["image_pull_policy"] = env[ENV_IMAGE_PULL_POLICY]
+        if env.get(ENV_POLICY):
+            kwargs["policy"] = PodPolicy.from_json(env[ENV_POLICY])
         kwargs.update({k: v for k, v in overrides.items() if v is not None})
         if "worker_command" in kwargs:
             kwargs["worker_command"] = tuple(kwargs["worker_command"])  # type: ignore[arg-type]

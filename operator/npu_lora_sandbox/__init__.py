@@ -13,8 +13,10 @@ contain it). Nothing here imports torch.
 - :class:`~.kubelet.LocalKubelet` — runs the emulator's Jobs/Pods and writes their status:
   :mod:`.jobs` (the Job controller), :mod:`.pods` (the pod runner), :mod:`.podenv` (a pod's
   volumes, environment and path rewriting), :mod:`.runtime` (the :class:`~.runtime.PodRuntime`
-  seam; :class:`~.runtime.HostRuntime` runs containers as local subprocesses).
-- :mod:`.command` — ``npu-lora sandbox`` (emulator + kubelet + operator in one process).
+  seam; :class:`~.runtime.HostRuntime` runs containers as local subprocesses,
+  :class:`~.podman.PodmanRuntime` as podman containers from their images).
+- :mod:`.command` — ``npu-lora sandbox`` (emulator + kubelet + operator in one process;
+  ``--runtime podman``: pods and the operator from their images).
 
 Helpers: :mod:`.schema` (structural schema + CEL), :mod:`.table` (Table output),
 :mod:`.jsonpath`, :mod:`.patching`, :mod:`.protobuf`.

@@ -1,14 +1,35 @@
 """The API emulator's authentication and authorization (see :class:`Authorizer`).
 
-Authentication is one function, :func:`authenticate` (request headers -> identity); RBAC is
-:meth:`Authorizer.authorize` over the stored (Cluster)Role(Binding)s. Every decision on an HTTP
-request is recorded as a :class:`Decision` (:meth:`Authorizer.authorization_log`), so tests can
-see which permissions a client really used and which it was denied.
+Authentication, as a real API server does it (:meth:`Authorizer._identity`):
+
+- ``Authorization: Bearer <token>``: the sandbox admin's token (``ApiEmulator.admin_token``,
+  random per emulator, in the kubeconfig ``write_kubeconfig`` writes) is the admin, whose
+  requests RBAC does not check; a ServiceAccount token (``ApiEmulator.service_account_token``:
+  random, issued once per ServiceAccount and stored, bound to the ServiceAccount's uid, so it
+  stops working when the ServiceAccount is deleted) is ``system:serviceaccount:<ns>:<name>``;
+  any other token, or any other credential, is answered ``401 Unauthorized`` (a Status), on
+  every path, discovery included;
+- no credentials: ``system:anonymous`` in the group ``system:unauthenticated``.
+
+Impersonation headers (``kubectl --as``/``--as-group``) are honoured only for an identity allowed
+to ``impersonate`` them (the admin; anyone else needs an RBAC rule with that verb on ``users``,
+``groups`` or ``serviceaccounts``), else 403.
+
+Authorization is RBAC (:meth:`Authorizer.authorize`) over the stored (Cluster)Role(Binding)s,
+for resource requests and for non-resource paths (discovery, ``/version``, ``/healthz``,
+``/openapi``) alike. The emulator starts with a real cluster's default bindings
+(:data:`DEFAULT_RBAC`): ``system:public-info-viewer`` (``/healthz``, ``/livez``, ``/readyz``,
+``/version``) for everyone, anonymous included; ``system:discovery`` (``/api``, ``/apis``,
+``/openapi``, ...) and ``system:basic-user`` (SelfSubjectAccessReviews) for authenticated users
+only. Every decision on a resource request of a non-admin identity is recorded as a
+:class:`Decision` (:meth:`Authorizer.authorization_log`), so tests can see which permissions a
+client really used and which it was denied.
 """
 
 from __future__ import annotations
 
 import copy
+import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -25,23 +46,91 @@ DECISIONS_KEPT = 100_000
 #: ``(user, groups)``; ``None`` is the sandbox admin, whose requests RBAC does not check
 Identity = tuple[str, list[str]] | None
 
+ANONYMOUS = "system:anonymous"
+UNAUTHENTICATED = "system:unauthenticated"
+AUTHENTICATED = "system:authenticated"
+#: where a request's identity is kept (aiohttp < 3.12 has no RequestKey: a plain string)
+_IDENTITY_KEY: Any = (
+    aiohttp.web.RequestKey("npu_lora_sandbox.identity", object)
+    if hasattr(aiohttp.web, "RequestKey")
+    else "npu_lora_sandbox.identity"
+)
 
-def authenticate(headers: Any) -> Identity:
-    """Who is asking: impersonation headers (``kubectl --as``), else a ServiceAccount token
-    (``Bearer sandbox-sa:<ns>:<name>``, see ``ApiEmulator.service_account_token``), else the
-    sandbox admin (``None``: a request without a token, or with any other token, is the admin).
+_PUBLIC_INFO = ["/healthz", "/livez", "/readyz", "/version", "/version/"]
+_DISCOVERY = [
+    "/api",
+    "/api/*",
+    "/apis",
+    "/apis/*",
+    "/healthz",
+    "/livez",
+    "/openapi",
+    "/openapi/*",
+    "/readyz",
+    "/version",
+    "/version/",
+]
 
-    ``headers`` is the request's multi-dict. This is the one place a real bearer-token
-    authentication (token -> user, unknown tokens -> 401) would go.
-    """
-    user = headers.get("Impersonate-User")
-    if user:
-        return user, list(headers.getall("Impersonate-Group", []))
-    auth = headers.get("Authorization", "")
-    if auth.startswith(f"Bearer {SA_TOKEN_PREFIX}"):
-        ns, _, name = auth[len("Bearer ") + len(SA_TOKEN_PREFIX) :].partition(":")
-        return f"system:serviceaccount:{ns}:{name}", []
-    return None
+
+def _default_role(
+    name: str, rules: list[dict[str, Any]], groups: list[str]
+) -> list[dict[str, Any]]:
+    meta = {"name": name, "labels": {"kubernetes.io/bootstrapping": "rbac-defaults"}}
+    return [
+        {"apiVersion": f"{RBAC}/v1", "kind": "ClusterRole", "metadata": meta, "rules": rules},
+        {
+            "apiVersion": f"{RBAC}/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": copy.deepcopy(meta),
+            "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": name},
+            "subjects": [{"apiGroup": RBAC, "kind": "Group", "name": g} for g in groups],
+        },
+    ]
+
+
+#: a real cluster's default ClusterRoles and bindings for discovery and self-reviews
+DEFAULT_RBAC: list[dict[str, Any]] = [
+    *_default_role(
+        "system:public-info-viewer",
+        [{"nonResourceURLs": _PUBLIC_INFO, "verbs": ["get"]}],
+        [AUTHENTICATED, UNAUTHENTICATED],
+    ),
+    *_default_role(
+        "system:discovery", [{"nonResourceURLs": _DISCOVERY, "verbs": ["get"]}], [AUTHENTICATED]
+    ),
+    *_default_role(
+        "system:basic-user",
+        [
+            {
+                "apiGroups": ["authorization.k8s.io"],
+                "resources": ["selfsubjectaccessreviews", "selfsubjectrulesreviews"],
+                "verbs": ["create"],
+            }
+        ],
+        [AUTHENTICATED],
+    ),
+]
+
+
+def unauthorized() -> ApiError:
+    """The apiserver's answer to a credential it does not accept."""
+    return ApiError(401, "Unauthorized", "Unauthorized")
+
+
+def new_token(prefix: str) -> str:
+    """A random bearer token (unguessable: 256 bits)."""
+    return f"{prefix}{secrets.token_urlsafe(32)}"
+
+
+def _forbidden_impersonation(user: str, kind: str, name: str, ns: str = "") -> ApiError:
+    where = f' in the namespace "{ns}"' if ns else " at the cluster scope"
+    return ApiError(
+        403,
+        "Forbidden",
+        f'{kind} "{name}" is forbidden: User "{user}" cannot impersonate resource "{kind}" '
+        f'in API group ""{where}',
+        {"name": name, "kind": kind},
+    )
 
 
 @dataclass(frozen=True)
@@ -75,8 +164,11 @@ def request_verb(method: str, pp: _ParsedPath, q: Any) -> str:
 
 
 def _all_groups(user: str, groups: list[str]) -> list[str]:
-    """The groups every authenticated user (and every ServiceAccount) is in."""
-    groups = [*groups, "system:authenticated"]
+    """The groups every authenticated user (and every ServiceAccount) is in; the anonymous
+    user is in ``system:unauthenticated`` only."""
+    if user == ANONYMOUS:
+        return [*groups, UNAUTHENTICATED] if UNAUTHENTICATED not in groups else list(groups)
+    groups = [*groups, AUTHENTICATED]
     if user.startswith("system:serviceaccount:"):
         sa_ns = user.split(":")[2]
         groups += ["system:serviceaccounts", f"system:serviceaccounts:{sa_ns}"]
@@ -132,10 +224,104 @@ class Authorizer:
     A mixin of :class:`~npu_lora_sandbox.emulator.ApiEmulator` (its state lives there).
     """
 
-    @staticmethod
-    def _identity(raw: aiohttp.web.BaseRequest) -> Identity:
-        """``None`` for the sandbox admin; else ``(user, groups)`` (see :func:`authenticate`)."""
-        return authenticate(raw.headers)
+    def _identity(self, raw: aiohttp.web.BaseRequest) -> Identity:
+        """Who is asking (see the module docstring): ``None`` for the sandbox admin, else
+        ``(user, groups)``. Raises ``ApiError`` 401 for a credential it does not accept, 403
+        for impersonation the caller may not do. Computed once per request."""
+        if _IDENTITY_KEY not in raw:
+            raw[_IDENTITY_KEY] = self._impersonate(self._authenticate(raw.headers), raw.headers)
+        return raw[_IDENTITY_KEY]  # type: ignore[no-any-return]
+
+    def _authenticate(self, headers: Any) -> Identity:
+        auth = headers.get("Authorization")
+        if auth is None:
+            return ANONYMOUS, [UNAUTHENTICATED]
+        scheme, _, token = auth.strip().partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise unauthorized()
+        if secrets.compare_digest(token, self.admin_token):
+            return None
+        sa = self._service_account_of_token(token)
+        if sa is None:
+            raise unauthorized()
+        return f"system:serviceaccount:{sa[0]}:{sa[1]}", []
+
+    def _service_account_of_token(self, token: str) -> tuple[str, str] | None:
+        """``(namespace, name)`` of a ServiceAccount token still valid (its ServiceAccount
+        exists with the uid it was issued for), else None."""
+        with self._tlock:
+            issued = self._sa_tokens.get(token)
+            if issued is None:
+                return None
+            ns, name, uid = issued
+            sa = self._store[("", "serviceaccounts")].get((ns, name))
+        if uid and ((sa or {}).get("metadata") or {}).get("uid") != uid:
+            return None  # the ServiceAccount was deleted (and maybe re-created)
+        return ns, name
+
+    def service_account_token(self, namespace: str, name: str) -> str:
+        """A bearer token that authenticates as ``system:serviceaccount:<namespace>:<name>``:
+        random, issued once per ServiceAccount (and uid) and stored. Bound to the
+        ServiceAccount's uid when it exists, so deleting the ServiceAccount revokes it (a token
+        issued before the ServiceAccount exists stays valid: the sandbox kubelet does not refuse
+        pods whose ServiceAccount is missing)."""
+        with self._tlock:
+            sa = self._store[("", "serviceaccounts")].get((namespace, name))
+            uid = str(((sa or {}).get("metadata") or {}).get("uid") or "")
+            key = (namespace, name, uid)
+            token = self._sa_token_of.get(key)
+            if token is None:
+                token = new_token(SA_TOKEN_PREFIX)
+                self._sa_token_of[key] = token
+                self._sa_tokens[token] = key
+            return token
+
+    def _impersonate(self, identity: Identity, headers: Any) -> Identity:
+        """Apply ``Impersonate-User``/``Impersonate-Group`` when ``identity`` may (403 else)."""
+        user = headers.get("Impersonate-User")
+        groups = list(headers.getall("Impersonate-Group", []))
+        if not user:
+            if groups:
+                raise ApiError(
+                    400, "BadRequest", "requested group impersonation without impersonating a user"
+                )
+            return identity
+        if identity is not None:
+            who, who_groups = identity
+            if user.startswith("system:serviceaccount:") and user.count(":") == 3:
+                ns, name = user.split(":")[2:]
+                targets = [("serviceaccounts", name, ns)]
+            else:
+                targets = [("users", user, "")]
+            targets += [("groups", g, "") for g in groups]
+            for kind, name, ns in targets:
+                attrs = {
+                    "verb": "impersonate",
+                    "group": "",
+                    "resource": kind,
+                    "subresource": "",
+                    "name": name,
+                    "namespace": ns,
+                }
+                allowed, _ = self.authorize(who, who_groups, attrs)
+                self._record(Decision(user=who, allowed=allowed, **attrs))
+                if not allowed:
+                    raise _forbidden_impersonation(who, kind, name, ns)
+        return user, groups
+
+    def _authorize_path(self, identity: Identity, method: str, path: str) -> None:
+        """RBAC on a non-resource path (discovery, /version, /healthz, /openapi): 403 if denied."""
+        if identity is None:
+            return
+        verb = {"GET": "get", "HEAD": "head", "POST": "post", "PUT": "put"}.get(method, method)
+        verb = verb.lower()
+        user, groups = identity
+        allowed, _ = self.authorize(user, groups, {}, {"path": path, "verb": verb})
+        if not allowed:
+            raise ApiError(
+                403, "Forbidden", f'forbidden: User "{user}" cannot {verb} path "{path}"', {}
+            )
 
     def authorization_log(self) -> list[Decision]:
         """The decisions on HTTP requests of non-admin identities so far, oldest first."""

@@ -8,10 +8,18 @@ For trying the operator with the real ``kubectl`` on a laptop, without a cluster
     kubectl get mft -w
 
 The emulator serves the MoEFinetune CRD (generated from the models, with schema validation and
-CEL), the kubelet runs each Job's worker as a local subprocess (PVC ``runs`` is the directory
+CEL) and authenticates as a cluster does: the user's kubeconfig carries the sandbox admin's
+random token, the operator runs as its own ServiceAccount under the chart's ClusterRole, each
+worker pod's kubeconfig carries its ServiceAccount's token (see :mod:`.auth`). The kubelet runs each Job's worker as a local subprocess (PVC ``runs`` is the directory
 ``<root>/pvc/runs``) and the operator runs in a thread with its own event loop. The worker
 command is this interpreter's ``python -m npu_lora.cli`` (the kubelet maps ``python`` to
 ``sys.executable``), so the pods run this checkout's ``npu-lora run``.
+
+``--runtime podman`` runs what a cluster would run instead: each pod's container from its image
+with podman (:mod:`.podman`: its user, read-only root, capabilities, limits and volumes), the
+worker image ``localhost/npu-lora-worker:VERSION`` with its own entrypoint, and the operator from
+``localhost/npu-lora-operator:VERSION`` in a container on the host network
+(``--operator-in-process`` keeps it in this process). Build both with ``scripts/build-images.sh``.
 """
 
 from __future__ import annotations
@@ -25,8 +33,64 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 SANDBOX_WORKER_COMMAND = ("python", "-m", "npu_lora.cli")
 SANDBOX_WORKER_IMAGE = "npu-lora-worker:sandbox"
+#: where the in-sandbox operator's identity lives (as the chart installs it)
+OPERATOR_NAMESPACE = "npu-lora-system"
+OPERATOR_ACCOUNT = "npu-lora-operator"
+CHART_RBAC = (
+    Path(__file__).resolve().parents[2] / "charts" / "npu-lora-operator" / "templates" / "rbac.yaml"
+)
+
+
+def chart_operator_rules(path: Path = CHART_RBAC) -> list[dict[str, Any]]:
+    """The rules of the chart's operator ClusterRole, read from ``templates/rbac.yaml`` (its
+    ``rules:`` block is plain YAML; tests/ship checks it equals Helm's render)."""
+    text = path.read_text()
+    start = text.index("\nrules:\n") + len("\nrules:\n")
+    end = text.index("{{", start)
+    rules = yaml.safe_load(text[start:end])
+    if not isinstance(rules, list) or not rules:
+        raise ValueError(f"{path}: no ClusterRole rules found")
+    return rules
+
+
+def install_operator_identity(emu: Any, kubeconfig: Path) -> Path:
+    """Create the operator's ServiceAccount, the chart's ClusterRole and a ClusterRoleBinding
+    (as ``helm install`` does with the default values) and write a kubeconfig carrying that
+    ServiceAccount's token: the sandbox's operator runs under the chart's RBAC."""
+    rbac = "rbac.authorization.k8s.io"
+    emu.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OPERATOR_NAMESPACE}})
+    sa = {"name": OPERATOR_ACCOUNT, "namespace": OPERATOR_NAMESPACE}
+    emu.create({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": sa})
+    emu.create(
+        {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": OPERATOR_ACCOUNT},
+            "rules": chart_operator_rules(),
+        }
+    )
+    emu.create(
+        {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": OPERATOR_ACCOUNT},
+            "roleRef": {"apiGroup": rbac, "kind": "ClusterRole", "name": OPERATOR_ACCOUNT},
+            "subjects": [{"kind": "ServiceAccount", **sa}],
+        }
+    )
+    return emu.write_kubeconfig(  # type: ignore[no-any-return]
+        kubeconfig, service_account=(OPERATOR_NAMESPACE, OPERATOR_ACCOUNT)
+    )
+
+
+def _image(target: str) -> str:
+    from npu_lora import __version__
+
+    return f"localhost/npu-lora-{target}:{__version__}"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,6 +112,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+    )
+    parser.add_argument(
+        "--runtime",
+        choices=["subprocess", "podman"],
+        default="subprocess",
+        help="how pods run: subprocess (default: this checkout's Python, paths rewritten) or "
+        "podman (each pod's image as a real container; see scripts/build-images.sh)",
+    )
+    parser.add_argument(
+        "--worker-image",
+        metavar="IMAGE",
+        help="worker image of the runs (default: npu-lora-worker:sandbox; with --runtime "
+        f"podman: {_image('worker')})",
+    )
+    parser.add_argument(
+        "--operator-image",
+        metavar="IMAGE",
+        help=f"with --runtime podman, the operator's image (default: {_image('operator')})",
+    )
+    parser.add_argument(
+        "--operator-in-process",
+        action="store_true",
+        help="with --runtime podman, run the operator in this process instead of its image",
     )
 
 
@@ -94,6 +181,9 @@ class OperatorThread:
         self.stop_flag.set()
         self.thread.join(timeout)
 
+    def is_alive(self) -> bool:
+        return self.thread.is_alive()
+
 
 def start_sandbox(
     root: str | Path,
@@ -102,9 +192,14 @@ def start_sandbox(
     port: int = 0,
     host: str = "127.0.0.1",
     operator: bool = True,
+    runtime: str = "subprocess",
+    worker_image: str | None = None,
+    operator_image: str | None = None,
+    operator_in_process: bool = False,
 ) -> dict[str, Any]:
     """Start emulator + CRD + kubelet (+ operator). Returns the parts; stop with
-    :func:`stop_sandbox`."""
+    :func:`stop_sandbox`. ``runtime="podman"``: pods run in containers from their images and the
+    operator from ``operator_image`` (unless ``operator_in_process``)."""
     import kubernetes
     from npu_lora_operator import handlers
     from npu_lora_operator.crd import build_crd
@@ -115,20 +210,60 @@ def start_sandbox(
 
     root = Path(root).resolve()
     root.mkdir(parents=True, exist_ok=True)
+    if runtime not in ("subprocess", "podman"):
+        raise ValueError(f"runtime: {runtime!r} is not one of 'subprocess', 'podman'")
+    pod_runtime = None
+    if runtime == "podman":
+        from npu_lora_sandbox.podman import PodmanRuntime, podman_available
+
+        why = podman_available()
+        if why:
+            raise RuntimeError(f"--runtime podman: {why}")
+        pod_runtime = PodmanRuntime()
     emu = ApiEmulator(port=port, host=host).start()
     emu.load_crd(build_crd())
-    kubelet = LocalKubelet(emu, root=root).start()
+    kubelet = LocalKubelet(emu, root=root, runtime=pod_runtime).start()
     kc = Path(kubeconfig).resolve() if kubeconfig else root / "kubeconfig"
     emu.write_kubeconfig(kc)
-    parts: dict[str, Any] = {"emulator": emu, "kubelet": kubelet, "kubeconfig": kc, "root": root}
+    parts: dict[str, Any] = {
+        "emulator": emu,
+        "kubelet": kubelet,
+        "kubeconfig": kc,
+        "root": root,
+        "runtime": runtime,
+    }
+    if runtime == "podman":
+        # the worker image's own entrypoint (npu-lora), as on a cluster
+        worker_image = worker_image or _image("worker")
+        command: tuple[str, ...] | None = None
+    else:
+        worker_image = worker_image or SANDBOX_WORKER_IMAGE
+        command = SANDBOX_WORKER_COMMAND
+    parts["worker_image"] = worker_image
+    op_kc = None
     if operator:
-        kubernetes.config.load_kube_config(config_file=str(kc))
+        op_kc = install_operator_identity(emu, root / "operator-kubeconfig")
+        parts["operator_kubeconfig"] = op_kc
+    if op_kc is not None and runtime == "podman" and not operator_in_process:
+        from npu_lora_sandbox.podman import OperatorContainer
+
+        parts["operator_image"] = operator_image or _image("operator")
+        try:
+            parts["operator"] = OperatorContainer(
+                parts["operator_image"],
+                op_kc,
+                root / "operator.log",
+                worker_image=worker_image,
+            ).start()
+        except BaseException:
+            kubelet.stop()
+            emu.stop()
+            raise
+    elif op_kc is not None:
+        kubernetes.config.load_kube_config(config_file=str(op_kc))
+        overrides: dict[str, Any] = {"worker_command": command} if command else {}
         memo = handlers.new_memo(
-            OperatorConfig(
-                worker_image=SANDBOX_WORKER_IMAGE,
-                worker_command=SANDBOX_WORKER_COMMAND,
-                image_pull_policy="Never",
-            )
+            OperatorConfig(worker_image=worker_image, image_pull_policy="Never", **overrides)
         )
         parts["operator"] = OperatorThread(memo).start()
     return parts
@@ -162,14 +297,27 @@ def run(args: argparse.Namespace) -> int:
         port=args.port,
         host=args.host,
         operator=not args.no_operator,
+        runtime=args.runtime,
+        worker_image=args.worker_image,
+        operator_image=args.operator_image,
+        operator_in_process=args.operator_in_process,
     )
     kc = parts["kubeconfig"]
     examples = Path(__file__).resolve().parents[2] / "examples" / "tiny-sandbox.yaml"
     example = str(examples) if examples.exists() else "examples/tiny-sandbox.yaml"
+    if "operator" not in parts:
+        op_line = "not started (--no-operator)"
+    elif "operator_image" in parts:
+        op_line = f"container from {parts['operator_image']} (log: {parts['root']}/operator.log)"
+    else:
+        op_line = "running (in this process)"
+    if parts["runtime"] == "podman":
+        worker_line = f"container from {parts['worker_image']} (podman)"
+    else:
+        worker_line = f"{' '.join(SANDBOX_WORKER_COMMAND)} run ... (local subprocess)"
     print(
         f"npu-lora sandbox: API at {parts['emulator'].url}, state in {parts['root']}\n"
-        f"  operator: {'running' if 'operator' in parts else 'not started (--no-operator)'}; "
-        f"worker: {' '.join(SANDBOX_WORKER_COMMAND)} run ... (local subprocess)\n\n"
+        f"  operator: {op_line}; worker: {worker_line}\n\n"
         f"  export KUBECONFIG={kc}\n"
         f"  kubectl apply -f {example}\n"
         f"  kubectl get mft -w            # -o wide for TOTAL, ETA, NODE, CALLS/LAYER\n"
@@ -188,7 +336,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         while not done.wait(1.0):
             op = parts.get("operator")
-            if op is not None and not op.thread.is_alive():
+            if op is not None and not op.is_alive():
                 print(f"npu-lora sandbox: the operator stopped: {op.error!r}", file=sys.stderr)
                 break
     finally:

@@ -1,7 +1,7 @@
 """An in-process Kubernetes API server for tests and the laptop sandbox, built on ``kmock``.
 
 :class:`ApiEmulator` subclasses :class:`kmock.KubernetesEmulator` and replaces its request
-handling with a small but faithful API server: real HTTP on a free localhost port, against which
+handling with a small but faithful API server: real HTTPS (see :mod:`.tls`) on a free localhost port, against which
 the real ``kubectl`` (v1.32), the ``kubernetes`` Python client and kopf work.
 
 Usage (sync or async code alike: the server runs in its own thread with its own event loop)::
@@ -11,8 +11,8 @@ Usage (sync or async code alike: the server runs in its own thread with its own 
     emu = ApiEmulator()                 # ApiEmulator(port=0, host="127.0.0.1")
     emu.start()                         # returns once the port listens
     emu.load_crd(crd_dict)              # or create the CRD through the API (kubectl apply)
-    emu.write_kubeconfig(path)          # insecure http, admin user, context namespace "default"
-    emu.url                             # "http://127.0.0.1:PORT"
+    emu.write_kubeconfig(path)          # https + its CA, admin token, context namespace "default"
+    emu.url                             # "https://127.0.0.1:PORT" (emu.tls.client_context())
     obj = emu.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {...}})
     emu.get("v1", "ConfigMap", "name", namespace="default")       # None when absent
     emu.list("batch/v1", "Job", namespace="default", label_selector="a=b")
@@ -59,15 +59,19 @@ What the server does:
   resource's PATCH operation with ``fieldValidation``, so client-side ``kubectl apply`` validates
   on the server; ``/openapi/v2`` answers 404, which kubectl tolerates).
 - pod logs (``pods/<name>/log``, ``follow``, ``tailLines``) from files registered by the kubelet.
-- RBAC: the default kubeconfig user is a cluster admin; requests that impersonate
-  (``kubectl --as=...``) or carry a ServiceAccount token (``write_kubeconfig(...,
-  service_account=(ns, name))``; the kubelet gives each pod one for its ``serviceAccountName``)
-  are authorized against the stored Roles/ClusterRoles and bindings (403 Forbidden with the
-  apiserver's message otherwise); (Self|Local)SubjectAccessReviews are answered
-  (``kubectl auth can-i VERB RES --as=system:serviceaccount:NS:SA``); in-process:
-  :meth:`ApiEmulator.authorize`. Discovery, ``/version`` and ``/openapi`` are open to everyone.
-  Every decision on such a request is recorded: :meth:`ApiEmulator.authorization_log` (user,
-  verb, group, resource, subresource, namespace, name, allowed).
+- authentication and RBAC (see :mod:`.auth`): bearer tokens; the kubeconfig ``write_kubeconfig``
+  writes carries the sandbox admin's random token (:attr:`ApiEmulator.admin_token`), or with
+  ``service_account=(ns, name)`` that ServiceAccount's (random, stored, revoked with the
+  ServiceAccount; the kubelet gives each pod its ``serviceAccountName``'s); unknown tokens get
+  401; no token is ``system:anonymous`` (``/healthz``, ``/version`` only, as the default
+  ``system:public-info-viewer`` binding allows; discovery needs authentication). Non-admin
+  requests, and impersonation (``kubectl --as=...``, allowed to the admin and to whoever RBAC
+  lets ``impersonate``), are authorized against the stored Roles/ClusterRoles and bindings (403
+  Forbidden with the apiserver's message otherwise); (Self|Local)SubjectAccessReviews are
+  answered (``kubectl auth can-i VERB RES --as=system:serviceaccount:NS:SA``); in-process:
+  :meth:`ApiEmulator.authorize`. Every decision on a resource request of a non-admin identity
+  is recorded: :meth:`ApiEmulator.authorization_log` (user, verb, group, resource,
+  subresource, namespace, name, allowed).
 - protobuf request bodies only for what kubectl's typed clients send in common commands
   (``kubectl create namespace|configmap|secret|serviceaccount``, ``auth can-i``); others get 415.
 
@@ -79,7 +83,7 @@ thread only), :meth:`~ApiEmulator.register_pod_log`, :meth:`~ApiEmulator.add_sto
 kubectl tip: kubectl caches discovery per server address for hours (``~/.kube/cache``); emulators
 reuse ports, so pass ``--cache-dir=<fresh dir>`` (the test fixture does).
 
-Not emulated: real authentication (any other token is the admin), aggregated ClusterRoles,
+Not emulated: client certificates, TLS (plain http), token expiry, aggregated ClusterRoles,
 admission webhooks, quotas, conversion between CRD versions (all served versions
 share one storage), managedFields and SSA conflicts, protobuf responses,
 ``limit``/``continue`` pagination (lists are always complete), scale subresources, graceful pod
@@ -90,8 +94,10 @@ waiting for finalizers of its contents, ``events.k8s.io/v1`` and ``v1`` events s
 from __future__ import annotations
 
 import asyncio
+import base64
 import collections
 import contextlib
+import copy
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -102,13 +108,12 @@ import kmock
 import yaml
 
 from .admission import Admission
-from .auth import DECISIONS_KEPT, Authorizer, Decision
+from .auth import DECISIONS_KEPT, DEFAULT_RBAC, Authorizer, Decision, new_token
 from .discovery import Discovery
 from .garbage import GarbageCollector
 from .http_api import HttpApi
 from .resources import (
     HISTORY,
-    SA_TOKEN_PREFIX,
     ApiError,
     ResourceType,
     T,
@@ -116,6 +121,7 @@ from .resources import (
     now_iso,
 )
 from .store import ObjectStore
+from .tls import serving_cert
 from .watch import WatchHub, _Watcher
 
 __all__ = ["ApiEmulator", "ApiError", "ResourceType"]
@@ -133,8 +139,17 @@ class ApiEmulator(
 ):  # type: ignore[misc]
     """The API server. See the module docstring for the API and behaviour."""
 
-    def __init__(self, *, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self, *, host: str = "127.0.0.1", port: int = 0, admin_token: str | None = None
+    ) -> None:
         super().__init__()
+        #: the serving certificate (HTTPS: kubectl sends credentials only over TLS)
+        self.tls = serving_cert(host)
+        #: the sandbox admin's bearer token (random per emulator unless given)
+        self.admin_token = admin_token or new_token("sandbox-admin-")
+        # ServiceAccount tokens: token -> (namespace, name, uid) and back (see .auth)
+        self._sa_tokens: dict[str, tuple[str, str, str]] = {}
+        self._sa_token_of: dict[tuple[str, str, str], str] = {}
         self._host = host
         self._want_port = port
         self._types: dict[tuple[str, str, str], ResourceType] = {}
@@ -165,6 +180,8 @@ class ApiEmulator(
             self._create_internal(
                 {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
             )
+        for obj in DEFAULT_RBAC:  # a real cluster's default discovery roles and bindings
+            self._create_internal(copy.deepcopy(obj))
 
     def start(self) -> ApiEmulator:
         """Start serving in a background thread; returns once the port is bound."""
@@ -200,7 +217,8 @@ class ApiEmulator(
             server = aiohttp.web.Server(self, handler_cancellation=True)
             runner = aiohttp.web.ServerRunner(server, shutdown_timeout=1.0)
             await runner.setup()
-            site = aiohttp.web.TCPSite(runner, self._host, self._want_port)
+            ctx = self.tls.server_context()
+            site = aiohttp.web.TCPSite(runner, self._host, self._want_port, ssl_context=ctx)
             await site.start()
             sockets = getattr(site._server, "sockets", None) or []
             self._port = sockets[0].getsockname()[1]
@@ -254,12 +272,7 @@ class ApiEmulator(
 
     @property
     def url(self) -> str:  # type: ignore[override]
-        return f"http://{self._host}:{self.port}"
-
-    @staticmethod
-    def service_account_token(namespace: str, name: str) -> str:
-        """A bearer token that authenticates as ``system:serviceaccount:<namespace>:<name>``."""
-        return f"{SA_TOKEN_PREFIX}{namespace}:{name}"
+        return f"https://{self._host}:{self.port}"
 
     def write_kubeconfig(
         self,
@@ -268,18 +281,30 @@ class ApiEmulator(
         namespace: str = "default",
         service_account: tuple[str, str] | None = None,
     ) -> Path:
-        """Write a kubeconfig (insecure http) for kubectl and the Python client.
+        """Write a kubeconfig (https, trusting :attr:`tls`) for kubectl and the Python client.
 
-        By default its user is a cluster admin; ``service_account=(namespace, name)`` makes it
-        authenticate as that ServiceAccount instead, with RBAC enforced on its requests.
+        By default its user is the sandbox admin (the bearer token :attr:`admin_token`);
+        ``service_account=(namespace, name)`` makes it authenticate as that ServiceAccount
+        instead (:meth:`service_account_token`), with RBAC enforced on its requests. The file is
+        written with mode 0600 (it holds a credential).
         """
-        token = self.service_account_token(*service_account) if service_account else "sandbox"
+        token = (
+            self.service_account_token(*service_account) if service_account else self.admin_token
+        )
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         config = {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": "sandbox", "cluster": {"server": self.url}}],
+            "clusters": [
+                {
+                    "name": "sandbox",
+                    "cluster": {
+                        "server": self.url,
+                        "certificate-authority-data": base64.b64encode(self.tls.cert_pem).decode(),
+                    },
+                }
+            ],
             "users": [{"name": "sandbox", "user": {"token": token}}],
             "contexts": [
                 {
@@ -290,6 +315,8 @@ class ApiEmulator(
             "current-context": "sandbox",
             "preferences": {},
         }
+        path.touch(mode=0o600)
+        path.chmod(0o600)
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         return path
 

@@ -30,6 +30,12 @@ PATCH_TYPES = {
 }
 
 
+def _is_resource_path(path: str) -> bool:
+    """``/api/v1/...`` or ``/apis/<group>/<version>/...`` (the rest is non-resource)."""
+    parts = [p for p in path.split("/") if p]
+    return (parts[:1] == ["api"] and len(parts) >= 3) or (parts[:1] == ["apis"] and len(parts) >= 4)
+
+
 def _method_not_allowed() -> ApiError:
     return ApiError(
         405, "MethodNotAllowed", "the server does not allow this method on the requested resource"
@@ -109,6 +115,10 @@ class HttpApi:
         path = raw.path.rstrip("/") or "/"
         method = raw.method.upper()
         q = raw.query
+        identity = self._identity(raw)  # 401 for a credential the server does not accept
+        if not _is_resource_path(path):
+            # discovery, /version, /healthz, /openapi: RBAC on the path (nonResourceURLs)
+            self._authorize_path(identity, method, path)
         if path in ("/healthz", "/livez", "/readyz"):
             return aiohttp.web.Response(text="ok")
         if path == "/version":
@@ -173,7 +183,7 @@ class HttpApi:
         rt = pp.rtype
         assert rt is not None
         identity = self._identity(raw)
-        if identity is not None and rt.group != "authorization.k8s.io":
+        if identity is not None:
             self._enforce(identity, rt, method, q, pp)
         if pp.subresource is not None and pp.subresource not in rt.subresources:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")

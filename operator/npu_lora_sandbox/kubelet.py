@@ -2,7 +2,8 @@
 
 Parts: :mod:`.jobs` (Job controller), :mod:`.pods` (pod runner), :mod:`.podenv` (pod environment),
 :mod:`.runtime` (how a container runs: ``runtime=`` a :class:`~.runtime.PodRuntime`, by default
-:class:`~.runtime.HostRuntime`, a local subprocess).
+:class:`~.runtime.HostRuntime`, a local subprocess; :class:`~.podman.PodmanRuntime` runs each
+pod's image as a real container, without the path rewriting described below).
 
 Usage::
 
@@ -58,14 +59,15 @@ Kubelet (every pod, Job-owned or bare, runs once: ``restartPolicy`` is not emula
   ``spec.serviceAccountName``, ``status.podIP``; ``configMapKeyRef``/``secretKeyRef``;
   ``envFrom``), plus ``KUBECONFIG`` (a kubeconfig for the emulator, so the in-container
   ``kubernetes`` client reaches the API: in-cluster config is absent, so clients fall back to it;
-  with ``pod_identity=True``, the default, it authenticates as the pod's ``serviceAccountName``
-  and the emulator enforces RBAC on its requests, as a cluster would; ``pod_identity=False``
-  gives pods the admin kubeconfig),
+  with ``pod_identity=True``, the default, it carries the token of the pod's
+  ``serviceAccountName`` (``ApiEmulator.service_account_token``: random, issued per
+  ServiceAccount, revoked with it) and the emulator enforces RBAC on its requests, as a cluster
+  would; ``pod_identity=False`` gives pods the admin kubeconfig),
   ``NPU_LORA_SANDBOX=1``, ``NPU_LORA_PATH_MAP`` (JSON ``{container path: local path}``),
   ``NPU_LORA_TERMINATION_MESSAGE_PATH`` (the local termination-message file) and ``extra_env``;
   ``PATH`` starts with the directory of ``python_executable`` (a venv's console scripts work);
 - ``/var/run/secrets/kubernetes.io/serviceaccount`` maps to a directory with ``namespace``,
-  ``token`` (the pod's ServiceAccount token) and an empty ``ca.crt``;
+  ``token`` (the pod's ServiceAccount token) and ``ca.crt`` (the emulator's serving certificate);
 - volumes become local directories: a PVC ``claimName`` → ``<root>/pvc/<claimName>[/subPath]``;
   ``emptyDir`` (and unknown kinds) → ``<root>/pods/<ns>_<pod>/volumes/<name>``; ``configMap`` and
   ``secret`` → files materialised there (``items`` honoured); ``hostPath`` → itself;

@@ -17,6 +17,9 @@ NODE_NAME = "sandbox-node"
 
 SA_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
 
+#: where a container runtime (``host_paths`` False) mounts the pod's kubeconfig
+POD_KUBECONFIG = "/var/run/secrets/npu-lora-sandbox/kubeconfig"
+
 
 PASS_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV", "TMPDIR", "SYSTEMROOT")
 
@@ -132,9 +135,11 @@ class PodEnvironment:
                     dest.parent.mkdir(parents=True, exist_ok=True)
                     dest.write_bytes(src[key])
 
-    def _env(self, pod: dict[str, Any], container: dict[str, Any], rewrite: Any) -> dict[str, str]:
+    def _env(
+        self, pod: dict[str, Any], container: dict[str, Any], rewrite: Any, host: bool = True
+    ) -> dict[str, str]:
         ns = pod["metadata"]["namespace"]
-        env: dict[str, str] = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
+        env: dict[str, str] = {k: os.environ[k] for k in PASS_ENV if k in os.environ and host}
         env.update(self.extra_env)
         for src in container.get("envFrom") or []:
             prefix = src.get("prefix", "")
@@ -201,8 +206,14 @@ class PodEnvironment:
         self, pod: dict[str, Any], container: dict[str, Any], pdir: Path, log_path: Path
     ) -> tuple[Launch, Path]:
         """The container's :class:`~npu_lora_sandbox.runtime.Launch` and its local
-        termination-message file. Raises :class:`_StartError` when it has no command."""
+        termination-message file. Raises :class:`_StartError` when it has no command.
+
+        With a runtime whose ``host_paths`` is False (a real container runtime) nothing is
+        rewritten and nothing of this process's environment is passed: argv, env and workingDir
+        keep container paths, the kubeconfig is mounted at :data:`POD_KUBECONFIG` and an empty
+        command means the image's entrypoint."""
         name = pod["metadata"]["name"]
+        host = bool(getattr(self.runtime, "host_paths", True))
         mapping = self._mounts(pod, container, pdir)
         tm_path = str(container.get("terminationMessagePath") or "/dev/termination-log")
         tm_local = pdir / "termination-log"
@@ -210,21 +221,29 @@ class PodEnvironment:
         mapping[tm_path] = tm_local
         kubeconfig, sa_dir = self._service_account(pod, pdir)
         mapping.setdefault(SA_PATH, sa_dir)
-        rewrite = _rewriter(mapping)
+        rewrite = _rewriter(mapping) if host else str
         self._materialise(pod, container, pdir, rewrite)
-        env = self._env(pod, container, rewrite)
-        py_bin = str(Path(self.python_executable).parent)
-        env["PATH"] = os.pathsep.join([py_bin, env.get("PATH", os.defpath)])
-        env["KUBECONFIG"] = str(kubeconfig)
+        env = self._env(pod, container, rewrite, host)
+        if host:
+            py_bin = str(Path(self.python_executable).parent)
+            env["PATH"] = os.pathsep.join([py_bin, env.get("PATH", os.defpath)])
+            env["KUBECONFIG"] = str(kubeconfig)
+            env["NPU_LORA_PATH_MAP"] = json.dumps({k: str(v) for k, v in mapping.items()})
+            env["NPU_LORA_TERMINATION_MESSAGE_PATH"] = str(tm_local)
+        else:
+            mapping[POD_KUBECONFIG] = Path(kubeconfig)
+            env["KUBECONFIG"] = POD_KUBECONFIG
         env["NPU_LORA_SANDBOX"] = "1"
-        env["NPU_LORA_PATH_MAP"] = json.dumps({k: str(v) for k, v in mapping.items()})
-        env["NPU_LORA_TERMINATION_MESSAGE_PATH"] = str(tm_local)
         env.setdefault("HOSTNAME", name)
-        argv = self._argv(container, env, rewrite)
-        workdir = rewrite(str(container.get("workingDir") or "")) or str(pdir)
-        Path(workdir).mkdir(parents=True, exist_ok=True)
+        argv = self._argv(container, env, rewrite, host)
+        workdir = rewrite(str(container.get("workingDir") or ""))
+        if host:
+            workdir = workdir or str(pdir)
+            Path(workdir).mkdir(parents=True, exist_ok=True)
         image = str(container.get("image", ""))
-        launch = Launch(argv, env, workdir, log_path, image=image, mounts=mapping)
+        launch = Launch(
+            argv, env, workdir, log_path, image=image, mounts=mapping, pod=pod, container=container
+        )
         return launch, tm_local
 
     def _service_account(self, pod: dict[str, Any], pdir: Path) -> tuple[Path, Path]:
@@ -243,14 +262,19 @@ class PodEnvironment:
         sa_dir.mkdir(exist_ok=True)
         (sa_dir / "namespace").write_text(ns)
         (sa_dir / "token").write_text(token)
-        (sa_dir / "ca.crt").write_text("")
+        (sa_dir / "ca.crt").write_bytes(self.emu.tls.cert_pem)
         return Path(kubeconfig), sa_dir
 
-    def _argv(self, container: dict[str, Any], env: dict[str, str], rewrite: Any) -> list[str]:
+    def _argv(
+        self, container: dict[str, Any], env: dict[str, str], rewrite: Any, host: bool = True
+    ) -> list[str]:
         """``command`` (or the image's configured entrypoint) + ``args``, expanded and rewritten;
-        ``python``/``python3`` become ``python_executable``."""
+        ``python``/``python3`` become ``python_executable``. Without ``host``: ``command`` +
+        ``args`` expanded only (no command: the image's entrypoint runs the args)."""
         image = str(container.get("image", ""))
         command = list(container.get("command") or [])
+        if not host:
+            return [_expand(str(a), env) for a in command + list(container.get("args") or [])]
         if not command:
             for prefix, entry in self.entrypoints.items():
                 if image.startswith(prefix):

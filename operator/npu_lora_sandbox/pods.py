@@ -377,7 +377,7 @@ class PodRunner:
             await self._kill(p)
         code = await c.wait()
         message = _exit_message(container, code, tm_local, log_path)
-        reason = "Completed" if code == 0 else "Error"
+        reason = getattr(c, "reason", None) or ("Completed" if code == 0 else "Error")
         self._finish(p, pod, container, code, message, started, reason, base_conds)
 
     def _finish(

@@ -26,7 +26,7 @@ DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 HISTORY = 50_000  # watch events kept for resourceVersion-based resumption
 
 
-SA_TOKEN_PREFIX = "sandbox-sa:"  # bearer "sandbox-sa:<ns>:<name>" = that ServiceAccount
+SA_TOKEN_PREFIX = "sandbox-sa-"  # + 43 random characters: a ServiceAccount token (see .auth)
 
 
 def now_iso() -> str:

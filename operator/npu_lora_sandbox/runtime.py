@@ -3,9 +3,10 @@
 :class:`PodRuntime` is what :class:`~npu_lora_sandbox.pods.PodRunner` needs from a container
 runtime: start a :class:`Launch` (argv, environment, working directory, log file, and the image and
 volume mounts a real container runtime would use) and hand back a :class:`Container` to wait for
-and stop. :class:`HostRuntime`, the one implementation today, runs the argv as a local subprocess
-in its own session (the image is not used; mounts are honoured by rewriting paths, see
-:mod:`~npu_lora_sandbox.podenv`).
+and stop. :class:`HostRuntime` (the default) runs the argv as a local subprocess in its own session
+(the image is not used; mounts are honoured by rewriting paths, see :mod:`~npu_lora_sandbox.podenv`);
+:class:`~npu_lora_sandbox.podman.PodmanRuntime` runs the pod's image as a real container (its
+``host_paths`` is False: the pod environment then keeps container paths and the runtime mounts them).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import os
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 __all__ = ["Container", "HostContainer", "HostRuntime", "Launch", "PodRuntime"]
 
@@ -32,6 +33,9 @@ class Launch:
     image: str = ""
     #: container path -> local path (the pod's volumes, service account, termination log)
     mounts: dict[str, Path] = field(default_factory=dict)
+    #: the pod and its container as the API has them (securityContext, resources, volumes)
+    pod: dict[str, Any] = field(default_factory=dict)
+    container: dict[str, Any] = field(default_factory=dict)
 
 
 class Container(Protocol):
@@ -44,7 +48,8 @@ class Container(Protocol):
     def running(self) -> bool: ...
 
     async def wait(self) -> int:
-        """The exit code once it exits (killed by signal N: 128 + N)."""
+        """The exit code once it exits (killed by signal N: 128 + N). A container may then
+        carry a ``reason`` attribute (e.g. ``OOMKilled``) for ``state.terminated.reason``."""
         ...
 
     async def stop(self, grace: float) -> None:
@@ -57,6 +62,11 @@ class Container(Protocol):
 
 
 class PodRuntime(Protocol):
+    #: True: the container runs on this machine's filesystem, so the pod environment rewrites
+    #: container paths to local ones (:class:`HostRuntime`); False: the runtime mounts
+    #: :attr:`Launch.mounts` and the argv/env keep container paths.
+    host_paths: bool
+
     async def start(self, launch: Launch) -> Container:
         """Start the container; raise :class:`OSError` when it cannot start."""
         ...
@@ -99,6 +109,8 @@ class HostContainer:
 
 class HostRuntime:
     """Runs each container's argv as a local subprocess (this machine's Python, no image)."""
+
+    host_paths = True
 
     async def start(self, launch: Launch) -> HostContainer:
         with launch.log_path.open("ab") as logf:

@@ -422,6 +422,15 @@ class ObjectStore:
                     "Required value: name or generateName is required",
                 )
             )
+        elif rt.group == "rbac.authorization.k8s.io":  # path-segment names ("system:...")
+            if name in (".", "..") or "/" in name or "%" in name:
+                causes.append(
+                    schema._invalid(
+                        "metadata.name",
+                        name,
+                        'may not be "." or ".." and may not contain "/" or "%"',
+                    )
+                )
         elif (
             not (DNS_LABEL if rt.kind in ("Namespace", "Job") else DNS_SUBDOMAIN).match(name)
             or len(name) > 253

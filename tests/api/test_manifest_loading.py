@@ -22,10 +22,11 @@ def test_bare_spec_gets_defaults_and_overrides():
     [
         ("lora.r=0", "spec.lora.r: Input should be greater than or equal to 1 (got 0)"),
         ("lora.rank=3", "spec.lora.rank: unknown field"),
-        ("moe.placement=cold", "spec.moe.placement: Input should be 'host-only' or 'hot'"),
+        ("moe.placement=cold", "spec.moe.placement: Input should be 'auto', 'host-only' or"),
+        ("moe.hotMemory=12GB", "spec.moe.hotMemory: '12GB' is not a quantity of bytes"),
         ("training.steps=3", "warmupSteps (4) must be less than training.steps (3)"),
         ("training.seqLen=abc", "spec.training.seqLen: Input should be a valid integer"),
-        ("lora.trainExperts=true", "lora.trainExperts requires moe.placement: host-only"),
+        # (lora.trainExperts with placement hot: a two-field rule, tested in test_train_experts_*)
         ("model.path=/m", "set exactly one of model.path or model.preset"),
     ],
 )

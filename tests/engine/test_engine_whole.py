@@ -154,10 +154,10 @@ def test_copying_backend_same_result(tiny):
     class CopyBackend(CpuBackend):
         name = "copy"
 
-        def to_device(self, t: torch.Tensor) -> torch.Tensor:
+        def _copy_to_device(self, t: torch.Tensor) -> torch.Tensor:
             return t.clone()
 
-        def to_host(self, t: torch.Tensor) -> torch.Tensor:
+        def _copy_to_host(self, t: torch.Tensor) -> torch.Tensor:
             return t.clone()
 
     spec = tiny.spec(moe={"placement": "hot", "warmupSteps": 0})

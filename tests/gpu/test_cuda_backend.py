@@ -224,3 +224,36 @@ def _overlap_on_off() -> list:
         grads = {n: p.grad.detach().cpu().clone() for n, p in eng.named_trainable_parameters()}
         results.append((prof.loss, grads))
     return results
+
+
+def test_cuda_device_gather_and_traffic_match_the_cpu_engine():
+    """Issue 13 (written without a GPU; not yet run on one). The device-gathered hot path
+    (bucket 64 > the tokens per slot, so Eh·Bk > T) on cuda gives the cpu engine's loss and
+    gradients; the counted bytes are the same on both backends; the pinned staging buffers are
+    not reallocated from step to step."""
+    spec = _spec("hot", True)
+    spec.moe.bucket_sizes = [64]
+    engines = {}
+    for name in ("cpu", "cuda"):
+        eng = build_engine(spec, backend=name)
+        _randomize_lora(eng.model)
+        eng.select_hot_experts(0)
+        engines[name] = eng
+    cpu, gpu = engines["cpu"], engines["cuda"]
+    assert gpu.device_gather and gpu.backend.pin_staging
+    batch = _batch()
+    for eng in (cpu, gpu):
+        eng.forward_backward(batch)  # the selection's copies, first-touch
+        for p in eng.trainable_parameters():
+            p.grad = None
+    allocs = gpu.backend.staging_allocs
+    p_cpu, p_gpu = cpu.forward_backward(batch), gpu.forward_backward(batch)
+    assert gpu.backend.staging_allocs == allocs
+    assert abs(p_cpu.loss - p_gpu.loss) < 1e-4, (p_cpu.loss, p_gpu.loss)
+    g_gpu = dict(gpu.named_trainable_parameters())
+    for name, p in cpu.named_trainable_parameters():
+        torch.testing.assert_close(g_gpu[name].grad.cpu(), p.grad, rtol=1e-3, atol=1e-5)
+    assert p_gpu.to_device_bytes == p_cpu.to_device_bytes
+    assert p_gpu.to_host_bytes == p_cpu.to_host_bytes
+    assert p_gpu.traffic_layers["to_device_bytes"] == p_cpu.traffic_layers["to_device_bytes"]
+    assert p_gpu.to_device_s > 0 and p_gpu.to_host_s > 0

@@ -198,10 +198,11 @@ def test_minimal_job_defaults() -> None:
     assert "kueue.x-k8s.io/queue-name" not in job["metadata"]["labels"]
     pod = spec["template"]["spec"]
     (c,) = pod["containers"]
-    # backend auto, 1 card by default: one RNGD
+    # backend auto, 1 card by default: one RNGD; CPU and memory from the default admission
+    # policy: cpu 1, memory `auto` (the tiny model's estimate + 25 % + 2 GiB -> 3Gi)
     assert c["resources"] == {
-        "requests": {"furiosa.ai/rngd": "1"},
-        "limits": {"furiosa.ai/rngd": "1"},
+        "requests": {"cpu": "1", "memory": "3Gi", "furiosa.ai/rngd": "1"},
+        "limits": {"memory": "3Gi", "furiosa.ai/rngd": "1"},
     }
     assert c["command"][-2:] == ["--out", "/mnt/output/r1"]
     # no output volume: an emptyDir keeps the run directory writable
@@ -223,8 +224,9 @@ def test_minimal_job_defaults() -> None:
 def test_accelerator(device: dict[str, Any], expected: dict[str, int]) -> None:
     assert b.accelerator_resources(run(device=device)) == expected
     c = b.build_job(run(device=device), CFG)["spec"]["template"]["spec"]["containers"][0]
-    if not expected:
-        assert "resources" not in c
+    res = c["resources"]
+    accel = {k for part in res.values() for k in part} - {"cpu", "memory"}
+    assert accel == set(expected)
 
 
 def test_worker_command_and_image() -> None:

@@ -88,7 +88,7 @@ def test_multi_worker_indexed_job_and_headless_service() -> None:
         {"name": "MASTER_PORT", "value": "29400"},
         {"name": "WORLD_SIZE", "value": "128"},
     ]
-    assert pspec["containers"][0]["resources"]["limits"] == {"furiosa.ai/rngd": "8"}
+    assert pspec["containers"][0]["resources"]["limits"]["furiosa.ai/rngd"] == "8"
     rest, base = copy.deepcopy(job_), copy.deepcopy(plain)
     for k in ("completionMode", "completions", "parallelism", "backoffLimit", "podFailurePolicy"):
         rest["spec"].pop(k, None)

@@ -85,7 +85,18 @@ def test_printer_columns() -> None:
         "HOT",
         "AGE",
     ]
-    assert wide == ["TOTAL", "ETA", "NODE", "CALLS/LAYER", "VARIANTS", "ROUNDS", "BEST", "RATIO"]
+    assert wide == [
+        "TOTAL",
+        "ETA",
+        "NODE",
+        "CALLS/LAYER",
+        "COPY-MB",
+        "VARIANTS",
+        "ROUNDS",
+        "BEST",
+        "RATIO",
+    ]
+    assert by_name["COPY-MB"]["jsonPath"] == ".status.lastStep.copyMb"
     assert by_name["STEP"]["jsonPath"] == ".status.progress.step"
     assert by_name["LOSS"]["jsonPath"] == ".status.lastStep.loss"
     assert by_name["S/STEP"]["jsonPath"] == ".status.stepSecondsMedian"
@@ -163,7 +174,9 @@ def test_schema_details() -> None:
     }
     assert p["lora"]["default"] == {}  # nested defaults filled by the apiserver
     assert p["lora"]["properties"]["targetModules"]["default"] == ["q_proj", "v_proj"]
-    assert p["moe"]["properties"]["placement"]["enum"] == ["host-only", "hot"]
+    assert p["moe"]["properties"]["placement"]["enum"] == ["auto", "host-only", "hot"]
+    assert p["moe"]["properties"]["placement"]["default"] == "auto"
+    assert p["moe"]["properties"]["hotMemory"]["pattern"].startswith("^[0-9]+")
     hot = p["moe"]["properties"]["hotFraction"]
     assert hot["minimum"] == 0 and hot["exclusiveMinimum"] is True and hot["maximum"] == 1
     # Optional with a non-null default keeps null meaningful
@@ -276,3 +289,37 @@ def test_immutable_training_transition_rule() -> None:
     ok["spec"]["suspend"] = True
     ok["spec"]["reporting"]["everySteps"] = 5
     assert _admit(ok, old)[1] == []
+
+
+@pytest.mark.parametrize(
+    ("moe", "lora", "steps", "ok"),
+    [
+        ({"placement": "auto", "warmupSteps": 4}, {}, 10, True),
+        ({"placement": "auto", "warmupSteps": 10}, {}, 10, False),  # auto needs a hot step
+        ({"warmupSteps": 10}, {}, 10, False),  # the default is auto
+        ({"placement": "host-only", "warmupSteps": 10}, {}, 10, True),
+        ({"placement": "auto", "warmupSteps": 0}, {"trainExperts": True}, 10, True),
+        ({"warmupSteps": 0}, {"trainExperts": True}, 10, True),  # default auto: host-only
+        ({"placement": "hot", "warmupSteps": 0}, {"trainExperts": True}, 10, False),
+        ({"hotMemory": "12Gi"}, {}, 10, True),
+        ({"hotMemory": "12 GB"}, {}, 10, False),
+    ],
+)
+def test_placement_rules_agree_with_pydantic(moe, lora, steps, ok) -> None:
+    """CEL (the apiserver) and pydantic (``npu-lora run``) treat placement auto the same."""
+    from npu_lora.api.v1alpha1 import MoEFinetuneSpec
+    from pydantic import ValidationError
+
+    obj = _example()
+    obj["spec"]["moe"] = dict(moe)
+    obj["spec"].setdefault("lora", {}).update(lora)
+    obj["spec"]["training"]["steps"] = steps
+    obj["spec"].pop("benchmark", None)
+    _, errors = _admit(obj)
+    assert (errors == []) is ok, errors
+    try:
+        MoEFinetuneSpec.model_validate(obj["spec"])
+        valid = True
+    except ValidationError:
+        valid = False
+    assert valid is ok

@@ -21,6 +21,12 @@ for name in ('crd', 'operator', 'sandbox'):
     import argparse
     p = argparse.ArgumentParser()
     mod.add_arguments(p)
+# the admission policy's memory estimate (the worker's pre-flight estimate) is torch-free too
+from npu_lora_operator import builders, settings
+body = {{"metadata": {{"name": "r", "namespace": "n", "uid": "u"}},
+        "spec": {{"model": {{"preset": "tiny-qwen3-moe"}}, "data": {{"path": "example:x"}}}}}}
+job = builders.build_job(builders.Run.from_body(body), settings.OperatorConfig())
+assert job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"]
 assert 'torch' not in [k for k, v in sys.modules.items() if v is not None]
 print('ok', len(mods))
 """

@@ -25,11 +25,11 @@ def http(
     data = None
     if body is not None:
         data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
-    req = urllib.request.Request(
-        emu.url + path, data=data, method=method, headers={"Content-Type": ctype, "Accept": accept}
-    )
+    headers = {"Content-Type": ctype, "Accept": accept}
+    headers["Authorization"] = f"Bearer {emu.admin_token}"
+    req = urllib.request.Request(emu.url + path, data=data, method=method, headers=headers)
     try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
+        with urllib.request.urlopen(req, timeout=10, context=emu.tls.client_context()) as resp:
             return resp.status, json.loads(resp.read() or b"null")
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read() or b"null")

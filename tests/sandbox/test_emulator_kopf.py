@@ -78,8 +78,16 @@ def test_kopf_operator_end_to_end(
         assert "example.com/finalizer" in obj["metadata"]["finalizers"]
         child = emulator.get("v1", "ConfigMap", "w-child", "default")
         assert child["metadata"]["ownerReferences"][0]["uid"] == obj["metadata"]["uid"]
-        events = emulator.list("v1", "Event", "default", field_selector="involvedObject.name=w")
-        assert any(e["reason"] == "Created" for e in events)
+        # kopf posts events asynchronously (after the status patch): wait for it
+        wait_for(
+            lambda: any(
+                e["reason"] == "Created"
+                for e in emulator.list(
+                    "v1", "Event", "default", field_selector="involvedObject.name=w"
+                )
+            ),
+            timeout=30,
+        )
         emulator.delete("example.com/v1", "Widget", "w", "default")
         wait_for(
             lambda: emulator.get("example.com/v1", "Widget", "w", "default") is None, timeout=30

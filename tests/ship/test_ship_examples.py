@@ -35,7 +35,7 @@ def test_qwen3_production_example():
     assert s.output.volume is not None and s.output.volume.claim_name
     assert s.training.seq_len == 128
     assert s.lora.r == 16 and s.lora.target_modules == ["q_proj", "v_proj"]
-    assert s.moe.placement == "hot" and s.moe.hot_fraction == 0.25 and s.moe.warmup_steps == 4
+    assert s.moe.placement == "auto" and s.moe.hot_fraction == 0.25 and s.moe.warmup_steps == 4
     assert s.moe.keep_graph is True and s.moe.host_dtype == "bfloat16"
     assert s.checkpoint.every_steps >= 1 and s.reporting.every_steps >= 1
 

@@ -293,7 +293,7 @@ def test_example_manifest_is_valid():
     m = load_manifest(REPO / "examples" / "tiny-local.yaml")
     assert m.metadata.name == "tiny-local" and m.spec.model.preset == "tiny-qwen3-moe"
     assert m.spec.data.path == "example:nsmc-mini" and m.spec.device.backend == "cpu"
-    assert m.spec.moe.placement == "hot"
+    assert m.spec.moe.placement == "auto"
 
 
 @pytest.mark.slow

@@ -29,10 +29,12 @@ __all__ = [
     "TABLE_COLUMNS",
     "Column",
     "Printer",
+    "add",
     "by_name",
     "camel",
     "ordered",
     "printer_columns",
+    "zero",
 ]
 
 
@@ -57,7 +59,7 @@ class Column:
     """
 
     name: str
-    kind: Literal["int", "float", "bool", "str"]
+    kind: Literal["int", "float", "bool", "str", "layers"]
     unit: str
     doc: str
     summed: bool = False
@@ -192,6 +194,75 @@ RECORD: tuple[Column, ...] = (
     ),
     Column("opt_s", "float", "s", "Clipping and optimizer step.", median=True),
     Column("micro_batches", "int", "", "Micro-batches of the step (training.gradAccumulation)."),
+    Column(
+        "to_device_bytes",
+        "int",
+        "bytes",
+        "Bytes copied host→device (forward and backward, all copies through the device seam, "
+        "incl. move_bytes).",
+        summed=True,
+        median=True,
+        bench=True,
+        status=True,
+        status_doc="Bytes copied host→device in the step.",
+    ),
+    Column(
+        "to_host_bytes",
+        "int",
+        "bytes",
+        "Bytes copied device→host (forward and backward).",
+        summed=True,
+        median=True,
+        bench=True,
+        status=True,
+        status_doc="Bytes copied device→host in the step.",
+    ),
+    Column(
+        "to_device_s",
+        "float",
+        "s",
+        "Wall seconds of the host→device copies.",
+        summed=True,
+        median=True,
+        bench=True,
+    ),
+    Column(
+        "to_host_s",
+        "float",
+        "s",
+        "Wall seconds of the device→host copies.",
+        summed=True,
+        median=True,
+        bench=True,
+    ),
+    Column(
+        "copy_mb",
+        "float",
+        "MB",
+        "(to_device_bytes + to_host_bytes) / 10^6.",
+        summed=True,
+        status=True,
+        status_doc="MB (10^6 bytes) copied between host and device, both directions.",
+        digits=4,
+        printer=Printer(
+            "Copy-MB", "MB copied host↔device in the last step (both directions).", priority=1
+        ),
+    ),
+    Column(
+        "move_bytes",
+        "int",
+        "bytes",
+        "Part of to_device_bytes that copied hot experts' weights (selection, refresh).",
+        summed=True,
+    ),
+    Column(
+        "traffic_layers",
+        "layers",
+        "",
+        "Per decoder layer: {to_device_bytes, to_host_bytes, to_device_s, to_host_s} as lists (index = layer); "
+        "copies outside the layers (inputs, head) are only in the totals.",
+        summed=True,
+    ),
 )
 
 NAMES: tuple[str, ...] = tuple(c.name for c in RECORD)
@@ -224,6 +295,24 @@ def ordered(values: Mapping[str, Any]) -> dict[str, Any]:
     out = {n: values[n] for n in NAMES}
     out.update((k, v) for k, v in values.items() if k not in out)
     return out
+
+
+def zero(name: str) -> Any:
+    """The start value of a summed column (0 for numbers, ``{}`` for per-layer lists)."""
+    kind = by_name(name).kind
+    return {} if kind == "layers" else 0.0 if kind == "float" else 0
+
+
+def add(total: Any, value: Any) -> Any:
+    """``total + value`` for a summed column: numbers add, per-layer lists add elementwise."""
+    if isinstance(total, dict) or isinstance(value, dict):
+        out = {k: list(v) for k, v in (total or {}).items()}
+        for k, v in (value or {}).items():
+            cur = out.get(k)
+            out[k] = list(v) if cur is None else [a + b for a, b in zip(cur, v, strict=True)]
+        return out
+    out = (total or 0) + (value or 0)
+    return float(out) if isinstance(total, float) else out
 
 
 def printer_columns(

@@ -20,7 +20,14 @@ import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    create_model,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from npu_lora.api import record
@@ -276,19 +283,52 @@ class LoraSpec(_Model):
         False,
         description=(
             "Also train the expert weights in full (full fine-tuning of `experts.gate_up_proj` and "
-            "`experts.down_proj`) besides the LoRA adapters. Requires `moe.placement: host-only`."
+            "`experts.down_proj`) besides the LoRA adapters. Requires `moe.placement: host-only` or `auto` (then host-only)."
         ),
+    )
+
+
+#: A Kubernetes quantity of bytes (``12Gi``, ``512Mi``, ``1.5G``, ``2000000000``).
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
+_QUANTITY_RE = re.compile(QUANTITY_PATTERN)
+_QUANTITY_UNITS = {
+    "": 1,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+    **{u: 1024 ** (i + 1) for i, u in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+}
+
+
+def quantity_bytes(text: str) -> int:
+    """``12Gi`` → 12884901888 (binary and decimal suffixes; no milli, no exponent)."""
+    m = _QUANTITY_RE.fullmatch(str(text).strip())
+    if m is None:
+        raise ValueError(
+            f"{text!r} is not a quantity of bytes: use digits with an optional suffix Ki, Mi, "
+            "Gi, Ti, Pi, Ei (powers of 1024) or k, M, G, T, P, E (powers of 1000), e.g. 12Gi"
+        )
+    unit = m.group(2) or ""
+    return int(
+        float(str(text).strip()[: len(str(text).strip()) - len(unit)]) * _QUANTITY_UNITS[unit]
     )
 
 
 class MoESpec(_Model):
     """Where the MoE blocks run and how HostMLP keeps its graph."""
 
-    placement: Literal["host-only", "hot"] = Field(
-        "hot",
+    placement: Literal["auto", "host-only", "hot"] = Field(
+        "auto",
         description=(
             "`host-only`: every expert runs on the host CPU; `hot`: after `warmupSteps` the "
-            "`hotFraction` most-routed experts of each layer move to the device."
+            "most-routed experts (`hotFraction` of each layer, or `hotMemory` across layers) "
+            "move to the device; `auto`: choose the hot set like `hot`, then run 3 rounds of "
+            "one host-only and one hot step (alternating order) and keep the placement with the "
+            "lower median step (log, `status.placement`, summary.json). With "
+            "`lora.trainExperts` auto means host-only."
         ),
     )
     hot_fraction: float = Field(
@@ -299,6 +339,25 @@ class MoESpec(_Model):
     )
     warmup_steps: int = Field(
         4, ge=0, description="Host-only steps that count routing before the hot set is chosen."
+    )
+    hot_memory: str | None = Field(
+        None,
+        description=(
+            "Device memory for hot experts (a quantity, e.g. `12Gi`): instead of `hotFraction` "
+            "per layer, the most-routed experts across all layers that fit (in the device "
+            "dtype). summary.json reports the bytes used and the routed-token coverage vs the "
+            "per-layer rule with the same budget."
+        ),
+        json_schema_extra={"pattern": QUANTITY_PATTERN},
+    )
+    hot_refresh_steps: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Re-choose the hot set every N steps from a routing histogram that halves each "
+            "period; only the experts that change are copied (counted in the `move_bytes` and "
+            "copy columns). Null: the hot set is chosen once."
+        ),
     )
     keep_graph: bool = Field(
         True,
@@ -339,6 +398,17 @@ class MoESpec(_Model):
             "overflow it; overflow tokens are computed on the host."
         ),
     )
+
+    @field_validator("hot_memory")
+    @classmethod
+    def _check_hot_memory(cls, v: str | None) -> str | None:
+        if v is not None and quantity_bytes(v) <= 0:
+            raise ValueError(f"{v!r} must be more than 0 bytes")
+        return v
+
+    @property
+    def hot_memory_bytes(self) -> int | None:
+        return None if self.hot_memory is None else quantity_bytes(self.hot_memory)
 
 
 class TrainingSpec(_Model):
@@ -504,7 +574,9 @@ class ResourceRequirements(_Model):
 #: The seed's four variants (``npu-lora bench``'s default).
 BENCHMARK_VARIANTS = ("host-only", "host-only+keep_graph", "hot", "hot+keep_graph")
 #: ``npu-lora bench``'s variant grammar (``npu_lora.bench.harness.Variant``).
-VARIANT_PATTERN = r"^((host-only|hot)(\+(keep_graph|sequential|padmax|overlap))*|peer)(@[a-z_]+)?$"
+VARIANT_PATTERN = (
+    r"^((host-only|hot)(\+(keep_graph|sequential|padmax|overlap|legacy))*|peer)(@[a-z_]+)?$"
+)
 
 
 class BenchmarkSpec(_Model):
@@ -519,7 +591,7 @@ class BenchmarkSpec(_Model):
         min_length=1,
         max_length=16,
         description=(
-            "Variants: `<host-only|hot>[+keep_graph][+sequential|+overlap][+padmax][@kernel]` "
+            "Variants: `<host-only|hot>[+keep_graph][+sequential|+overlap][+padmax][+legacy][@kernel]` "
             "or `peer[@kernel]` (stock transformers + peft, cpu backend only). Default: the "
             "seed's four (host-only, host-only+keep_graph, hot, hot+keep_graph)."
         ),
@@ -663,15 +735,15 @@ class MoEFinetuneSpec(_Model):
     def _cross_field(self) -> MoEFinetuneSpec:
         if (
             self.benchmark is None
-            and self.moe.placement == "hot"
+            and self.moe.placement != "host-only"
             and self.moe.warmup_steps >= self.training.steps
         ):
             raise ValueError(
                 f"moe.warmupSteps ({self.moe.warmup_steps}) must be less than training.steps "
-                f"({self.training.steps}) with placement hot"
+                f"({self.training.steps}) with placement {self.moe.placement}"
             )
         if self.lora.train_experts and self.moe.placement == "hot":
-            raise ValueError("lora.trainExperts requires moe.placement: host-only")
+            raise ValueError("lora.trainExperts requires moe.placement: host-only or auto")
         d = self.distributed
         if (
             d is not None
@@ -716,14 +788,14 @@ def immutable_rule() -> dict[str, Any]:
 def _spec_schema_extra(schema: dict[str, Any]) -> None:
     schema["x-kubernetes-validations"] = [
         cel(
-            "has(self.benchmark) || self.moe.placement != 'hot' "
+            "has(self.benchmark) || self.moe.placement == 'host-only' "
             "|| self.moe.warmupSteps < self.training.steps",
-            "moe.warmupSteps must be less than training.steps with placement hot",
+            "moe.warmupSteps must be less than training.steps with placement hot or auto",
             field_path=".moe.warmupSteps",
         ),
         cel(
-            "!self.lora.trainExperts || self.moe.placement == 'host-only'",
-            "lora.trainExperts requires moe.placement: host-only",
+            "!self.lora.trainExperts || self.moe.placement != 'hot'",
+            "lora.trainExperts requires moe.placement: host-only or auto",
             field_path=".lora.trainExperts",
         ),
         cel(
@@ -798,6 +870,20 @@ class HotStatus(_Model):
     fraction: float = Field(..., description="moe.hotFraction.")
     experts: int = Field(..., description="Hot experts in all layers together.")
     selected_at_step: int = Field(..., description="Step after which the hot set was chosen.")
+
+
+class PlacementStatus(_Model):
+    """``moe.placement: auto``: the two trial medians and the choice (worker)."""
+
+    policy: str = Field(..., description="moe.placement as asked (auto).")
+    chosen: str | None = Field(None, description="hot or host-only (null while measuring).")
+    decided_at_step: int | None = Field(None, description="Step after which it was chosen.")
+    host_only_median_s: float | None = Field(
+        None, description="Median forward+backward seconds of the host-only trial steps."
+    )
+    hot_median_s: float | None = Field(
+        None, description="Median forward+backward seconds of the hot trial steps."
+    )
 
 
 class CheckpointStatus(_Model):
@@ -906,6 +992,9 @@ class MoEFinetuneStatus(_Model):
         None, description="Median step seconds after warm-up (worker)."
     )
     hot: HotStatus | None = Field(None, description="The hot-expert set (worker).")
+    placement: PlacementStatus | None = Field(
+        None, description="How placement auto chose (worker)."
+    )
     last_checkpoint: CheckpointStatus | None = Field(None, description="Last checkpoint (worker).")
     distributed: DistributedStatus | None = Field(
         None, description="Data-parallel ranks and their skew (worker; spec.distributed)."

@@ -13,12 +13,13 @@ from npu_lora.backends.base import Backend
 
 class CudaBackend(Backend):
     name = "cuda"
+    pin_staging = True
 
     def __init__(self, index: int = 0, *, use_compile: bool = False) -> None:
         super().__init__(torch.device("cuda", index))
         self.use_compile = use_compile
 
-    def to_device(self, t: torch.Tensor) -> torch.Tensor:
+    def _copy_to_device(self, t: torch.Tensor) -> torch.Tensor:
         return t.to(self.device, non_blocking=True)
 
     def synchronize(self) -> None:

@@ -59,7 +59,9 @@ class Variant:
     ``+overlap``: hot placement with the overlapped device call (``HostMLP.overlap``; only
     differs on a non-CPU device); ``+sequential``: without it (the default, named explicitly).
     ``+padmax``: hot groups padded to
-    the largest group (``HotLayer.capacity="max"``, no host overflow) instead of the cost rule."""
+    the largest group (``HotLayer.capacity="max"``, no host overflow) instead of the cost rule.
+    ``+legacy``: the copies and gathers as before issue 13 (zero-row concatenation gather,
+    separate cast, the first layer's zero input copied to the device), for A/B."""
 
     name: str
     placement: str  # host-only | hot | peer
@@ -68,6 +70,7 @@ class Variant:
     sequential: bool = False
     padmax: bool = False
     overlap: bool = False
+    legacy: bool = False
 
     @property
     def is_peer(self) -> bool:
@@ -81,7 +84,7 @@ class Variant:
         placement, flags = parts[0], set(parts[1:])
         if placement not in ("host-only", "hot", "peer"):
             raise ValueError(f"variant {name!r}: placement must be host-only, hot or peer")
-        unknown = flags - {"keep_graph", "sequential", "padmax", "overlap"}
+        unknown = flags - {"keep_graph", "sequential", "padmax", "overlap", "legacy"}
         if unknown or (placement == "peer" and flags):
             raise ValueError(f"variant {name!r}: unknown modifiers {sorted(flags)}")
         hot_only = flags & {"sequential", "padmax", "overlap"}
@@ -97,6 +100,7 @@ class Variant:
             "sequential" in flags,
             "padmax" in flags,
             "overlap" in flags,
+            "legacy" in flags,
         )
 
 
@@ -221,9 +225,11 @@ class VariantRunner:
         if v.placement == "hot" and not self.hot_layers:
             raise RuntimeError(f"variant {v.name}: no hot set was selected")
         eng.set_mode(EngineMode(v.placement, v.keep_graph, v.overlap))  # type: ignore[arg-type]
+        eng.legacy_traffic = v.legacy
         for m in eng.mlps:
             if m.hot is not None:
                 m.hot.capacity = "max" if v.padmax else "cost"
+                m.hot.legacy = v.legacy
 
     def _clear_grads(self) -> None:
         for p in self.params:
@@ -479,11 +485,22 @@ def _fmt(x: float | None, nd: int = 3) -> str:
     return f"{x:.{nd}f}"
 
 
+def _mb(x: float | None) -> str:
+    return "—" if x is None or math.isnan(x) else f"{x / 1e6:.3f}"
+
+
+def _copy_s(m: dict[str, Any]) -> str:
+    a, b = m.get("to_device_s"), m.get("to_host_s")
+    if a is None or b is None or math.isnan(a) or math.isnan(b):
+        return "—"
+    return f"{a + b:.4f}"
+
+
 def render_table(summary: dict[str, Any], variants: list[str]) -> str:
     base = summary["baseline"]
     lines = [
-        f"| variant | s/step | attn+head | HostMLP fwd | HostMLP bwd | recompute | calls/layer | Δ vs {base} (same-sign rounds) | ratio | CPU s/step |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"| variant | s/step | attn+head | HostMLP fwd | HostMLP bwd | recompute | calls/layer | Δ vs {base} (same-sign rounds) | ratio | CPU s/step | →dev MB | →host MB | copy s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for v in variants:
         m, d = summary["medians"][v], summary["deltas"][v]
@@ -495,7 +512,8 @@ def render_table(summary: dict[str, Any], variants: list[str]) -> str:
         ratio = "1.00" if v == base else _fmt(d["median_ratio"], 2)
         lines.append(
             f"| {v} | {_fmt(m['step_s'])} | {_fmt(m['attn_head_s'])} | {_fmt(m['host_fwd_s'])} | "
-            f"{_fmt(m['host_bwd_s'])} | {_fmt(m['recompute_s'])} | {_fmt(m['device_calls_per_layer'], 1)} | {delta} | {ratio} | {_fmt(m.get('cpu_s'))} |"
+            f"{_fmt(m['host_bwd_s'])} | {_fmt(m['recompute_s'])} | {_fmt(m['device_calls_per_layer'], 1)} | {delta} | {ratio} | {_fmt(m.get('cpu_s'))} | "
+            f"{_mb(m.get('to_device_bytes'))} | {_mb(m.get('to_host_bytes'))} | {_copy_s(m)} |"
         )
     return "\n".join(lines)
 

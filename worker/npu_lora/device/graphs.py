@@ -322,6 +322,30 @@ class DeviceHead(nn.Module):
         return cross_entropy_int32(z_BNV, labels_BN, w_BN, label_logits=picked_BN)
 
 
+class HotExpertsGathered(nn.Module):
+    """``HotExpertsBatched`` between a gather and a scatter on the device:
+    forward(x_TD, idx_EhB int32, r_EhB) -> y_TD = index_add(0, idx, hot(x_TD[idx], r)), the hot
+    pairs' outputs summed per token. The host sends the block's T token rows once and gets T rows
+    back, instead of the Eh·Bk padded rows each way (fewer whenever Eh·Bk > T); the backward
+    (gather of dy, the experts, index_add into dx_TD) runs on the device too. Static shapes per
+    bucket. On cuda the index_adds use atomics (run-to-run bitwise only under
+    ``torch.use_deterministic_algorithms``). Not yet in the RNGD catalogue (the engine uses it
+    on cpu/cuda only)."""
+
+    def __init__(self, hot: HotExpertsBatched) -> None:
+        super().__init__()
+        self.hot = hot
+
+    def forward(
+        self, x_TD: torch.Tensor, idx_EhB: torch.Tensor, r_EhB: torch.Tensor
+    ) -> torch.Tensor:
+        Eh, Bk = r_EhB.shape
+        idx = idx_EhB.reshape(-1)
+        x_EhBD = x_TD.index_select(0, idx).view(Eh, Bk, x_TD.shape[-1])
+        y_EhBD = self.hot(x_EhBD, r_EhB)  # padding rows: exactly 0 (weight 0)
+        return torch.zeros_like(x_TD).index_add(0, idx, y_EhBD.reshape(Eh * Bk, -1))
+
+
 class HotExpertsBatched(nn.Module):
     """A layer's hot experts in one padded batched call (SwiGLU experts × routing weight).
 
@@ -329,7 +353,7 @@ class HotExpertsBatched(nn.Module):
     ``w_gate_up_EhFD [Eh, 2I, D]``, ``w_down_EhDI [Eh, D, I]``::
 
         g, u  = bmm(x, w_gate_up^T).chunk(2)       # [Eh, Bk, I] each
-        y     = bmm(silu(g) * u, w_down^T) * r     # padding rows have x = 0 and r = 0 → y = 0
+        y     = bmm(silu(g) * u, w_down^T) * r     # padding rows have r = 0 → y = 0
 
     Same arithmetic per (token, expert) pair as transformers' experts kernels (linear, gate,
     linear, × weight); only the GEMM reduction order may differ.

@@ -27,6 +27,7 @@ from torch import nn
 
 from npu_lora.api.v1alpha1 import MoEFinetuneSpec
 from npu_lora.backends import Backend, get_backend
+from npu_lora.backends.base import Traffic
 from npu_lora.device.graphs import (
     DeviceAttentionBlock,
     DeviceEmbed,
@@ -47,13 +48,22 @@ from npu_lora.moe.host_mlp import HostMLP, install_host_mlp
 from npu_lora.moe.hot import (
     HotLayer,
     default_buckets,
+    device_expert_bytes,
     make_hot_layer,
+    move_hot_layer,
     refresh_hot_layer,
     select_hot,
+    select_hot_memory,
 )
 from npu_lora.moe.mode import EngineMode
 
 EXPERTS_FILE = "experts.safetensors"
+#: ``moe.placement: auto``: trial rounds after the hot set is chosen; round r runs one
+#: host-only and one hot step, host-only first in even rounds (the bench's alternation).
+AUTO_ROUNDS = 3
+#: Decay of the routing histogram per hot-set refresh (``moe.hotRefreshSteps``): the counts of
+#: the last period weigh 1, the one before 0.5, ... (half-life: one refresh period).
+HOT_DECAY = 0.5
 
 
 class HybridEngine:
@@ -77,9 +87,20 @@ class HybridEngine:
         bucket_sizes: list[int] | tuple[int, ...] | None = None,
         tokens_per_batch: int | None = None,
         train_experts: bool = False,
+        hot_refresh_steps: int | None = None,
+        hot_memory: int | None = None,
+        auto_rounds: int = AUTO_ROUNDS,
     ) -> None:
         self.train_experts = train_experts
-        self._mode = EngineMode(placement, keep_graph, overlap)  # type: ignore[arg-type]
+        if placement == "auto" and train_experts:
+            placement = "host-only"  # trained experts cannot live on the device: auto = host-only
+        #: ``moe.placement`` as asked: ``hot``, ``host-only`` or ``auto`` (measure, keep faster)
+        self.policy = placement
+        self._mode = EngineMode(
+            "hot" if placement == "auto" else placement,  # type: ignore[arg-type]
+            keep_graph,
+            overlap,
+        )
         self._check_mode(self._mode)
         self._parked_hot: list[HotLayer | None] | None = None
         self.model = model
@@ -103,6 +124,19 @@ class HybridEngine:
             counts_LE=self.counts_LE,
         )
         self.hot_selected_at: int | None = None
+        self.hot_refresh_steps = hot_refresh_steps
+        self.hot_memory = hot_memory
+        self.auto_rounds = auto_rounds
+        self.auto: dict[str, Any] | None = None  # placement auto: trials and the choice
+        self.hot_history: list[dict[str, Any]] = []  # hot-set choices (selection, refreshes)
+        self.hist_LE: torch.Tensor | None = None  # decayed routing histogram (refresh)
+        self._counts_at_refresh: torch.Tensor | None = None
+        self._pending = Traffic()  # copies between steps (moves), reported with the next step
+        self._fb_s = 0.0  # forward_backward wall seconds since the last select_hot_experts
+        self.legacy_traffic = False  # bench A/B (variant +legacy): the copies before issue 13
+        #: hot rows gathered on the device when that sends fewer rows (HotExpertsGathered);
+        #: off for furiosa until `npu-lora rngd-check` covers that graph
+        self.device_gather = backend.name != "furiosa"
         self._place_on_device()
         self.device_dtype = self.lm.model.embed_tokens.weight.dtype
         inner = self.lm.model
@@ -198,7 +232,11 @@ class HybridEngine:
         (``loss`` unscaled; 0.0 when the batch has no label token).
         """
         be = self.backend
+        t_fb = time.perf_counter()
         be.reset_counts()
+        move_bytes = int(sum(self._pending.to_device_bytes.values()))
+        be.traffic.merge(self._pending)  # moves since the last step count in this one
+        self._pending.clear()
         self.times.reset()
         ids = batch["input_ids"]
         am = batch.get("attention_mask")
@@ -212,7 +250,12 @@ class HybridEngine:
         lg = label_gather(labels, dt)
         sel, lab, w = (be.to_device(t) for t in (lg.sel_BNS, lg.labels_BN, lg.w_BN))
         ids_d = be.to_device(ids.to(torch.int32))
-        moe = be.to_device(torch.zeros(B, S, self.config.hidden_size, dtype=dt))
+        # the first layer's "MoE output" is zeros: made on the device, nothing is copied
+        # (``legacy_traffic``: copied from the host, as before issue 13; bench A/B only)
+        if self.legacy_traffic:
+            moe = be.to_device(torch.zeros(B, S, self.config.hidden_size, dtype=dt))
+        else:
+            moe = torch.zeros(B, S, self.config.hidden_size, dtype=dt, device=be.device)
 
         dev_s = 0.0
         t0 = time.perf_counter()
@@ -235,6 +278,8 @@ class HybridEngine:
         attn_bwd_s = max(bwd_s - self.times.host_bwd_s, 0.0)
         for mlp in self.mlps:  # a kept graph never outlives its step
             mlp.free_kept()
+        tr = be.traffic.totals()
+        self._fb_s += time.perf_counter() - t_fb
 
         return StepProfile(
             loss=float(loss.detach().float().cpu()),
@@ -249,6 +294,13 @@ class HybridEngine:
             placement=self.placement,
             hot_s=self.times.hot_s,
             device_calls=dict(be.calls_by_name),
+            to_device_bytes=int(tr["to_device_bytes"]),
+            to_host_bytes=int(tr["to_host_bytes"]),
+            to_device_s=tr["to_device_s"],
+            to_host_s=tr["to_host_s"],
+            copy_mb=(tr["to_device_bytes"] + tr["to_host_bytes"]) / 1e6,
+            move_bytes=move_bytes,
+            traffic_layers=be.traffic.by_layer(self.num_layers),
         )
 
     # --- hot experts ---------------------------------------------------------------------------
@@ -270,73 +322,301 @@ class HybridEngine:
             return self.bucket_sizes
         return default_buckets(self.tokens_per_batch or 128, self.top_k)
 
-    def _install_hot(self, experts_per_layer: list[list[int]]) -> None:
+    def _expert_device_bytes(self) -> int:
+        return device_expert_bytes(self.mlps[0].experts, self.device_dtype)
+
+    def _choose(self, counts_LE: torch.Tensor) -> list[list[int]]:
+        """The hot set for these counts: ``moe.hotMemory`` (across layers) or ``hotFraction``."""
+        if self.hot_memory is not None:
+            return select_hot_memory(counts_LE, self.hot_memory, self._expert_device_bytes())
+        return select_hot(counts_LE, self.hot_fraction)
+
+    def _between_steps(self) -> Traffic:
+        """Copies made now (between steps) are reported with the next step's traffic."""
+        saved, self.backend.traffic = self.backend.traffic, Traffic()
+        return saved
+
+    def _end_between_steps(self, saved: Traffic) -> int:
+        moved = int(sum(self.backend.traffic.to_device_bytes.values()))
+        self._pending.merge(self.backend.traffic)
+        self.backend.traffic = saved
+        return moved
+
+    def _install_hot(self, experts_per_layer: list[list[int]]) -> int:
+        """Make the layers' hot sets (copies every listed expert); returns the bytes moved."""
         if len(experts_per_layer) != self.num_layers:
             raise ValueError(
                 f"hot set has {len(experts_per_layer)} layers, model {self.num_layers}"
             )
-        for mlp, ids in zip(self.mlps, experts_per_layer, strict=True):
-            mlp.hot = make_hot_layer(
-                mlp.experts,
-                list(ids),
-                self.backend,
-                buckets=self._buckets(),
-                device_dtype=self.device_dtype,
+        saved = self._between_steps()
+        for i, (mlp, ids) in enumerate(zip(self.mlps, experts_per_layer, strict=True)):
+            mlp.hot = (
+                make_hot_layer(
+                    mlp.experts,
+                    list(ids),
+                    self.backend,
+                    buckets=self._buckets(),
+                    device_dtype=self.device_dtype,
+                    layer=i,
+                    device_gather=self.device_gather,
+                )
+                if ids
+                else None  # hotMemory gave this layer nothing: all its experts on the host
             )
+        return self._end_between_steps(saved)
+
+    def _live_hot(self) -> list[HotLayer | None]:
+        """The hot layers, also while parked (placement host-only during auto trials)."""
+        if self._parked_hot is not None:
+            return list(self._parked_hot)
+        return [m.hot for m in self.mlps]
 
     def select_hot_experts(self, step: int) -> dict:
-        """Call with the number of completed optimizer steps (0 before training).
+        """Call after every optimizer step with the number of completed steps (0 before
+        training).
 
-        With placement ``hot``, the first call with ``step >= warmupSteps`` picks the hot set
-        (``moe.hot.select_hot`` on the routing counts so far) and returns its summary
-        (``fraction, experts, selected_at_step, per_layer``); every other call (and any call
-        with placement ``host-only``) returns ``{}``.
+        With placement ``hot`` or ``auto``, the first call with ``step >= warmupSteps`` picks
+        the hot set (``moe.hotMemory``: ``select_hot_memory`` across layers; else
+        ``select_hot`` per layer, on the routing counts so far) and returns its summary
+        (``fraction, experts, selected_at_step, per_layer`` and ``memory`` with a budget). With
+        ``hotRefreshSteps`` later calls may re-choose it (``refresh_hot``; the summary again,
+        with ``refreshed_at_step``). Placement ``auto`` then alternates host-only and hot steps
+        (``auto_step``). Every other call returns ``{}``.
         """
-        if self.placement != "hot" or self.hot_selected_at is not None or step < self.warmup_steps:
+        fb_s, self._fb_s = self._fb_s, 0.0
+        if self.policy == "host-only":
             return {}
-        self._install_hot(select_hot(self.counts_LE, self.hot_fraction))
-        self.hot_selected_at = step
-        return self.hot_summary()
+        if self.hot_selected_at is None:
+            if step < self.warmup_steps:
+                return {}
+            moved = self._install_hot(self._choose(self.counts_LE))
+            self.hot_selected_at = step
+            self.hist_LE = self.counts_LE.to(torch.float64)
+            self._counts_at_refresh = self.counts_LE.clone()
+            self._record_history(step, moved, experts_moved=self.hot_experts_total)
+            if self.policy == "auto":
+                self.auto = {"trials": [], "chosen": None, "decided_at_step": None}
+                self._apply_auto_mode()
+            return self.hot_summary()
+        if self.policy == "auto" and self.auto is not None and self.auto["chosen"] is None:
+            self.auto_step(step, fb_s)
+            return {}
+        return self.refresh_hot(step)
+
+    # --- placement auto -------------------------------------------------------------------------
+    def _trial_placement(self, k: int) -> str:
+        first, second = ("host-only", "hot") if (k // 2) % 2 == 0 else ("hot", "host-only")
+        return first if k % 2 == 0 else second
+
+    def _apply_auto_mode(self) -> None:
+        assert self.auto is not None
+        chosen = self.auto["chosen"]
+        want = chosen or self._trial_placement(len(self.auto["trials"]))
+        if want != self.placement:
+            self.set_mode(EngineMode(want, self.keep_graph, self.overlap))  # type: ignore[arg-type]
+
+    def auto_step(self, step: int, seconds: float) -> None:
+        """Record the trial step ``step`` (its placement and forward+backward seconds) and set
+        the next step's placement; after ``auto_rounds`` rounds keep the faster (median)."""
+        import statistics
+
+        assert self.auto is not None
+        self.auto["trials"].append([self.placement, step, seconds])
+        if len(self.auto["trials"]) >= 2 * self.auto_rounds:
+            med = {
+                p: statistics.median(s for q, _, s in self.auto["trials"] if q == p)
+                for p in ("host-only", "hot")
+            }
+            self.auto["median_s"] = med
+            self.auto["chosen"] = "hot" if med["hot"] < med["host-only"] else "host-only"
+            self.auto["decided_at_step"] = step
+        self._apply_auto_mode()
+
+    def placement_choice(self) -> dict[str, Any] | None:
+        """Placement ``auto``: ``{chosen, decided_at_step, host_only_median_s, hot_median_s,
+        trials}`` (``chosen`` None while measuring); ``None`` for the other placements."""
+        if self.auto is None:
+            return None
+        med = self.auto.get("median_s") or {}
+        return {
+            "policy": "auto",
+            "chosen": self.auto["chosen"],
+            "decided_at_step": self.auto["decided_at_step"],
+            "host_only_median_s": med.get("host-only"),
+            "hot_median_s": med.get("hot"),
+            "trials": [list(t) for t in self.auto["trials"]],
+        }
+
+    # --- refresh ----------------------------------------------------------------------------
+    def refresh_hot(self, step: int) -> dict:
+        """Every ``hotRefreshSteps`` steps after the selection (placement hot): decay the
+        histogram (``hist = HOT_DECAY·hist + counts since the last refresh``), choose again
+        and move only the experts that change (their bytes count as the next step's traffic,
+        ``move_bytes``). Returns the summary when the set changed, else ``{}``."""
+        n = self.hot_refresh_steps
+        if (
+            not n
+            or self.hot_selected_at is None
+            or self.placement != "hot"
+            or step <= self.hot_selected_at
+            or (step - self.hot_selected_at) % n
+        ):
+            return {}
+        assert self.hist_LE is not None and self._counts_at_refresh is not None
+        recent = (self.counts_LE - self._counts_at_refresh).to(torch.float64)
+        self.hist_LE = HOT_DECAY * self.hist_LE + recent
+        self._counts_at_refresh = self.counts_LE.clone()
+        want = self._choose(self.hist_LE)
+        saved = self._between_steps()
+        entered = 0
+        for i, (mlp, ids) in enumerate(zip(self.mlps, want, strict=True)):
+            if mlp.hot is None and ids:
+                mlp.hot = make_hot_layer(
+                    mlp.experts,
+                    list(ids),
+                    self.backend,
+                    buckets=self._buckets(),
+                    device_dtype=self.device_dtype,
+                    layer=i,
+                    device_gather=self.device_gather,
+                )
+                entered += len(ids)
+            elif mlp.hot is not None and not ids:
+                mlp.hot = None
+            elif mlp.hot is not None:
+                mlp.hot, k = move_hot_layer(mlp.hot, mlp.experts, list(ids), self.backend)
+                entered += k
+        moved = self._end_between_steps(saved)
+        if not entered and len(self.hot_history) and self._same_as_last(want):
+            return {}
+        self._record_history(step, moved, experts_moved=entered)
+        out = self.hot_summary()
+        out["refreshed_at_step"] = step
+        return out
+
+    def _same_as_last(self, want: list[list[int]]) -> bool:
+        last = self.hot_history[-1]["per_layer"]
+        return [sorted(a) for a in last] == [sorted(b) for b in want]
+
+    def _record_history(self, step: int, moved: int, *, experts_moved: int) -> None:
+        self.hot_history.append(
+            {
+                "step": step,
+                "experts": sum(h.num_hot for h in self._live_hot() if h is not None),
+                "experts_moved": experts_moved,
+                "move_bytes": moved,
+                "per_layer": [list(h.experts) if h else [] for h in self._live_hot()],
+            }
+        )
 
     def hot_summary(self) -> dict:
         if self.hot_selected_at is None:
             return {}
-        return {
+        live = self._live_hot()
+        out = {
             "fraction": self.hot_fraction,
-            "experts": self.hot_experts_total,
+            "experts": sum(h.num_hot for h in live if h is not None),
             "selected_at_step": self.hot_selected_at,
-            "per_layer": [list(m.hot.experts) if m.hot else [] for m in self.mlps],
+            "per_layer": [list(h.experts) if h else [] for h in self._live_hot()],
+        }
+        if self.hot_memory is not None:
+            out["memory"] = self.memory_report()
+        return out
+
+    def memory_report(self, counts_LE: torch.Tensor | None = None) -> dict[str, Any]:
+        """``moe.hotMemory``: budget, bytes used, and the routed-token coverage of the hot set
+        vs the per-layer rule with the same budget (the same number of experts per layer,
+        ``budget // expert_bytes // L``), both on the same counts (default: the histogram the
+        set was chosen from)."""
+        from npu_lora.moe.hot import coverage
+
+        counts = counts_LE if counts_LE is not None else self.hist_LE
+        if counts is None:
+            counts = self.counts_LE
+        eb = self._expert_device_bytes()
+        per_layer = [list(h.experts) if h else [] for h in self._live_hot()]
+        n = sum(len(x) for x in per_layer)
+        k = min(self.num_experts, (self.hot_memory or 0) // eb // max(self.num_layers, 1))
+        flat = select_hot(counts, k / self.num_experts) if k else [[] for _ in per_layer]
+        return {
+            "budget_bytes": self.hot_memory,
+            "expert_bytes": eb,
+            "used_bytes": n * eb,
+            "experts": n,
+            "coverage": coverage(counts, per_layer),
+            "per_layer_fraction_experts": k * self.num_layers,
+            "per_layer_fraction_coverage": coverage(counts, flat),
         }
 
     def hot_state(self) -> dict | None:
         """Serialisable hot set (JSON-able), or ``None`` when none is selected. Keys:
         ``fraction``, ``experts`` (total), ``selected_at_step``, ``per_layer`` (expert ids per
-        layer), ``routing_counts`` (``[L][E]`` ints at the time of saving)."""
+        layer, in slot order), ``routing_counts`` (``[L][E]`` ints at the time of saving), and
+        for refresh and auto: ``hist``, ``counts_at_refresh``, ``history``, ``auto``."""
         if self.hot_selected_at is None:
             return None
         state = self.hot_summary()
         state["routing_counts"] = self.counts_LE.tolist()
+        if self.hist_LE is not None:
+            state["hist"] = self.hist_LE.tolist()
+        if self._counts_at_refresh is not None:
+            state["counts_at_refresh"] = self._counts_at_refresh.tolist()
+        state["history"] = [dict(h) for h in self.hot_history]
+        if self.auto is not None:
+            state["auto"] = {
+                "trials": [list(t) for t in self.auto["trials"]],
+                "chosen": self.auto["chosen"],
+                "decided_at_step": self.auto["decided_at_step"],
+                "median_s": self.auto.get("median_s"),
+            }
         return state
 
     def load_hot_state(self, state: dict | None) -> None:
         """Restore a hot set saved by ``hot_state`` (copies those experts to the device);
         ``None`` removes the hot set (host-only until the next selection)."""
         if state is None:
+            self._parked_hot = None
             for m in self.mlps:
                 m.hot = None
             self.hot_selected_at = None
             return
         if "routing_counts" in state:
             self.counts_LE.copy_(torch.tensor(state["routing_counts"], dtype=torch.int64))
+        if self._parked_hot is not None:  # back to the hot mode before re-installing
+            self.set_mode(EngineMode("hot", self.keep_graph, self.overlap))
         self._install_hot(state["per_layer"])
+        self._pending.clear()  # restoring is not a move of the run's
         self.hot_selected_at = int(state["selected_at_step"])
+        self.hist_LE = (
+            torch.tensor(state["hist"], dtype=torch.float64)
+            if "hist" in state
+            else self.counts_LE.to(torch.float64)
+        )
+        self._counts_at_refresh = (
+            torch.tensor(state["counts_at_refresh"], dtype=torch.int64)
+            if "counts_at_refresh" in state
+            else self.counts_LE.clone()
+        )
+        self.hot_history = [dict(h) for h in state.get("history", [])]
+        auto = state.get("auto")
+        if auto is not None and self.policy == "auto":
+            self.auto = {
+                "trials": [list(t) for t in auto["trials"]],
+                "chosen": auto["chosen"],
+                "decided_at_step": auto["decided_at_step"],
+            }
+            if auto.get("median_s"):
+                self.auto["median_s"] = dict(auto["median_s"])
+            self._apply_auto_mode()
 
     def after_optimizer_step(self) -> None:
         """Keep device copies (hot experts) in sync with host weights after ``opt.step()``.
         A no-op unless hot experts exist and expert weights are trainable."""
+        saved = self._between_steps()
         for m in self.mlps:
             if m.hot is not None and any(p.requires_grad for p in m.experts.parameters()):
                 refresh_hot_layer(m.hot, m.experts, self.backend)
+        self._end_between_steps(saved)
 
     # --- saving --------------------------------------------------------------------------------
     def _expert_state_dict(self) -> dict[str, torch.Tensor]:
@@ -423,4 +703,6 @@ def build_engine(
         bucket_sizes=spec.moe.bucket_sizes,
         tokens_per_batch=spec.training.batch_size * spec.training.seq_len,
         train_experts=spec.lora.train_experts,
+        hot_refresh_steps=spec.moe.hot_refresh_steps,
+        hot_memory=spec.moe.hot_memory_bytes,
     )

@@ -24,6 +24,9 @@ class StepProfile:
       calls and backward-direction work are not in it.
     - ``tokens``: B*S of the micro-batch (all positions, padding included: all are computed).
     - ``device_calls``: forward-direction device calls by kind.
+    - traffic (``to_device_bytes`` .. ``traffic_layers``): ``npu_lora.backends.base`` (the seam
+      counts every copy, both directions, forward and backward); ``move_bytes`` is the part of
+      ``to_device_bytes`` that moved hot experts' weights since the previous micro-batch.
     """
 
     loss: float
@@ -38,6 +41,13 @@ class StepProfile:
     placement: str
     hot_s: float = 0.0
     device_calls: dict[str, int] = field(default_factory=dict)
+    to_device_bytes: int = 0
+    to_host_bytes: int = 0
+    to_device_s: float = 0.0
+    to_host_s: float = 0.0
+    copy_mb: float = 0.0
+    move_bytes: int = 0
+    traffic_layers: dict[str, list] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)

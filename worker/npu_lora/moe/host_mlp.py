@@ -243,7 +243,7 @@ class HostMLP(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         t0 = time.perf_counter()
-        x = self.backend.to_host(hidden_states)
+        x = self.backend.to_host(hidden_states, layer=self.layer)
         self.times.host_fwd_s += time.perf_counter() - t0
         params = self.trainable_params() if torch.is_grad_enabled() else []
         if torch.is_grad_enabled() and (x.requires_grad or params):
@@ -253,7 +253,7 @@ class HostMLP(nn.Module):
             y = self.block_forward(x, count=True)
             self.times.host_fwd_s += time.perf_counter() - t1
         t2 = time.perf_counter()
-        out = self.backend.to_device(y)
+        out = self.backend.to_device(y, layer=self.layer)
         self.backend.synchronize()
         self.times.host_fwd_s += time.perf_counter() - t2
         return out

@@ -44,7 +44,14 @@ import torch
 from torch import nn
 
 from npu_lora.backends.base import Backend
-from npu_lora.moe.hot import HotLayer, cold_inputs, combine, hot_inputs, plan_hot_cold
+from npu_lora.moe.hot import (
+    HotLayer,
+    cold_inputs,
+    combine,
+    hot_inputs,
+    plan_hot_cold,
+    send_hot_inputs,
+)
 
 
 class AsyncRunner(Protocol):
@@ -177,11 +184,18 @@ class _JoinDevice(torch.autograd.Function):
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, x_EhBD: torch.Tensor, r_EhB: torch.Tensor, res: tuple, runner: AsyncRunner
+        ctx: Any,
+        x_EhBD: torch.Tensor,
+        r_EhB: torch.Tensor,
+        res: tuple,
+        runner: AsyncRunner,
+        backend: Backend,
+        layer: int,
     ) -> torch.Tensor:
         y = res[2]
         ctx.res = res
         ctx.runner = runner
+        ctx.backend, ctx.layer = backend, layer
         ctx.x_meta = (x_EhBD.device, x_EhBD.dtype)
         ctx.r_meta = (r_EhB.device, r_EhB.dtype)
         return y.detach()
@@ -193,11 +207,12 @@ class _JoinDevice(torch.autograd.Function):
         gx, gr = runner.run_backward(
             lambda: torch.autograd.grad(y, [x_hat, r_hat], dy, allow_unused=True), dy
         )
-        if gx is not None:
-            gx = gx.to(*ctx.x_meta)
+        be: Backend = ctx.backend
+        if gx is not None:  # device → host through the seam (counted)
+            gx = be.to_host(gx, layer=ctx.layer).to(*ctx.x_meta)
         if gr is not None:
-            gr = gr.to(*ctx.r_meta)
-        return gx, gr, None, None
+            gr = be.to_host(gr, layer=ctx.layer).to(*ctx.r_meta)
+        return gx, gr, None, None, None, None
 
 
 def hot_cold_forward_overlapped(
@@ -222,9 +237,8 @@ def hot_cold_forward_overlapped(
     # 1. hot pairs: dense padded values (no graph yet), issue the device call asynchronously
     needs_graph = torch.is_grad_enabled() and (x_TD.requires_grad or plan.r_P.requires_grad)
     with torch.no_grad():
-        xv, rv = hot_inputs(x_TD.detach(), plan.r_P.detach(), plan)
-        x_dev = backend.to_device(xv.to(hot.device_dtype))
-        r_dev = backend.to_device(rv.to(hot.device_dtype))
+        xv, rv = hot_inputs(x_TD.detach(), plan.r_P.detach(), plan, legacy=hot.legacy)
+        x_dev, r_dev = send_hot_inputs(xv, rv, hot, backend, layer)
 
     def device_fn(x: torch.Tensor, r: torch.Tensor) -> tuple:
         if needs_graph:
@@ -247,8 +261,8 @@ def hot_cold_forward_overlapped(
     t0 = time.perf_counter()
     res = runner.wait(handle)
     if needs_graph:
-        x_EhBD, r_EhB = hot_inputs(x_TD, plan.r_P, plan)
-        y_EhBD = _JoinDevice.apply(x_EhBD, r_EhB, res, runner)
+        x_EhBD, r_EhB = hot_inputs(x_TD, plan.r_P, plan, legacy=hot.legacy)
+        y_EhBD = _JoinDevice.apply(x_EhBD, r_EhB, res, runner, backend, layer)
     else:
         y_EhBD = res[2]
     y_TD = combine(y_cold, y_EhBD, x_TD, plan, backend)

@@ -2,8 +2,11 @@
 
 Added by ``npu-lora run`` when ``NPU_LORA_RESOURCE_NAME`` is set (the operator sets it, with
 ``NPU_LORA_RESOURCE_NAMESPACE``). The worker owns these keys of ``status`` and writes nothing
-else: ``progress``, ``lastStep``, ``stepSecondsMedian``, ``hot``, ``lastCheckpoint``, ``distributed``
-(data parallel: world size, per-rank compute seconds, the slowest rank's skew; rank 0 reports).
+else: ``progress``, ``lastStep``, ``stepSecondsMedian``, ``hot``, ``placement``,
+``lastCheckpoint``, ``distributed``. (``placement``: the trial medians and the choice of
+``moe.placement: auto``; a field of the worker's, not a condition, because ``conditions`` belong
+to the operator and a merge patch replaces the whole list. ``distributed``: world size, per-rank
+compute seconds, the slowest rank's skew; rank 0 reports.)
 
 - API access: the in-cluster service account (the operator's per-run Role allows exactly
   ``get``/``patch`` on this run's ``moefinetunes/status``), or ``$KUBECONFIG`` outside a pod.
@@ -14,8 +17,9 @@ else: ``progress``, ``lastStep``, ``stepSecondsMedian``, ``hot``, ``lastCheckpoi
   Each patch carries the whole worker subtree, so only the latest state matters: a failed patch
   (network error, 409, 5xx, ...) is logged and retried after a back-off unless a newer state
   replaced it. Reporting never raises into the training loop.
-- Deletion: a 404, or a 403 after earlier patches succeeded (the per-run Role is deleted with
-  the run, often before the pod), means the run is gone: reporting stops and, when the trainer's
+- Deletion: a 404, or a 403 or 401 after earlier patches succeeded (the per-run Role, or the
+  ServiceAccount, whose deletion revokes its tokens, is deleted with the run, often before the
+  pod), means the run is gone: reporting stops and, when the trainer's
   SIGTERM handler is installed, the reporter sends SIGTERM to its own process, so the step in
   flight is finished and checkpointed and the worker exits 143 (``ctx.extra["stop_reason"]``
   names the cause for the termination message). A 403 before any success (a misconfigured
@@ -46,7 +50,15 @@ from npu_lora.train.callbacks import TrainCallback  # torch-free
 
 log = logging.getLogger(__name__)
 
-WORKER_KEYS = ("progress", "lastStep", "stepSecondsMedian", "hot", "lastCheckpoint", "distributed")
+WORKER_KEYS = (
+    "progress",
+    "lastStep",
+    "stepSecondsMedian",
+    "hot",
+    "placement",
+    "lastCheckpoint",
+    "distributed",
+)
 
 
 def now_iso() -> str:
@@ -175,7 +187,7 @@ class StatusReporter(TrainCallback):
             opts["total_steps"] = getattr(ctx, "total_steps", spec.training.steps)
             opts["every_steps"] = spec.reporting.every_steps
             opts["min_interval_seconds"] = spec.reporting.min_interval_seconds
-            if spec.moe.placement == "hot":
+            if spec.moe.placement != "host-only":
                 opts["warmup_steps"] = spec.moe.warmup_steps
         opts.update(kwargs)
         return cls(name, namespace, **opts)
@@ -236,9 +248,10 @@ class StatusReporter(TrainCallback):
             except Exception as e:  # network, 409, 5xx, auth: never fatal
                 self.failures += 1
                 code = getattr(e, "status", None)
-                if code == 404 or (code == 403 and self.sent > 0):
-                    # the MoEFinetune is gone (404), or its Role went first during the deletion
-                    # cascade (403 after earlier patches succeeded): stop reporting, and stop the
+                if code == 404 or (code in (401, 403) and self.sent > 0):
+                    # the MoEFinetune is gone (404), or its Role (403) or ServiceAccount (401)
+                    # went first during the deletion cascade (after earlier patches succeeded):
+                    # stop reporting, and stop the
                     # run cleanly (the step in flight is finished and checkpointed)
                     self._run_deleted(int(code))
                     return
@@ -355,6 +368,9 @@ class StatusReporter(TrainCallback):
             }
         if getattr(ctx, "hot", None):
             self._set_hot(ctx.hot)
+        placement = (getattr(ctx, "extra", None) or {}).get("placement")
+        if placement:
+            self._set_placement(placement)
         self._submit()
 
     def on_step(self, record: dict[str, Any], ctx: Any) -> None:
@@ -394,6 +410,22 @@ class StatusReporter(TrainCallback):
     def on_hot_selected(self, info: dict[str, Any], ctx: Any) -> None:
         self._set_hot(info)
         self._submit()
+
+    def on_placement(self, info: dict[str, Any], ctx: Any) -> None:
+        self._set_placement(info)
+        self._submit()
+
+    def _set_placement(self, info: dict[str, Any]) -> None:
+        out: dict[str, Any] = {"policy": str(info.get("policy", "auto"))}
+        if info.get("chosen"):
+            out["chosen"] = str(info["chosen"])
+        if info.get("decided_at_step") is not None:
+            out["decidedAtStep"] = int(info["decided_at_step"])
+        for src, dst in (("host_only_median_s", "hostOnlyMedianS"), ("hot_median_s", "hotMedianS")):
+            v = _sig(info.get(src))
+            if v is not None:
+                out[dst] = v
+        self._state["placement"] = out
 
     def on_checkpoint(self, step: int, path: str, ctx: Any) -> None:
         self._state["lastCheckpoint"] = {"step": int(step), "path": str(path), "time": now_iso()}

@@ -192,8 +192,8 @@ def _hot_graphs(b: _Build, buckets: tuple[int, ...], hot_fraction: float) -> lis
         x = torch.randn(Eh, bk, D, generator=b.gen).to(b.dtype)
         r = torch.rand(Eh, bk, generator=b.gen).to(b.dtype)
         fill = torch.arange(bk)[None] < torch.randint(1, bk + 1, (Eh, 1), generator=b.gen)
-        x = x * fill[..., None]
-        r = r * fill
+        x = torch.where(fill[..., None], x, x[:1, :1])  # padding repeats a real row (token 0)
+        r = r * fill  # ... with routing weight 0, as the engine builds them
         graphs.append(
             DeviceGraph(
                 f"hot_experts_b{bk}",

@@ -8,7 +8,9 @@ Order of calls in a run::
 
     on_start(ctx)
     for each step: on_step(record, ctx)       # after the record is in metrics.jsonl
-                   on_hot_selected(info, ctx) # once, after step == moe.warmupSteps (placement hot)
+                   on_hot_selected(info, ctx) # after step == moe.warmupSteps (placement hot/auto),
+                                              # and after each refresh that changed the set
+                   on_placement(info, ctx)    # placement auto: when it chose (the two medians)
                    on_checkpoint(step, path, ctx)
     on_end(summary, ctx)                      # success (summary.json written)
     on_error(message, exit_code, ctx)         # instead of on_end on failure
@@ -57,6 +59,19 @@ class RunContext:
         return self.manifest.metadata.namespace
 
 
+def placement_line(info: dict[str, Any]) -> str:
+    """The log line of an auto placement choice."""
+
+    def f(x: Any) -> str:
+        return "-" if x is None else f"{float(x):.4f} s"
+
+    return (
+        f"placement auto: host-only median {f(info.get('host_only_median_s'))}, hot median "
+        f"{f(info.get('hot_median_s'))} (forward+backward per step) -> {info.get('chosen')} "
+        f"from step {int(info.get('decided_at_step') or 0) + 1}"
+    )
+
+
 class TrainCallback:
     """Base class: override what you need; every method is a no-op here."""
 
@@ -67,6 +82,9 @@ class TrainCallback:
         pass
 
     def on_hot_selected(self, info: dict[str, Any], ctx: RunContext) -> None:
+        pass
+
+    def on_placement(self, info: dict[str, Any], ctx: RunContext) -> None:
         pass
 
     def on_checkpoint(self, step: int, path: str, ctx: RunContext) -> None:
@@ -103,6 +121,9 @@ class CallbackList(TrainCallback):
 
     def on_hot_selected(self, info: dict[str, Any], ctx: RunContext) -> None:
         self._call("on_hot_selected", info, ctx)
+
+    def on_placement(self, info: dict[str, Any], ctx: RunContext) -> None:
+        self._call("on_placement", info, ctx)
 
     def on_checkpoint(self, step: int, path: str, ctx: RunContext) -> None:
         self._call("on_checkpoint", step, path, ctx)
@@ -150,11 +171,21 @@ class ProgressBar(TrainCallback):
 
     def on_hot_selected(self, info: dict[str, Any], ctx: RunContext) -> None:
         if self.bar is not None and not self.disable:
-            self.bar.write(
-                f"hot experts selected after step {info.get('selected_at_step')}: "
-                f"{info.get('experts')} experts ({info.get('fraction')} of each layer)",
-                file=sys.stderr,
-            )
+            if info.get("refreshed_at_step") is not None:
+                text = (
+                    f"hot experts re-chosen after step {info['refreshed_at_step']}: "
+                    f"{info.get('experts')} experts"
+                )
+            else:
+                text = (
+                    f"hot experts selected after step {info.get('selected_at_step')}: "
+                    f"{info.get('experts')} experts ({info.get('fraction')} of each layer)"
+                )
+            self.bar.write(text, file=sys.stderr)
+
+    def on_placement(self, info: dict[str, Any], ctx: RunContext) -> None:
+        if self.bar is not None and not self.disable:
+            self.bar.write(placement_line(info), file=sys.stderr)
 
     def _close(self) -> None:
         if self.bar is not None:

@@ -5,7 +5,8 @@ Per optimizer step ``s`` (1-based)::
     for m in range(gradAccumulation): engine.forward_backward(batch(s, m), loss_scale=1/accum)
     clip_grad_norm_(trainable, maxGradNorm); opt.step(); opt.zero_grad(); engine.after_optimizer_step()
     record → metrics.jsonl (flushed + fsynced) → callbacks.on_step
-    engine.select_hot_experts(s)      # picks the hot set once s == warmupSteps (placement hot)
+    engine.select_hot_experts(s)      # hot/auto: picks the hot set once s == warmupSteps; then
+                                      # refreshes it (hotRefreshSteps) or runs the auto trials
     checkpoint every checkpoint.everySteps steps and at the end
 
 The record of a step sums the micro-batches' timings, device calls and tokens; ``loss`` is their
@@ -26,6 +27,7 @@ record gains :data:`npu_lora.distributed.group.RECORD_KEYS`.
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import shutil
@@ -39,9 +41,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 from npu_lora.api import record as step_record
 from npu_lora.api.v1alpha1 import EXIT_NONFINITE_LOSS
 from npu_lora.train import rundir
-from npu_lora.train.callbacks import CallbackList, RunContext, TrainCallback
+from npu_lora.train.callbacks import CallbackList, RunContext, TrainCallback, placement_line
 from npu_lora.train.checkpoint import clean_stale, fsync_dir, load_checkpoint, save_checkpoint
 from npu_lora.train.summary import build_summary, plot_step_times
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     import torch
@@ -215,7 +219,7 @@ class Trainer:
         t = self.spec.training
         accum = t.grad_accumulation
         t0 = time.perf_counter()
-        agg: dict[str, Any] = dict.fromkeys(step_record.SUMMED, 0.0)
+        agg: dict[str, Any] = {k: step_record.zero(k) for k in step_record.SUMMED}
         losses: list[float] = []
         tokens = 0
         last: dict[str, Any] = {}
@@ -237,7 +241,7 @@ class Trainer:
             losses.append(float(last["loss"]))
             tokens += int(last.get("tokens") or 0)
             for k in step_record.SUMMED:
-                agg[k] += float(last.get(k) or 0.0)
+                agg[k] = step_record.add(agg[k], last.get(k))
         loss = sum(losses) / len(losses)
         params = [p for p in opt.param_groups[0]["params"]]
         comm = None
@@ -315,6 +319,9 @@ class Trainer:
             ctx.checkpoint_step = done
             self.hot_info = state.get("hot")
             ctx.hot = self.hot_info
+            choice = self._placement_choice()
+            if choice and choice.get("chosen"):
+                ctx.extra["placement"] = choice
         if self.dist is not None:  # rank 0's start (fresh or resumed) on every rank
             got = self.dist.broadcast_start(
                 self.engine,
@@ -325,7 +332,7 @@ class Trainer:
             ctx.resumed_from, ctx.checkpoint_step, ctx.hot = got["resumed_from"], done, got["hot"]
         ctx.start_step = done + 1
         total = ctx.total_steps
-        hot_mode = spec.moe.placement == "hot"
+        hot_mode = spec.moe.placement != "host-only"  # hot or auto
         self.callbacks.on_start(ctx)
         self._install_signals()
         metrics = rundir.MetricsWriter(ctx.run_dir / rundir.METRICS) if self.rank0 else None
@@ -397,6 +404,17 @@ class Trainer:
             signal.signal(sig, old)
         self._old_handlers = {}
 
+    def _warmup_for_medians(self) -> int:
+        """The steps before the medians: moe.warmupSteps, or (placement auto) the trials too."""
+        choice = self._placement_choice()
+        if choice and choice.get("decided_at_step") is not None:
+            return int(choice["decided_at_step"])
+        return self.spec.moe.warmup_steps
+
+    def _placement_choice(self) -> dict[str, Any] | None:
+        fn = getattr(self.engine, "placement_choice", None)
+        return fn() if callable(fn) else None
+
     def _maybe_select_hot(self, step: int) -> None:
         info = self.engine.select_hot_experts(step)
         if info:
@@ -404,11 +422,16 @@ class Trainer:
             self.hot_info.setdefault("selected_at_step", step)
             self.ctx.hot = self.hot_info
             self.callbacks.on_hot_selected(dict(info), self.ctx)
+        choice = self._placement_choice()
+        if choice and choice.get("decided_at_step") == step:
+            log.info(placement_line(choice))
+            self.ctx.extra["placement"] = choice
+            self.callbacks.on_placement(dict(choice), self.ctx)
 
     def _finish(
         self, t_start: float, *, status: str, error: str | None = None, plot: bool = True
     ) -> dict[str, Any]:
-        ctx, spec = self.ctx, self.spec
+        ctx = self.ctx
         if not self.rank0:
             return {}
         extra: dict[str, Any] = {
@@ -423,7 +446,7 @@ class Trainer:
             self.records,
             name=ctx.name,
             total_steps=ctx.total_steps,
-            warmup_steps=spec.moe.warmup_steps,
+            warmup_steps=self._warmup_for_medians(),
             hot=self.hot_info,
             status=status,
             wall_s=time.perf_counter() - t_start,

@@ -31,6 +31,23 @@ def medians(records: list[dict[str, Any]]) -> dict[str, float | None]:
     return out
 
 
+def traffic_summary(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Per decoder layer, the median per step of each traffic list (``traffic_layers``), and
+    the bytes that moved hot experts over these steps."""
+    rows = [r["traffic_layers"] for r in records if isinstance(r.get("traffic_layers"), dict)]
+    rows = [r for r in rows if r]
+    if not rows:
+        return None
+    out: dict[str, Any] = {}
+    for key in rows[0]:
+        cols = list(zip(*(r[key] for r in rows if key in r), strict=True))
+        out[key] = [statistics.median(c) for c in cols]
+    return {
+        "per_layer_median": out,
+        "move_bytes": int(sum(int(r.get("move_bytes") or 0) for r in records)),
+    }
+
+
 def versions() -> dict[str, str]:
     from importlib import metadata
 
@@ -60,7 +77,13 @@ def build_summary(
     tokens = sum(int(r.get("tokens") or 0) for r in post)
     hot_info = None
     if hot:
-        hot_info = {k: hot[k] for k in ("fraction", "experts", "selected_at_step") if k in hot}
+        hot_info = {
+            k: hot[k] for k in ("fraction", "experts", "selected_at_step", "memory") if k in hot
+        }
+        history = getattr(engine, "hot_history", None)
+        if history:
+            hot_info["history"] = [dict(h) for h in history]
+    choice = getattr(engine, "placement_choice", None)
     summary: dict[str, Any] = {
         "status": status,
         "name": name,
@@ -76,6 +99,8 @@ def build_summary(
         "hot": hot_info,
         "keep_graph": records[-1].get("keep_graph") if records else None,
         "placement": records[-1].get("placement") if records else None,
+        "placement_choice": choice() if callable(choice) else None,
+        "traffic": traffic_summary(post),
         "wall_s": wall_s,
         "versions": versions(),
         "machine": machine_facts(engine),

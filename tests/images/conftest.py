@@ -1,0 +1,93 @@
+"""Smoke tests of the built images (marker ``images``): skipped, with the reason, unless podman
+can run containers here and both images exist (``scripts/build-images.sh`` builds them) and were
+built from this tree's sources (their ``io.npu-lora.source-digest`` label, scripts/source_digest.py).
+
+- ``images``: ``{"operator": ..., "worker": ...}`` image names (session).
+- ``podman``: run ``podman ARGS`` with the project's containers.conf (``CompletedProcess``, text).
+- ``kubectl_for(kubeconfig)``: the real kubectl against another API (e.g. a started sandbox).
+- the sandbox fixtures of tests/sandbox/conftest.py (``emulator``, ``kubeconfig``, ``kubectl``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+_path = Path(__file__).resolve().parents[1] / "sandbox" / "conftest.py"
+_spec = importlib.util.spec_from_file_location("_npu_lora_sandbox_fixtures_images", _path)
+assert _spec is not None and _spec.loader is not None
+sandbox_fixtures = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(sandbox_fixtures)
+emulator = sandbox_fixtures.emulator
+kubeconfig = sandbox_fixtures.kubeconfig
+kubectl = sandbox_fixtures.kubectl
+wait_for = sandbox_fixtures.wait_for
+
+_dpath = Path(__file__).resolve().parents[2] / "scripts" / "source_digest.py"
+_dspec = importlib.util.spec_from_file_location("_npu_lora_source_digest", _dpath)
+assert _dspec is not None and _dspec.loader is not None
+_digest = importlib.util.module_from_spec(_dspec)
+_dspec.loader.exec_module(_digest)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/images/" in str(item.fspath).replace(os.sep, "/"):
+            item.add_marker(pytest.mark.images)
+
+
+def _podman(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    from npu_lora_sandbox.podman import podman_env
+
+    return subprocess.run(
+        ["podman", *args], capture_output=True, text=True, timeout=timeout, env=podman_env()
+    )
+
+
+@pytest.fixture(scope="session")
+def images() -> dict[str, str]:
+    from npu_lora import __version__
+    from npu_lora_sandbox.podman import podman_available
+
+    why = podman_available()
+    if why:
+        pytest.skip(f"podman cannot run containers here: {why}")
+    out = {t: f"localhost/npu-lora-{t}:{__version__}" for t in ("operator", "worker")}
+    missing = [i for i in out.values() if _podman("image", "exists", i).returncode != 0]
+    if missing:
+        pytest.skip(f"images not built: {', '.join(missing)} (scripts/build-images.sh)")
+    want = _digest.source_digest(Path(__file__).resolve().parents[2])
+    for image in out.values():
+        got = _podman(
+            "image", "inspect", "--format", f'{{{{index .Labels "{_digest.LABEL}"}}}}', image
+        ).stdout.strip()
+        if got != want:
+            pytest.skip(
+                f"{image} was built from other sources (label {_digest.LABEL}={got or 'none'}, "
+                f"this tree {want}): rerun scripts/build-images.sh"
+            )
+    return out
+
+
+@pytest.fixture(name="podman")
+def podman_fixture() -> Callable[..., subprocess.CompletedProcess[str]]:
+    return _podman
+
+
+@pytest.fixture
+def kubectl_for(tmp_path: Path) -> Callable[[Path], Any]:
+    """``kubectl_for(kubeconfig)``: the real kubectl against that kubeconfig."""
+    if sandbox_fixtures.KUBECTL is None:
+        pytest.skip("kubectl is not installed")
+    return lambda kc: sandbox_fixtures.Kubectl(kc, tmp_path / "kubectl-cache")
+
+
+@pytest.fixture(name="wait_for")
+def wait_for_fixture() -> Callable[..., Any]:
+    return wait_for

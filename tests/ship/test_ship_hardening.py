@@ -1,0 +1,131 @@
+"""The chart's admission-policy values reach the operator as it reads them, and the sandbox's
+operator runs under the chart's ClusterRole rules."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+helm_python = pytest.importorskip("helm_python")
+policy = pytest.importorskip("npu_lora_operator.policy")
+
+from chart_util import CHART, by_kind, objects, one, render  # noqa: E402
+
+POLICY_VALUES = CHART / "ci" / "policy-values.yaml"
+
+
+def _env(values: dict) -> dict[str, str]:
+    dep = one(objects(render(values)), "Deployment")
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e.get("value") for e in c["env"]}
+
+
+def test_default_values_render_the_operators_default_policy() -> None:
+    from npu_lora_operator.settings import OperatorConfig
+
+    env = _env({})
+    assert json.loads(env["NPU_LORA_POLICY"])["allowedImages"] == []
+    # the chart's defaults are the operator's own: one documented default, not two
+    assert OperatorConfig.from_env(env).policy == policy.PodPolicy()
+
+
+def test_policy_values_reach_the_operator() -> None:
+    from npu_lora_operator.settings import OperatorConfig
+
+    values = yaml.safe_load(POLICY_VALUES.read_text())
+    p = OperatorConfig.from_env(_env(values)).policy
+    assert p.allowed_images == ("registry.example.com/ml/*",)
+    assert p.allowed_service_accounts == ("trainer",)
+    assert p.allowed_host_paths == ("/srv/npu-lora",)
+    assert p.allow_privileged is False
+    # Helm merges maps: `memory: null` drops the default auto memory limit
+    assert p.defaults("requests") == {"cpu": "4", "memory": "auto"}
+    assert p.defaults("limits") == {"cpu": "16"}
+    assert p.memory_when_unknown == "64Gi"
+
+
+@pytest.mark.parametrize(
+    ("values", "needle"),
+    [
+        ({"policy": {"allowedImage": ["x"]}}, "allowedImage"),
+        ({"policy": {"allowedHostPaths": ["srv"]}}, "/policy/allowedHostPaths/0"),
+        ({"policy": {"allowPrivileged": "no"}}, "/policy/allowPrivileged"),
+        ({"policy": {"defaultResources": {"requests": {"memory": "lots"}}}}, "memory"),
+        ({"policy": {"memoryWhenUnknown": "auto"}}, "/policy/memoryWhenUnknown"),
+    ],
+)
+def test_values_schema_rejects_wrong_policy_values(values: dict, needle: str) -> None:
+    with pytest.raises(helm_python.HelmValuesError) as err:
+        render(values)
+    assert needle in str(err.value)
+
+
+def test_sandbox_operator_runs_under_the_charts_cluster_role() -> None:
+    from npu_lora_sandbox.command import chart_operator_rules
+
+    (role,) = by_kind(objects(render({})), "ClusterRole")
+    assert chart_operator_rules() == role["rules"]
+    assert Path(CHART / "templates" / "rbac.yaml").exists()
+
+
+def _vap_rules(values: dict) -> list[dict]:
+    objs = objects(render(values))
+    (vap,) = by_kind(objs, "ValidatingAdmissionPolicy")
+    (binding,) = by_kind(objs, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == vap["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    return vap["spec"]["validations"]
+
+
+def _refused(rules: list[dict], spec: dict) -> list[str]:
+    """The messages of the rules the object fails, evaluated with cel-python (as the API server
+    evaluates them with cel-go)."""
+    schema = pytest.importorskip("npu_lora_sandbox.schema")
+    obj = schema.to_cel({"spec": {"model": {"preset": "tiny-qwen3-moe"}, **spec}}, None)
+    out = []
+    for rule in rules:
+        if not bool(schema._cel_eval(rule["expression"], {"object": obj})):
+            out.append(rule["message"].split(":")[0])
+    return out
+
+
+def test_validating_admission_policy_is_off_by_default() -> None:
+    objs = objects(render({}))
+    assert by_kind(objs, "ValidatingAdmissionPolicy") == []
+    assert by_kind(objs, "ValidatingAdmissionPolicyBinding") == []
+
+
+def test_validating_admission_policy_refuses_the_static_cases() -> None:
+    rules = _vap_rules({"validatingAdmissionPolicy": {"enabled": True}})
+    worker = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    assert _refused(rules, {}) == []
+    assert _refused(rules, {"image": f"npu-lora-worker:{worker}"}) == []
+    assert _refused(rules, {"image": "docker.io/evil/miner:latest"}) == ["spec.image"]
+    assert _refused(rules, {"image": f"npu-lora-worker:{worker}x"}) == ["spec.image"]
+    assert _refused(rules, {"podTemplate": {"serviceAccountName": "default"}}) == [
+        "spec.podTemplate.serviceAccountName"
+    ]
+    assert _refused(rules, {"output": {"volume": {"hostPath": "/"}}}) == [
+        "spec.output.volume.hostPath"
+    ]
+    assert _refused(rules, {"output": {"volume": {"claimName": "runs"}}}) == []
+    vols = {"volumes": [{"name": "a", "emptyDir": {}}, {"name": "h", "hostPath": {"path": "/"}}]}
+    assert _refused(rules, {"podTemplate": vols}) == ["spec.podTemplate.volumes"]
+    assert _refused(rules, {"device": {"compileCache": {"hostPath": "/c"}}}) == [
+        "spec.device.compileCache.hostPath"
+    ]
+
+
+def test_validating_admission_policy_follows_the_policy_values() -> None:
+    values = yaml.safe_load((CHART / "ci" / "admission-policy-values.yaml").read_text())
+    rules = _vap_rules(values)
+    assert _refused(rules, {"image": "registry.example.com/ml/worker:2"}) == []
+    assert _refused(rules, {"image": "registry.example.com/mlx/worker:2"}) == ["spec.image"]
+    assert _refused(rules, {"podTemplate": {"serviceAccountName": "trainer"}}) == []
+    assert _refused(rules, {"podTemplate": {"serviceAccountName": "trainer2"}}) != []
+    # hostPath prefixes need path normalisation: the operator checks them, not CEL
+    allowed = _vap_rules({**values, "policy": {**values["policy"], "allowedHostPaths": ["/srv"]}})
+    assert _refused(allowed, {"output": {"volume": {"hostPath": "/srv/x"}}}) == []
