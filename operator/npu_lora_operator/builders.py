@@ -10,7 +10,11 @@ The children of a run ``NAME``:
 - ServiceAccount, Role and RoleBinding ``NAME-worker``: the worker may only ``get`` its own
   ``moefinetunes`` object and ``get``/``patch`` its ``moefinetunes/status``
   (``resourceNames: [NAME]``); skipped when ``podTemplate.serviceAccountName`` is set;
-- Job ``NAME``: one run-and-exit pod (``restartPolicy: Never``).
+- Job ``NAME``: one run-and-exit pod (``restartPolicy: Never``);
+- data parallel with ``spec.distributed.workers > 1``: the Job is Indexed (``completionMode:
+  Indexed``, ``completions = parallelism = workers``; pod ``i`` is worker ``i``, node rank
+  ``JOB_COMPLETION_INDEX``) and a headless Service ``NAME-dp`` (:func:`build_service`) gives
+  pod 0 the stable name ``<job>-0.<service>``: the rendezvous address (``MASTER_ADDR``).
 
 All carry an ownerReference to the MoEFinetune (controller), so deleting the run deletes them.
 
@@ -36,6 +40,7 @@ from npu_lora.api.v1alpha1 import (
     ENV_UID,
     EXIT_CONFIG_ERROR,
     EXIT_NONFINITE_LOSS,
+    EXIT_RENDEZVOUS_TIMEOUT,
     GROUP,
     KIND,
     PLURAL,
@@ -97,6 +102,12 @@ def configmap_name(name: str) -> str:
 
 def worker_sa_name(name: str) -> str:
     return _short(name, "-worker", limit=253)
+
+
+def service_name(name: str) -> str:
+    """The headless Service of a multi-worker run (a DNS-1035 label: starts with a letter)."""
+    base = name if name[:1].isalpha() else f"r-{name}"
+    return _short(base, "-dp")
 
 
 @dataclass(frozen=True)
@@ -374,9 +385,13 @@ def container_security_context(config: OperatorConfig) -> Body:
     }
 
 
-def pod_failure_policy() -> Body:
+def pod_failure_policy(distributed: bool = False) -> Body:
     """Disruptions (preemption, eviction, node drain) do not count against ``backoffLimit``;
-    a config error or a non-finite loss fails the Job at once (a retry cannot help)."""
+    a config error or a non-finite loss fails the Job at once (a retry cannot help); with more
+    than one rank so does a rendezvous timeout (a rank never came up)."""
+    codes = [EXIT_CONFIG_ERROR, EXIT_NONFINITE_LOSS]
+    if distributed:
+        codes.append(EXIT_RENDEZVOUS_TIMEOUT)
     return {
         "rules": [
             {
@@ -384,7 +399,7 @@ def pod_failure_policy() -> Body:
                 "onExitCodes": {
                     "containerName": CONTAINER_NAME,
                     "operator": "In",
-                    "values": [EXIT_CONFIG_ERROR, EXIT_NONFINITE_LOSS],
+                    "values": codes,
                 },
             },
             {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
@@ -425,8 +440,51 @@ def worker_env(run: Run, config: OperatorConfig) -> list[Body]:
     return env
 
 
+def world_size(run: Run) -> int:
+    """Training ranks of the run (1 without ``spec.distributed``)."""
+    d = run.spec.distributed
+    return d.world_size(run.spec.device.cards) if d is not None else 1
+
+
+def workers(run: Run) -> int:
+    d = run.spec.distributed
+    return d.workers if d is not None else 1
+
+
+def distributed_env(run: Run) -> list[Body]:
+    """The rendezvous of a multi-worker run: pod 0 through the headless Service. The node rank
+    is the pod's ``JOB_COMPLETION_INDEX`` (set by Kubernetes in Indexed Jobs)."""
+    d = run.spec.distributed
+    assert d is not None
+    return [
+        {"name": "MASTER_ADDR", "value": f"{job_name(run.name)}-0.{service_name(run.name)}"},
+        {"name": "MASTER_PORT", "value": str(d.port)},
+        {"name": "WORLD_SIZE", "value": str(world_size(run))},
+    ]
+
+
+def build_service(run: Run) -> Body:
+    """Headless Service of a multi-worker run: DNS names ``<job>-<index>.<service>`` for its
+    pods (published before they are ready, so rank 0 is reachable while it waits)."""
+    d = run.spec.distributed
+    assert d is not None
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _child_meta(run, service_name(run.name)),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {RUN_LABEL: run_label_value(run.name)},
+            "ports": [
+                {"name": "rendezvous", "port": d.port, "targetPort": d.port, "protocol": "TCP"}
+            ],
+        },
+    }
+
+
 def build_job(run: Run, config: OperatorConfig) -> Body:
-    """The run's ``batch/v1`` Job."""
+    """The run's ``batch/v1`` Job (Indexed with several workers)."""
     spec = run.spec
     name = run.name
     pt = _pod_template(run)
@@ -466,11 +524,16 @@ def build_job(run: Run, config: OperatorConfig) -> Body:
     job_labels = labels(run)
     if spec.queue_name:
         job_labels[QUEUE_LABEL] = spec.queue_name
+    n_workers = workers(run)
+    if n_workers > 1:
+        container["env"] = [*container["env"], *distributed_env(run)]
+        pod_spec["subdomain"] = service_name(name)
     job_spec: Body = {
-        "parallelism": 1,
-        "completions": 1,
-        "backoffLimit": spec.backoff_limit,
-        "podFailurePolicy": pod_failure_policy(),
+        "parallelism": n_workers,
+        "completions": n_workers,
+        # one failed rank fails every rank's collective: count a whole round of failures
+        "backoffLimit": spec.backoff_limit * n_workers,
+        "podFailurePolicy": pod_failure_policy(world_size(run) > 1),
         # Kueue admits a queued Job by un-suspending it: create it suspended
         "suspend": spec.suspend or bool(spec.queue_name),
         "template": {
@@ -484,6 +547,8 @@ def build_job(run: Run, config: OperatorConfig) -> Body:
             "spec": pod_spec,
         },
     }
+    if n_workers > 1:
+        job_spec["completionMode"] = "Indexed"
     if spec.active_deadline_seconds is not None:
         job_spec["activeDeadlineSeconds"] = spec.active_deadline_seconds
     if spec.ttl_seconds_after_finished is not None:
@@ -499,5 +564,7 @@ def build_children(run: Run, config: OperatorConfig) -> list[Body]:
     out = [build_configmap(run)]
     if uses_own_service_account(run):
         out += [build_service_account(run), build_role(run), build_role_binding(run)]
+    if workers(run) > 1:
+        out.append(build_service(run))
     out.append(build_job(run, config))
     return out

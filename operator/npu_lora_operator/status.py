@@ -17,7 +17,8 @@ Running    Running=True        PodRunning, Retrying (a pod failed, the Job retri
 Succeeded  Succeeded=True      Completed
 Failed     Failed=True         WorkerError (exit code, pod, the worker's termination message),
                                BackoffLimitExceeded, DeadlineExceeded, JobFailed, InvalidSpec
-                               (the server rejected the Job the operator built)
+                               (the server rejected the Job the operator built),
+                               RendezvousTimeout (a data-parallel rank never joined)
 Suspended  Suspended=True      Suspended (``spec.suspend``)
 =========  ==================  ===============================================================
 """
@@ -28,7 +29,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from npu_lora.api.v1alpha1 import EXIT_CONFIG_ERROR, EXIT_NONFINITE_LOSS
+from npu_lora.api.v1alpha1 import EXIT_CONFIG_ERROR, EXIT_NONFINITE_LOSS, EXIT_RENDEZVOUS_TIMEOUT
 
 Body = dict[str, Any]
 
@@ -50,6 +51,7 @@ IMAGE_PULL_REASONS = ("ImagePullBackOff", "ErrImagePull", "InvalidImageName", "E
 EXIT_MEANING = {
     EXIT_CONFIG_ERROR: "invalid configuration or input",
     EXIT_NONFINITE_LOSS: "the loss became non-finite",
+    EXIT_RENDEZVOUS_TIMEOUT: "not every rank joined the process group in time",
 }
 _MAX_MESSAGE = 2000
 
@@ -173,6 +175,9 @@ def observe(body: Body, job: Body | None, pods: list[Body]) -> Observed:
             if fpod is not None:
                 msg += "; last: " + describe_exit(code, pod_name, detail)
             return Observed("Failed", "BackoffLimitExceeded", msg, "Failed")
+        if fpod is not None and code == EXIT_RENDEZVOUS_TIMEOUT:
+            msg = describe_exit(code, pod_name, detail)
+            return Observed("Failed", "RendezvousTimeout", msg, "Failed")
         if fpod is not None and (code is not None or jreason == "PodFailurePolicy"):
             return Observed(
                 "Failed", "WorkerError", describe_exit(code, pod_name, detail), "Failed"

@@ -11,6 +11,46 @@ from typing import Any
 
 from .resources import now_iso
 
+#: An Indexed Job's pod index (annotation and label, as Kubernetes sets them); the pod's
+#: ``JOB_COMPLETION_INDEX`` comes from the annotation through the downward API.
+INDEX_KEY = "batch.kubernetes.io/job-completion-index"
+INDEX_ENV = "JOB_COMPLETION_INDEX"
+
+
+def _indexed(job: dict[str, Any]) -> bool:
+    return (job.get("spec") or {}).get("completionMode") == "Indexed"
+
+
+def _pod_index(pod: dict[str, Any]) -> int | None:
+    v = ((pod.get("metadata") or {}).get("annotations") or {}).get(INDEX_KEY)
+    try:
+        return int(v) if v is not None else None
+    except ValueError:
+        return None
+
+
+def _ranges(indexes: list[int]) -> str:
+    """``[0, 1, 2, 5]`` → ``"0-2,5"`` (``status.completedIndexes``)."""
+    out: list[str] = []
+    xs = sorted(set(indexes))
+    i = 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        out.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def _parse_ranges(text: str) -> list[int]:
+    out: list[int] = []
+    for part in (text or "").split(","):
+        if part:
+            lo, _, hi = part.partition("-")
+            out += range(int(lo), int(hi or lo) + 1)
+    return out
+
 
 @dataclass
 class _JobState:
@@ -31,7 +71,10 @@ def _age_seconds(ts: str) -> float:
 
 class JobController:
     """The Job controller: a Job's pods, its status and conditions, backoff, podFailurePolicy,
-    suspension, deadlines and TTL.
+    suspension, deadlines and TTL. ``completionMode: Indexed``: one pod per index not yet
+    succeeded (``completions`` of them, all at once), each with the index annotation and label,
+    ``JOB_COMPLETION_INDEX`` in its containers' environment, hostname ``<job>-<index>`` (and the
+    template's ``subdomain``), ``status.completedIndexes``.
 
     A mixin of :class:`~npu_lora_sandbox.kubelet.LocalKubelet` (its state lives there).
     """
@@ -159,7 +202,21 @@ class JobController:
             st.started = time.monotonic()
         if self._complete_or_fail(job, active, status, st):
             return
-        if not active and time.monotonic() >= st.next_create:
+        if _indexed(job):
+            done = {
+                _pod_index(p) for p in pods if (p.get("status") or {}).get("phase") == "Succeeded"
+            }
+            running = {_pod_index(p) for p in active}
+            n = int((job.get("spec") or {}).get("completions") or 1)
+            missing = [i for i in range(n) if i not in done and i not in running]
+            if missing and time.monotonic() >= st.next_create:
+                for i in missing:
+                    pod = self._create_job_pod(job, index=i)
+                    active.append(pod)
+                    self._event(
+                        job, "Normal", "SuccessfulCreate", f"Created pod: {pod['metadata']['name']}"
+                    )
+        elif not active and time.monotonic() >= st.next_create:
             pod = self._create_job_pod(job)
             active = [pod]
             self._event(
@@ -216,6 +273,9 @@ class JobController:
             self._accounted.add(puid)
             if phase == "Succeeded":
                 status["succeeded"] = int(status.get("succeeded") or 0) + 1
+                if _indexed(job) and _pod_index(pod) is not None:
+                    have = _parse_ranges(status.get("completedIndexes") or "")
+                    status["completedIndexes"] = _ranges([*have, _pod_index(pod)])
                 continue
             action, idx, detail = self._match_failure_policy(pfp, pod)
             if action == "Ignore":
@@ -339,16 +399,26 @@ class JobController:
                         return action, idx, f"Pod {ns}/{name} has condition {pc.get('type')}"
         return "Count", -1, ""
 
-    def _create_job_pod(self, job: dict[str, Any]) -> dict[str, Any]:
+    def _create_job_pod(self, job: dict[str, Any], index: int | None = None) -> dict[str, Any]:
         meta = job["metadata"]
         tmpl = copy.deepcopy((job.get("spec") or {}).get("template") or {})
         pmeta = tmpl.get("metadata") or {}
         suffix = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(5))
+        prefix = meta["name"] if index is None else f"{meta['name']}-{index}"
+        if index is not None:
+            pmeta.setdefault("annotations", {})[INDEX_KEY] = str(index)
+            pmeta.setdefault("labels", {})[INDEX_KEY] = str(index)
+            pspec = tmpl.setdefault("spec", {})
+            pspec.setdefault("hostname", prefix)
+            ref = {"fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_KEY}']"}}
+            for c in pspec.get("containers") or []:
+                env = [e for e in c.get("env") or [] if e.get("name") != INDEX_ENV]
+                c["env"] = [{"name": INDEX_ENV, "valueFrom": ref}, *env]
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {
-                "name": f"{meta['name']}-{suffix}",
+                "name": f"{prefix}-{suffix}",
                 "namespace": meta["namespace"],
                 "labels": dict(pmeta.get("labels") or {}),
                 "annotations": dict(pmeta.get("annotations") or {}),

@@ -24,8 +24,11 @@ Usage::
 
 It runs on the emulator's event loop and uses its storage in-process (no HTTP). What it does:
 
-Job controller (``batch/v1`` Jobs; one pod at a time: ``parallelism`` is ignored and
-``completions`` > 1 run one after another; indexed Jobs are not emulated):
+Job controller (``batch/v1`` Jobs; NonIndexed: one pod at a time, ``parallelism`` is ignored
+and ``completions`` > 1 run one after another; ``completionMode: Indexed``: one pod per index at
+once, ``<job>-<i>-<5 chars>`` with the index annotation/label, ``JOB_COMPLETION_INDEX``,
+hostname ``<job>-<i>``, ``status.completedIndexes``; pod names under a headless Service resolve
+to 127.0.0.1 in the pod environment, see :mod:`.podenv`):
 - creates the Job's Pod ``<job>-<5 random chars>`` from the template (labels ``job-name``,
   ``batch.kubernetes.io/job-name``, ``controller-uid``, ``batch.kubernetes.io/controller-uid``;
   a controller ownerReference to the Job), and a replacement after a counted failure, after a short

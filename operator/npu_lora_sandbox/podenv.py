@@ -179,7 +179,28 @@ class PodEnvironment:
                 value = "1"
             if value is not None:
                 env[name] = value
+        self._resolve_pod_names(pod, env)
         return env
+
+    def _resolve_pod_names(self, pod: dict[str, Any], env: dict[str, str]) -> None:
+        """Pod DNS names in the environment → ``127.0.0.1``: every sandbox pod runs on this
+        machine (``status.podIP`` is 127.0.0.1), so the stable name a headless Service gives a
+        pod (``<hostname>.<subdomain>[.<namespace>[.svc[.cluster.local]]]``, e.g. the
+        ``MASTER_ADDR`` of a data-parallel run) is loopback. Only names under the pod's own
+        ``spec.subdomain`` and only when that Service exists (without it, cluster DNS would not
+        resolve the name either). No /etc/hosts, no DNS server."""
+        sub = (pod.get("spec") or {}).get("subdomain")
+        ns = pod["metadata"]["namespace"]
+        if not sub or self.emu.get("v1", "Service", sub, ns) is None:
+            return
+        name = re.compile(
+            r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?\."
+            + re.escape(sub)
+            + rf"(\.{re.escape(ns)}(\.svc(\.cluster\.local)?)?)?$"
+        )
+        for key, value in env.items():
+            if name.match(value):
+                env[key] = "127.0.0.1"
 
     def _prepare(
         self, pod: dict[str, Any], container: dict[str, Any], pdir: Path, log_path: Path

@@ -3,8 +3,8 @@
 The operator runs as the chart's ServiceAccount, bound to the chart's ClusterRole exactly as the
 chart binds it (the render's RBAC objects are created in the emulator, which enforces RBAC on that
 identity and records every decision, see ``ApiEmulator.authorization_log``). One run goes through
-creation, spec changes while suspended, an operator restart (children re-created: 409, then
-get), resumption and success. Then:
+creation (two workers: an Indexed Job and a headless Service), spec changes while suspended, an
+operator restart (children re-created: 409, then get), resumption and success. Then:
 
 (a) no request of the operator's identity was denied (the chart grants too little otherwise);
 (b) every permission of the chart's ClusterRole was used, or is listed in ``NOT_EXERCISED`` with
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_harness import ROOT, Cluster, OperatorProcess, manifest, wait_until
+from e2e_harness import ROOT, Cluster, OperatorProcess, _free_port, manifest, wait_until
 
 pytestmark = [
     pytest.mark.e2e,
@@ -53,6 +53,7 @@ NOT_EXERCISED: dict[Perm, str] = {
     ("", "serviceaccounts", "patch"): ADOPT,
     ("rbac.authorization.k8s.io", "roles", "patch"): ADOPT,
     ("rbac.authorization.k8s.io", "rolebindings", "patch"): ADOPT,
+    ("", "services", "patch"): ADOPT,
 }
 
 
@@ -103,7 +104,9 @@ def test_operator_under_the_charts_rbac(cluster: Cluster, tmp_path: Path) -> Non
 
     name = "e2e-rbac"
     try:
-        cluster.apply(manifest(name, steps=4, suspend=True))
+        # two workers: the Indexed Job and its headless Service go through the chart's RBAC too
+        dp = {"workers": 2, "port": _free_port(), "rendezvousTimeoutSeconds": 120}
+        cluster.apply(manifest(name, steps=4, suspend=True, distributed=dp))
         wait(lambda: cluster.status(name).get("phase") == "Suspended", 60, "phase Suspended")
         patch = '{"spec":{"activeDeadlineSeconds":3600,"reporting":{"everySteps":2}}}'
         cluster.kubectl("patch", "mft", name, "--type", "merge", "-p", patch)

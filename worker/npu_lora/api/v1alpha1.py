@@ -45,6 +45,10 @@ SHORT_NAME = "mft"
 EXIT_CONFIG_ERROR = 2
 #: Exit code of the worker when the loss became non-finite (not retried either).
 EXIT_NONFINITE_LOSS = 3
+#: Exit code of a data-parallel worker whose ranks did not all join the process group within
+#: ``spec.distributed.rendezvousTimeoutSeconds`` (the Job fails at once: condition reason
+#: ``RendezvousTimeout``).
+EXIT_RENDEZVOUS_TIMEOUT = 4
 
 #: The worker container's environment naming the MoEFinetune it runs for: set by the operator's
 #: Job builder, read by the worker's status reporter.
@@ -464,6 +468,48 @@ class DeviceSpec(_Model):
     )
 
 
+class DistributedSpec(_Model):
+    """Data-parallel training on ``torch.distributed``: ``workers`` pods (one Indexed Job with a
+    headless Service for the rendezvous when more than one) × ``ranksPerWorker`` ranks each, one
+    training rank per card. Every rank trains on its own ``training.batchSize`` sequences of
+    each micro-batch (a global batch of ``batchSize`` × world size); the LoRA gradients and the
+    routing counts are all-reduced (gloo, on the host) every optimizer step; rank 0 alone writes
+    the run directory and reports status."""
+
+    workers: int = Field(
+        1, ge=1, le=256, description="Worker pods (nodes); more than one: an Indexed Job."
+    )
+    ranks_per_worker: int | None = Field(
+        None,
+        ge=1,
+        le=8,
+        description=(
+            "Training ranks (processes) in each worker, one per card; at most `device.cards` "
+            "when cards are requested. Default: `device.cards` (at least 1). The ranks of one "
+            "worker share one copy of the host expert weights."
+        ),
+    )
+    rendezvous_timeout_seconds: int = Field(
+        300,
+        ge=5,
+        le=86400,
+        description=(
+            "Fail the run (exit code 4, condition reason RendezvousTimeout) when not every rank "
+            "has joined the process group within this many seconds."
+        ),
+    )
+    port: int = Field(
+        29500, ge=1024, le=65535, description="TCP port of the rendezvous on worker 0 (rank 0)."
+    )
+
+    def ranks(self, cards: int) -> int:
+        """Ranks per worker: ``ranksPerWorker``, else ``cards`` (at least 1)."""
+        return self.ranks_per_worker if self.ranks_per_worker is not None else max(1, cards)
+
+    def world_size(self, cards: int) -> int:
+        return self.workers * self.ranks(cards)
+
+
 class OutputSpec(_Model):
     """The run directory (config.yaml, metrics.jsonl, adapter/, checkpoint/, summary.json)."""
 
@@ -634,6 +680,12 @@ class MoEFinetuneSpec(_Model):
     device: Annotated[DeviceSpec, OnUpdate.NEW_RUN] = Field(
         default_factory=DeviceSpec, description="The accelerator."
     )
+    distributed: Annotated[DistributedSpec | None, OnUpdate.NEW_RUN] = Field(
+        None,
+        description=(
+            "Data-parallel training over several cards and nodes (default: one rank, one pod)."
+        ),
+    )
     output: Annotated[OutputSpec, OnUpdate.NEW_RUN] = Field(
         default_factory=OutputSpec, description="The run directory."
     )
@@ -700,6 +752,18 @@ class MoEFinetuneSpec(_Model):
             )
         if self.lora.train_experts and self.moe.placement == "hot":
             raise ValueError("lora.trainExperts requires moe.placement: host-only or auto")
+        d = self.distributed
+        if (
+            d is not None
+            and d.ranks_per_worker is not None
+            and 0 < self.device.cards < d.ranks_per_worker
+        ):
+            raise ValueError(
+                f"distributed.ranksPerWorker ({d.ranks_per_worker}) must be at most "
+                f"device.cards ({self.device.cards}): one training rank per card"
+            )
+        if d is not None and d.world_size(self.device.cards) > 1 and self.benchmark is not None:
+            raise ValueError("distributed: more than one rank is not supported with benchmark")
         return self
 
     model_config = ConfigDict(json_schema_extra=lambda schema: _spec_schema_extra(schema))
@@ -741,6 +805,19 @@ def _spec_schema_extra(schema: dict[str, Any]) -> None:
             "!self.lora.trainExperts || self.moe.placement != 'hot'",
             "lora.trainExperts requires moe.placement: host-only or auto",
             field_path=".lora.trainExperts",
+        ),
+        cel(
+            "!has(self.distributed) || !has(self.distributed.ranksPerWorker) "
+            "|| self.device.cards == 0 || self.distributed.ranksPerWorker <= self.device.cards",
+            "distributed.ranksPerWorker must be at most device.cards: one training rank per card",
+            field_path=".distributed.ranksPerWorker",
+        ),
+        cel(
+            "!has(self.distributed) || !has(self.benchmark) || (self.distributed.workers == 1 "
+            "&& (has(self.distributed.ranksPerWorker) ? self.distributed.ranksPerWorker : "
+            "(self.device.cards > 1 ? self.device.cards : 1)) == 1)",
+            "distributed: more than one rank is not supported with benchmark",
+            field_path=".distributed",
         ),
         immutable_rule(),
     ]
@@ -837,6 +914,28 @@ class CheckpointStatus(_Model):
     time: str = Field(..., description="When it was written (RFC 3339).")
 
 
+class DistributedStatus(_Model):
+    """Data-parallel progress of the last reported step (worker, rank 0; spec.distributed)."""
+
+    world_size: int = Field(..., description="Training ranks in the process group.")
+    workers: int = Field(..., description="Worker pods.")
+    ranks_per_worker: int = Field(..., description="Ranks in each worker pod.")
+    step: int | None = Field(
+        None, description="Last step every rank finished (the ranks step together)."
+    )
+    rank_compute_seconds: list[float] | None = Field(
+        None, description="Per rank: seconds of forward/backward of the last step, by rank."
+    )
+    slowest_rank: int | None = Field(None, description="The rank with the most compute seconds.")
+    skew_seconds: float | None = Field(
+        None, description="Slowest minus fastest rank's compute seconds (the others' wait)."
+    )
+    allreduce_seconds: float | None = Field(
+        None, description="Gradient all-reduce seconds of the last step (rank 0)."
+    )
+    allreduce_bytes: int | None = Field(None, description="Gradient bytes all-reduced per step.")
+
+
 class BenchmarkVariant(_Model):
     """One variant of a benchmark case."""
 
@@ -920,6 +1019,9 @@ class MoEFinetuneStatus(_Model):
     )
     host: HostStatus | None = Field(None, description="Host dtype and experts kernel (worker).")
     last_checkpoint: CheckpointStatus | None = Field(None, description="Last checkpoint (worker).")
+    distributed: DistributedStatus | None = Field(
+        None, description="Data-parallel ranks and their skew (worker; spec.distributed)."
+    )
     benchmark: BenchmarkStatus | None = Field(
         None, description="Benchmark progress and results (worker; spec.benchmark)."
     )

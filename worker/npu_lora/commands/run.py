@@ -13,6 +13,10 @@ Environment:
   ``/dev/termination-log`` when writable).
 - ``NPU_LORA_DETERMINISTIC=1``: ``torch.use_deterministic_algorithms(True)`` (bitwise
   reproducible runs and resumes on the CPU; slower).
+- ``spec.distributed`` with more than one rank: ``JOB_COMPLETION_INDEX``, ``MASTER_ADDR``,
+  ``MASTER_PORT`` (or torchrun's ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``), see
+  :mod:`npu_lora.distributed`; exit code 4 (``EXIT_RENDEZVOUS_TIMEOUT``) when the ranks did not
+  all join within ``spec.distributed.rendezvousTimeoutSeconds``.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Any
 
 from npu_lora.api.load import SpecError
 from npu_lora.api.v1alpha1 import EXIT_CONFIG_ERROR
+from npu_lora.distributed.group import RendezvousTimeout
 
 log = logging.getLogger("npu_lora.run")
 
@@ -52,6 +57,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="dotted.path=value",
         help="override a spec field, e.g. --set training.learningRate=1e-3 (repeatable)",
+    )
+    parser.add_argument(
+        "--ranks",
+        type=int,
+        metavar="N",
+        help="data-parallel ranks on this machine (same as --set distributed.ranksPerWorker=N)",
     )
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     parser.add_argument("--no-plot", action="store_true", help="do not write step_times.png")
@@ -125,6 +136,10 @@ def run(args: argparse.Namespace) -> int:
         if args.steps < 1:
             return _fail(f"--steps: must be at least 1 (got {args.steps})", EXIT_CONFIG_ERROR)
         overrides.append(f"training.steps={args.steps}")
+    if getattr(args, "ranks", None) is not None:
+        if args.ranks < 1:
+            return _fail(f"--ranks: must be at least 1 (got {args.ranks})", EXIT_CONFIG_ERROR)
+        overrides.append(f"distributed.ranksPerWorker={args.ranks}")
     try:
         manifest = load_manifest(args.file, overrides)
     except SpecError as e:
@@ -133,24 +148,40 @@ def run(args: argparse.Namespace) -> int:
     if manifest.spec.benchmark is not None:
         return _benchmark(manifest, resolve_out(args, manifest))
 
+    from npu_lora.distributed import rank_info
+
+    try:
+        info = rank_info(manifest.spec)
+    except SpecError as e:
+        return _fail(str(e), EXIT_CONFIG_ERROR)
+    if info.distributed and info.rank is None:  # the launcher: spawn the local ranks
+        from npu_lora.distributed.launch import launch
+
+        return launch(args, info, manifest.spec)
+
     from npu_lora.train.callbacks import CallbackList, ProgressBar, RunContext
 
     spec = manifest.spec
     run_dir = resolve_out(args, manifest)
     ctx = RunContext(manifest=manifest, run_dir=run_dir, total_steps=spec.training.steps)
-    callbacks = CallbackList([ProgressBar(disable=args.quiet)])
-    if not getattr(args, "no_tensorboard", False):
-        from npu_lora.train.tensorboard import TensorBoardLogger
+    ctx.extra["rank_info"] = info
+    callbacks = CallbackList([])
+    if info.is_rank0:  # rank 0 alone reports (progress, TensorBoard, status)
+        callbacks.append(ProgressBar(disable=args.quiet))
+        if not getattr(args, "no_tensorboard", False):
+            from npu_lora.train.tensorboard import TensorBoardLogger
 
-        callbacks.append(TensorBoardLogger())
-    reporter = _status_reporter(ctx)
-    if reporter is not None:
-        callbacks.append(reporter)
+            callbacks.append(TensorBoardLogger())
+        reporter = _status_reporter(ctx)
+        if reporter is not None:
+            callbacks.append(reporter)
 
     try:
         return _train(args, manifest, ctx, callbacks)
     except SpecError as e:
         return _fail(str(e), EXIT_CONFIG_ERROR, callbacks, ctx)
+    except RendezvousTimeout as e:
+        return _fail(str(e), e.exit_code, callbacks, ctx)
     except KeyboardInterrupt:
         _remove_temporaries(run_dir)
         return _fail("interrupted", EXIT_INTERRUPTED, callbacks, ctx)
@@ -236,15 +267,41 @@ def check_model(spec: Any) -> None:
             )
 
 
+def _check_world_size(plan: Any, world: int) -> None:
+    """A checkpoint is resumed only by a world of its size (the global batch and the data
+    order depend on it)."""
+    if plan.checkpoint is None:
+        return
+    import json
+
+    try:
+        state = json.loads((plan.checkpoint / "state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    saved = int(state.get("world_size") or 1)
+    if saved != world:
+        raise SpecError(
+            f"spec.distributed: the checkpoint in {plan.checkpoint} was written by {saved} "
+            f"rank(s), this run has {world}; the global batch and the data order depend on the "
+            "world size: use the same workers × ranksPerWorker, or another output directory"
+        )
+
+
 def _train(args: argparse.Namespace, manifest: Any, ctx: Any, callbacks: Any) -> int:
     spec = manifest.spec
+    info = ctx.extra["rank_info"]
     # 1. validate everything that can be checked without writing
     from npu_lora.train.identity import apply_plan, plan_run
     from npu_lora.train.preflight import check_memory, check_out_writable
+    from npu_lora.train.rundir import ResumePlan
 
-    check_out_writable(ctx.run_dir)
-    run_plan = plan_run(ctx.run_dir, manifest)
-    plan = run_plan.resume
+    run_plan = None
+    plan = ResumePlan(exists=False)
+    if info.is_rank0:  # the other ranks never touch the run directory
+        check_out_writable(ctx.run_dir)
+        run_plan = plan_run(ctx.run_dir, manifest)
+        plan = run_plan.resume
+        _check_world_size(plan, info.world_size)
     check_model(spec)
     check_memory(spec)
     from npu_lora.data import prepare_data
@@ -260,8 +317,17 @@ def _train(args: argparse.Namespace, manifest: Any, ctx: Any, callbacks: Any) ->
 
     if os.environ.get("NPU_LORA_DETERMINISTIC", "") not in ("", "0"):
         torch.use_deterministic_algorithms(True)
+    dp = None
+    if info.distributed:
+        from npu_lora.distributed.group import DataParallel, init_group
+
+        init_group(info)  # RendezvousTimeout: exit 4, nothing written
+        dp = DataParallel(info)
     seed_everything(spec.training.seed)
-    engine = build_engine(spec, len(tok))  # SpecError (bad model/backend) still writes nothing
+    from npu_lora.distributed.launch import build_shared
+
+    # SpecError (bad model/backend) still writes nothing
+    engine = build_shared(lambda: build_engine(spec, len(tok)), spec)
     host = getattr(engine, "host_choice", None)
     if host is not None:  # status.host (the reporter's on_start); the log line is in the engine
         ctx.extra["host"] = host.status()
@@ -269,16 +335,27 @@ def _train(args: argparse.Namespace, manifest: Any, ctx: Any, callbacks: Any) ->
             print(f"warning: {host.warning}", file=sys.stderr)
 
     # 2. train (creates / resumes the run directory)
-    for note in run_plan.notes:
-        print(note, file=sys.stderr)
-    apply_plan(run_plan, ctx.run_dir)
+    if run_plan is not None:
+        for note in run_plan.notes:
+            print(note, file=sys.stderr)
+        apply_plan(run_plan, ctx.run_dir)
     if plan.checkpoint is not None:
         print(
             f"resuming {ctx.run_dir} from the checkpoint at step {plan.checkpoint_step}",
             file=sys.stderr,
         )
-    trainer = Trainer(ctx, engine, dataset, plan=plan, callbacks=callbacks, plot=not args.no_plot)
-    result = trainer.run()
+    trainer = Trainer(
+        ctx, engine, dataset, plan=plan, callbacks=callbacks, plot=not args.no_plot, dist=dp
+    )
+    try:
+        result = trainer.run()
+    finally:
+        if dp is not None:
+            from npu_lora.distributed.group import destroy_group
+
+            destroy_group()
+    if not info.is_rank0:
+        return result.exit_code
     if result.exit_code != 0:
         message = result.message
         if ctx.extra.get("stop_reason"):  # the run was deleted (see StatusReporter)

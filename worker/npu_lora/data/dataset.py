@@ -10,8 +10,9 @@ Only the document (or the prompt) is truncated, never the answer. HF convention:
 
 The order of samples is a pure function of ``(seed, step)``: epoch ``e`` visits the examples in
 the permutation ``randperm(N, seed=f(seed, e))``; the sample for step ``s`` (1-based), micro-batch
-``m`` and row ``b`` is the global index ``((s - 1) * accum + m) * batch_size + b``. A resumed run
-needs no iterator state.
+``m`` and row ``b`` is the global index ``((s - 1) * accum + m) * batch_size + b`` (data
+parallel: ``batch_size * world`` rows a micro-batch, rank ``r`` the rows from
+``r * batch_size``). A resumed run needs no iterator state.
 """
 
 from __future__ import annotations
@@ -216,9 +217,16 @@ class TokenizedDataset:
             self._perm_epoch = epoch
         return self._perm[pos]
 
-    def batch(self, step: int, micro: int, batch_size: int, accum: int) -> dict[str, torch.Tensor]:
-        """The micro-batch ``micro`` (0-based) of optimizer step ``step`` (1-based)."""
-        start = ((step - 1) * accum + micro) * batch_size
+    def batch(
+        self, step: int, micro: int, batch_size: int, accum: int, *, rank: int = 0, world: int = 1
+    ) -> dict[str, torch.Tensor]:
+        """The micro-batch ``micro`` (0-based) of optimizer step ``step`` (1-based).
+
+        Data parallel (``world`` ranks): the global micro-batch has ``batch_size * world`` rows
+        and rank ``rank`` takes rows ``[rank * batch_size, (rank + 1) * batch_size)``: disjoint
+        shards, and ``world`` ranks × ``batch_size`` see the samples of one rank × ``batch_size
+        * world``."""
+        start = ((step - 1) * accum + micro) * batch_size * world + rank * batch_size
         idx = [self.index(start + b) for b in range(batch_size)]
         return {
             "input_ids": self.input_ids[idx].clone(),

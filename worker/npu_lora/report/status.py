@@ -3,10 +3,11 @@
 Added by ``npu-lora run`` when ``NPU_LORA_RESOURCE_NAME`` is set (the operator sets it, with
 ``NPU_LORA_RESOURCE_NAMESPACE``). The worker owns these keys of ``status`` and writes nothing
 else: ``progress``, ``lastStep``, ``stepSecondsMedian``, ``hot``, ``placement``, ``host``,
-``lastCheckpoint``. (``placement``: the trial medians and the choice of ``moe.placement: auto``;
-``host``: the resolved host dtype and experts kernel, with ``warning`` for a choice known to be
-slow on the CPU. Both are fields of the worker's, not conditions, because ``conditions`` belong
-to the operator and a merge patch replaces the whole list.)
+``lastCheckpoint``, ``distributed``. (``placement``: the trial medians and the choice of
+``moe.placement: auto``; ``host``: the resolved host dtype and experts kernel, with ``warning``
+for a choice known to be slow on the CPU; both are fields of the worker's, not conditions,
+because ``conditions`` belong to the operator and a merge patch replaces the whole list.
+``distributed``: world size, per-rank compute seconds, the slowest rank's skew; rank 0 reports.)
 
 - API access: the in-cluster service account (the operator's per-run Role allows exactly
   ``get``/``patch`` on this run's ``moefinetunes/status``), or ``$KUBECONFIG`` outside a pod.
@@ -58,6 +59,7 @@ WORKER_KEYS = (
     "placement",
     "host",
     "lastCheckpoint",
+    "distributed",
 )
 
 
@@ -383,6 +385,11 @@ class StatusReporter(TrainCallback):
             self._step_times.append((step, float(step_s)))
         self._state["lastStep"] = last_step_status(record)
         self._state["progress"] = self._progress(step)
+        if "world_size" in record:  # data parallel (rank 0 reports for every rank)
+            from npu_lora.distributed.group import distributed_status
+
+            info = getattr(ctx, "extra", {}).get("rank_info")
+            self._state["distributed"] = distributed_status(record, info, _sig)
         median = self._median()
         if median is not None:
             self._state["stepSecondsMedian"] = _sig(median)

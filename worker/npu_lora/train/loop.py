@@ -17,6 +17,12 @@ touches the weights.
 SIGTERM (pod deletion, node drain, preemption) lets the step in flight finish, writes a
 checkpoint of it and exits with 143 (128 + 15); a SIGKILL loses the steps since the last checkpoint
 (they are re-run on resume). Either way a rerun of the same command resumes.
+
+Data parallel (``dist``: :class:`npu_lora.distributed.group.DataParallel`): each rank trains on
+its shard of every micro-batch; the collectives of a step are listed in
+:mod:`npu_lora.distributed.group`. Only rank 0 touches the run directory (lock, metrics.jsonl,
+checkpoints, adapter, summary) and runs the callbacks (status, TensorBoard, progress); the
+record gains :data:`npu_lora.distributed.group.RECORD_KEYS`.
 """
 
 from __future__ import annotations
@@ -122,6 +128,7 @@ class Trainer:
         plan: rundir.ResumePlan | None = None,
         callbacks: list[TrainCallback] | CallbackList | None = None,
         plot: bool = True,
+        dist: Any = None,
     ) -> None:
         self.ctx = ctx
         self.spec = ctx.spec
@@ -135,6 +142,8 @@ class Trainer:
         self.records: list[dict[str, Any]] = []
         self.hot_info: dict[str, Any] | None = None
         self._stop_signal: int | None = None
+        self.dist = dist
+        self.rank0 = dist is None or dist.is_rank0
 
     # ------------------------------------------------------------------------------------------
     def _make_optimizer(self) -> Any:
@@ -187,12 +196,19 @@ class Trainer:
         return final
 
     def _checkpoint(self, step: int, opt: Any) -> None:
+        if not self.rank0:
+            self.ctx.checkpoint_step = step
+            return
         path = save_checkpoint(
             self.ctx.run_dir,
             step,
             self.engine,
             opt,
-            extra={"hot": self.hot_info, "name": self.ctx.name},
+            extra={
+                "hot": self.hot_info,
+                "name": self.ctx.name,
+                **({"world_size": self.dist.world} if self.dist is not None else {}),
+            },
         )
         self.ctx.checkpoint_step = step
         self.callbacks.on_checkpoint(step, str(path), self.ctx)
@@ -207,15 +223,39 @@ class Trainer:
         losses: list[float] = []
         tokens = 0
         last: dict[str, Any] = {}
-        for m in range(accum):
-            batch = self.dataset.batch(step, m, t.batch_size, accum)
-            last = self.engine.forward_backward(batch, loss_scale=1.0 / accum).to_dict()
+        dist = self.dist
+        if dist is None:
+            batches = [self.dataset.batch(step, m, t.batch_size, accum) for m in range(accum)]
+            weights = [1.0] * accum
+        else:
+            from npu_lora.distributed.group import label_count
+
+            batches = [
+                self.dataset.batch(step, m, t.batch_size, accum, rank=dist.rank, world=dist.world)
+                for m in range(accum)
+            ]
+            weights = dist.loss_weights([label_count(b) for b in batches])
+            counts_before = self.engine.routing_counts()
+        for m, batch in enumerate(batches):
+            last = self.engine.forward_backward(batch, loss_scale=weights[m] / accum).to_dict()
             losses.append(float(last["loss"]))
             tokens += int(last.get("tokens") or 0)
             for k in step_record.SUMMED:
                 agg[k] = step_record.add(agg[k], last.get(k))
         loss = sum(losses) / len(losses)
         params = [p for p in opt.param_groups[0]["params"]]
+        comm = None
+        if dist is not None:
+            # the global batch's gradient, loss, tokens and routing counts on every rank
+            compute_s = time.perf_counter() - t0
+            nbytes, ar_s = dist.reduce_gradients(params)
+            dist.reduce_routing_counts(self.engine, counts_before)
+            share = sum(w * x for w, x in zip(weights, losses, strict=True)) / accum
+            comm = dist.step_end(compute_s, self._stop_signal is not None, share, tokens)
+            comm.allreduce_bytes, comm.allreduce_s = nbytes, ar_s
+            loss, tokens = comm.loss, comm.tokens
+            if comm.stop and self._stop_signal is None:
+                self._stop_signal = signal.SIGTERM  # another rank was stopped: stop together
         grad_norm: float | None = None
         nonfinite = None
         t_opt = time.perf_counter()
@@ -249,6 +289,8 @@ class Trainer:
                 "micro_batches": accum,
             }
         )
+        if comm is not None:
+            rec.update(comm.record(dist.world))
         if nonfinite:
             rec["nonfinite"] = nonfinite
             rec["nonfinite_value"] = repr(loss if nonfinite == "loss" else grad_norm)
@@ -269,8 +311,8 @@ class Trainer:
         ctx, spec = self.ctx, self.spec
         t_start = time.perf_counter()
         opt = self._make_optimizer()
-        done = self._prepare_dir()
-        if self.plan.checkpoint is not None:
+        done = self._prepare_dir() if self.rank0 else 0
+        if self.rank0 and self.plan.checkpoint is not None:
             state = load_checkpoint(self.ctx.run_dir / "checkpoint", self.engine, opt)
             done = int(state["step"])
             ctx.resumed_from = done
@@ -280,18 +322,27 @@ class Trainer:
             choice = self._placement_choice()
             if choice and choice.get("chosen"):
                 ctx.extra["placement"] = choice
+        if self.dist is not None:  # rank 0's start (fresh or resumed) on every rank
+            got = self.dist.broadcast_start(
+                self.engine,
+                opt,
+                {"done": done, "hot": self.hot_info, "resumed_from": ctx.resumed_from},
+            )
+            done, self.hot_info = int(got["done"]), got["hot"]
+            ctx.resumed_from, ctx.checkpoint_step, ctx.hot = got["resumed_from"], done, got["hot"]
         ctx.start_step = done + 1
         total = ctx.total_steps
         hot_mode = spec.moe.placement != "host-only"  # hot or auto
         self.callbacks.on_start(ctx)
         self._install_signals()
-        metrics = rundir.MetricsWriter(ctx.run_dir / rundir.METRICS)
+        metrics = rundir.MetricsWriter(ctx.run_dir / rundir.METRICS) if self.rank0 else None
         try:
             if hot_mode and done == 0:
                 self._maybe_select_hot(0)
             for step in range(done + 1, total + 1):
                 rec = self._step(step, opt)
-                metrics.write(rec)
+                if metrics is not None:
+                    metrics.write(rec)
                 self.records.append(rec)
                 self.callbacks.on_step(rec, ctx)
                 if "nonfinite" in rec:
@@ -313,17 +364,22 @@ class Trainer:
                         128 + self._stop_signal,
                     )
         except Stopped as e:
-            metrics.close()
+            if metrics is not None:
+                metrics.close()
             self.callbacks.on_error(str(e), e.exit_code, ctx)
             return TrainResult(e.exit_code, None, str(e))
         except NonFiniteLoss as e:
-            metrics.close()
+            if metrics is not None:
+                metrics.close()
             summary = self._finish(t_start, status="failed", error=str(e), plot=True)
             self.callbacks.on_error(str(e), e.exit_code, ctx)
             return TrainResult(e.exit_code, summary, str(e))
         finally:
-            metrics.close()
+            if metrics is not None:
+                metrics.close()
             self._restore_signals()
+        if not self.rank0:
+            return TrainResult(0, None)
         if ctx.checkpoint_step != total:  # a rerun of a finished run: make sure the end is saved
             self._checkpoint(total, opt)
         self._save_adapter()
@@ -376,6 +432,8 @@ class Trainer:
         self, t_start: float, *, status: str, error: str | None = None, plot: bool = True
     ) -> dict[str, Any]:
         ctx = self.ctx
+        if not self.rank0:
+            return {}
         extra: dict[str, Any] = {
             "run_dir": str(ctx.run_dir),
             "resumed_from": ctx.resumed_from,
