@@ -132,6 +132,23 @@ def test_auto_keeps_the_faster_placement(tiny, backend_args, expect):
     assert [t[0] for t in choice["trials"]] == seen[1:7]
 
 
+def test_auto_keeps_the_agreed_choice(tiny):
+    """Data parallel: each rank times its own trials, ``auto_agree`` (rank 0's choice, a
+    broadcast) decides, so every rank keeps the same placement even where its own medians
+    disagree."""
+    be = DelayBackend("hot_experts", 0.5)  # this rank alone would keep host-only
+    eng = build_engine(tiny.spec(moe={"placement": "auto", "warmupSteps": 1}), backend=be)
+    be.engine = eng
+    asked: list[str] = []
+    eng.auto_agree = lambda mine: asked.append(mine) or "hot"
+    batch = tiny.batch()
+    for step in range(1, 9):
+        eng.forward_backward(batch)
+        eng.select_hot_experts(step)
+    assert asked == ["host-only"]  # asked once, at the decision, with this rank's own choice
+    assert eng.placement_choice()["chosen"] == "hot" and eng.placement == "hot"
+
+
 def test_auto_with_trained_experts_is_host_only(tiny):
     spec = tiny.spec(moe={"placement": "auto", "warmupSteps": 0}, lora={"trainExperts": True})
     eng = build_engine(spec)

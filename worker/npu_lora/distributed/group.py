@@ -152,6 +152,15 @@ class DataParallel:
     def is_rank0(self) -> bool:
         return self.rank == 0
 
+    def agree(self, value: str) -> str:
+        """Rank 0's ``value`` on every rank (``moe.placement: auto``: each rank times its own
+        trials, rank 0's choice is kept everywhere)."""
+        import torch.distributed as dist
+
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return str(box[0])
+
     # -- 1: the loss weights ------------------------------------------------------------------
     def loss_weights(self, label_counts: list[int]) -> list[float]:
         """``n_r / N`` per micro-batch (``N``: the label tokens of all ranks' micro-batch)."""

@@ -19,6 +19,7 @@ summation order of the mean (``sum(w * ce)`` with ``w = 1/#labels``).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +129,9 @@ class HybridEngine:
         self.hot_memory = hot_memory
         self.auto_rounds = auto_rounds
         self.auto: dict[str, Any] | None = None  # placement auto: trials and the choice
+        #: data parallel: ``agree(choice) -> rank 0's choice`` (a collective every rank reaches
+        #: at the same step), so that every rank keeps the same placement; None alone
+        self.auto_agree: Callable[[str], str] | None = None
         self.hot_history: list[dict[str, Any]] = []  # hot-set choices (selection, refreshes)
         self.hist_LE: torch.Tensor | None = None  # decayed routing histogram (refresh)
         self._counts_at_refresh: torch.Tensor | None = None
@@ -428,7 +432,8 @@ class HybridEngine:
                 for p in ("host-only", "hot")
             }
             self.auto["median_s"] = med
-            self.auto["chosen"] = "hot" if med["hot"] < med["host-only"] else "host-only"
+            chosen = "hot" if med["hot"] < med["host-only"] else "host-only"
+            self.auto["chosen"] = self.auto_agree(chosen) if self.auto_agree else chosen
             self.auto["decided_at_step"] = step
         self._apply_auto_mode()
 

@@ -144,6 +144,8 @@ class Trainer:
         self._stop_signal: int | None = None
         self.dist = dist
         self.rank0 = dist is None or dist.is_rank0
+        if dist is not None and hasattr(engine, "auto_agree"):
+            engine.auto_agree = dist.agree  # every rank keeps rank 0's placement choice
 
     # ------------------------------------------------------------------------------------------
     def _make_optimizer(self) -> Any:
