@@ -437,11 +437,13 @@ class OperatorContainer:
         from .podenv import POD_KUBECONFIG
 
         self.image = image
-        self.kubeconfig = Path(kubeconfig)
+        self.source_kubeconfig = Path(kubeconfig)
         self.log_path = Path(log_path)
         self.podman = shutil.which(podman) or podman
         self.env = podman_env()
         self.name = f"sbx-operator-{uuid.uuid4().hex[:6]}"
+        #: the kubeconfig as the container's user may read it (see :meth:`_project_kubeconfig`)
+        self.kubeconfig = self.log_path.parent / f"{self.name}-secret" / "kubeconfig"
         self.port = _free_port()
         self.error: str | None = None
         args = [
@@ -484,9 +486,26 @@ class OperatorContainer:
         self.args = args
         self.proc: subprocess.Popen[bytes] | None = None
 
+    def _project_kubeconfig(self) -> None:
+        """The kubeconfig (mode 0600, the sandbox's user) copied into a private directory owned
+        by the container's uid 1000, as a kubelet projects a Secret for the pod's user; without
+        the right to chown (not root) the copy is made world-readable instead."""
+        d = self.kubeconfig.parent
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        shutil.copyfile(self.source_kubeconfig, self.kubeconfig)
+        self.kubeconfig.chmod(0o600)
+        try:
+            for p in (d, self.kubeconfig):
+                os.chown(p, 1000, 1000)
+        except OSError:
+            d.chmod(0o755)
+            self.kubeconfig.chmod(0o644)
+
     def start(self, timeout: float = 120) -> OperatorContainer:
         import time
         import urllib.request
+
+        self._project_kubeconfig()
 
         exists = subprocess.run(
             [self.podman, "image", "exists", self.image], env=self.env, capture_output=True
@@ -534,6 +553,7 @@ class OperatorContainer:
         if self.proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(10)
+        shutil.rmtree(self.kubeconfig.parent, ignore_errors=True)
 
 
 def _free_port() -> int:
