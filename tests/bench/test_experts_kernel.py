@@ -7,34 +7,16 @@ import warnings
 import pytest
 import torch
 from npu_lora.moe import experts as ex
-from transformers import Qwen3MoeConfig
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
-from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
+from .moe_blocks import stock_block
 
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
 
 IMPLS = [ex.NAME, ex.NAME_GROUPED, ex.NAME_LOOP]
 
 
-def _block(
-    dtype: torch.dtype, *, E: int = 16, K: int = 4, H: int = 64, inter: int = 32, seed: int = 0
-):
-    ex.register()
-    cfg = Qwen3MoeConfig(
-        hidden_size=H,
-        moe_intermediate_size=inter,
-        num_experts=E,
-        num_experts_per_tok=K,
-        norm_topk_prob=True,
-    )
-    cfg._experts_implementation = "eager"
-    torch.manual_seed(seed)
-    blk = Qwen3MoeSparseMoeBlock(cfg)
-    with torch.no_grad():
-        blk.experts.gate_up_proj.normal_(std=0.1)
-        blk.experts.down_proj.normal_(std=0.1)
-        blk.gate.weight.normal_(std=0.1)
-    return blk.to(dtype), cfg
+_block = stock_block
 
 
 def _run(blk, cfg, impl: str, x0: torch.Tensor, gy: torch.Tensor):

@@ -9,10 +9,9 @@ import warnings
 
 import pytest
 import torch
-from npu_lora.moe import experts as ex
 from npu_lora.moe import kernels, stream
-from transformers import Qwen3MoeConfig
-from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
+from .moe_blocks import stock_block
 
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
 
@@ -29,23 +28,7 @@ def path(request, monkeypatch):
     return request.param
 
 
-def _block(dtype, *, E=16, K=4, H=64, inter=32, seed=0):
-    ex.register()
-    cfg = Qwen3MoeConfig(
-        hidden_size=H,
-        moe_intermediate_size=inter,
-        num_experts=E,
-        num_experts_per_tok=K,
-        norm_topk_prob=True,
-    )
-    cfg._experts_implementation = "eager"
-    torch.manual_seed(seed)
-    blk = Qwen3MoeSparseMoeBlock(cfg)
-    with torch.no_grad():
-        blk.experts.gate_up_proj.normal_(std=0.1)
-        blk.experts.down_proj.normal_(std=0.1)
-        blk.gate.weight.normal_(std=0.1)
-    return blk.to(dtype), cfg
+_block = stock_block
 
 
 def _run(blk, cfg, impl, x0, gy):
