@@ -28,3 +28,22 @@ def stock_block(
         blk.experts.down_proj.normal_(std=0.1)
         blk.gate.weight.normal_(std=0.1)
     return blk.to(dtype), cfg
+
+
+def run_block(
+    blk: Qwen3MoeSparseMoeBlock, cfg: Qwen3MoeConfig, impl: str, x0: torch.Tensor, gy: torch.Tensor
+) -> tuple[torch.Tensor | None, ...]:
+    """Forward + backward of ``blk`` with the experts kernel ``impl``: ``(y, dx, d router,
+    d gate_up_proj, d down_proj)``."""
+    cfg._experts_implementation = impl
+    x = x0.clone().requires_grad_(True)
+    blk.zero_grad(set_to_none=True)
+    y = blk(x)
+    y.backward(gy)
+    return (
+        y.detach(),
+        x.grad,
+        blk.gate.weight.grad,  # reaches the router only through the routing-weight gradient
+        blk.experts.gate_up_proj.grad,
+        blk.experts.down_proj.grad,
+    )

@@ -9,7 +9,7 @@ import torch
 from npu_lora.moe import experts as ex
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
-from .moe_blocks import stock_block
+from .moe_blocks import run_block, stock_block
 
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
 
@@ -19,19 +19,7 @@ IMPLS = [ex.NAME, ex.NAME_GROUPED, ex.NAME_LOOP]
 _block = stock_block
 
 
-def _run(blk, cfg, impl: str, x0: torch.Tensor, gy: torch.Tensor):
-    cfg._experts_implementation = impl
-    x = x0.clone().requires_grad_(True)
-    blk.zero_grad(set_to_none=True)
-    y = blk(x)
-    y.backward(gy)
-    return (
-        y.detach(),
-        x.grad,
-        blk.gate.weight.grad,  # reaches the router only through the routing-weight gradient
-        blk.experts.gate_up_proj.grad,
-        blk.experts.down_proj.grad,
-    )
+_run = run_block
 
 
 def test_register_is_idempotent():

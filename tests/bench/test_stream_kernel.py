@@ -11,7 +11,7 @@ import pytest
 import torch
 from npu_lora.moe import kernels, stream
 
-from .moe_blocks import stock_block
+from .moe_blocks import run_block, stock_block
 
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
 
@@ -31,19 +31,7 @@ def path(request, monkeypatch):
 _block = stock_block
 
 
-def _run(blk, cfg, impl, x0, gy):
-    cfg._experts_implementation = impl
-    x = x0.clone().requires_grad_(True)
-    blk.zero_grad(set_to_none=True)
-    y = blk(x)
-    y.backward(gy)
-    return (
-        y.detach(),
-        x.grad,
-        blk.gate.weight.grad,  # reaches the router only through the routing-weight gradient
-        blk.experts.gate_up_proj.grad,
-        blk.experts.down_proj.grad,
-    )
+_run = run_block
 
 
 NAMES = ("y", "dx", "d_router", "d_gate_up", "d_down")
