@@ -46,8 +46,12 @@ def test_extension_builds_here():
 
 
 # H=40, I=24: widths that are not multiples of any vector width (tails); E=64, K=2, 9 tokens:
-# most experts unhit
-@pytest.mark.parametrize(("H", "inter", "E", "K", "T"), [(64, 32, 16, 4, 48), (40, 24, 64, 2, 9)])
+# most experts unhit. H=520, I=200, E=8, K=2, T=96: ~24 tokens per expert (several token tiles),
+# more rows than a row group and more columns than a packed block (backward), row tiles past the
+# prefetch distance (forward), vector tails of 8 columns.
+@pytest.mark.parametrize(
+    ("H", "inter", "E", "K", "T"), [(64, 32, 16, 4, 48), (40, 24, 64, 2, 9), (520, 200, 8, 2, 96)]
+)
 def test_fp32_matches_eager_incl_grads(path, H, inter, E, K, T):
     blk, cfg = _block(torch.float32, E=E, K=K, H=H, inter=inter)
     g = torch.Generator().manual_seed(1)
@@ -56,7 +60,9 @@ def test_fp32_matches_eager_incl_grads(path, H, inter, E, K, T):
     ref = _run(blk, cfg, "eager", x0, gy)
     got = _run(blk, cfg, stream.NAME, x0, gy)
     for name, a, b in zip(NAMES, got, ref, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+        # fp32 sums of H or I terms in another order: absolute tolerance relative to the scale
+        atol = 1e-5 * max(1.0, b.abs().max().item())
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=atol, msg=lambda m, n=name: f"{n}: {m}")
 
 
 def test_frozen_experts_no_weight_grads(path):
@@ -72,7 +78,8 @@ def test_frozen_experts_no_weight_grads(path):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize(("H", "inter"), [(64, 32), (72, 40)])  # 72, 40: paired blocks + tails
+# 72, 40: vector pairs + tails; 520, 200: several token tiles, row groups and packed blocks
+@pytest.mark.parametrize(("H", "inter"), [(64, 32), (72, 40), (520, 200)])
 def test_bf16_storage_close_to_fp32_reference(path, H, inter):
     """bf16 weights, inputs and outputs against the fp32 eager reference of the same (bf16-
     rounded) weights. Bound: max error ≤ 2 % of the tensor's max magnitude (+1e-3), the same
@@ -93,18 +100,21 @@ def test_bf16_storage_close_to_fp32_reference(path, H, inter):
         assert err <= 2e-2 * scale + 1e-3, f"{name}: max err {err} vs scale {scale}"
 
 
-def _det_case():
-    blk, cfg = _block(torch.float32, E=8, K=2, H=128, inter=64)
+def _det_case(dtype=torch.float32):
+    blk, cfg = _block(dtype, E=8, K=2, H=136, inter=72)
     blk.experts.requires_grad_(False)
     g = torch.Generator().manual_seed(4)
-    return blk, cfg, torch.randn(4, 32, 128, generator=g), torch.randn(4, 32, 128, generator=g)
+    x0, gy = torch.randn(4, 32, 136, generator=g), torch.randn(4, 32, 136, generator=g)
+    return blk, cfg, x0.to(dtype), gy.to(dtype)
 
 
-def test_deterministic_across_runs_and_threads(path):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_deterministic_across_runs_and_threads(path, dtype):
     """Bitwise equal: repeated runs, and 1 vs 2 intra-op threads (the task partition depends on
-    the shapes and routing only)."""
+    the shapes and routing only; threads take tasks in any order, each output is written by one
+    task and every sum has a fixed order)."""
     prev = torch.get_num_threads()
-    blk, cfg, x0, gy = _det_case()
+    blk, cfg, x0, gy = _det_case(dtype)
     try:
         outs = []
         for threads in (2, 2, 1):

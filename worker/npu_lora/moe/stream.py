@@ -118,6 +118,14 @@ def _weights(t: torch.Tensor) -> torch.Tensor:
     return t.detach() if t.is_contiguous() else t.detach().contiguous()
 
 
+def _activations(t: torch.Tensor) -> torch.Tensor:
+    """[T, H] hidden states or gradients as the extension takes them: contiguous fp32 or bf16."""
+    t = t.detach()
+    if t.dtype not in (torch.float32, torch.bfloat16):
+        t = t.float()
+    return t.contiguous()
+
+
 class StreamExpertsFunction(torch.autograd.Function):
     """out[t] = Σ_k w[t,k] · down_e(SiLU(gate_e x_t) · up_e x_t); see the module docstring."""
 
@@ -132,17 +140,17 @@ class StreamExpertsFunction(torch.autograd.Function):
     ) -> torch.Tensor:
         r = routing
         gu, dn = _weights(gate_up_proj), _weights(down_proj)
-        x_g = hidden_states.detach().float()[r.token_idx].contiguous()  # [S, H]
         w_g = top_k_weights.detach().reshape(-1)[r.perm].float().contiguous()  # [S]
         mod, isa = kernels.load(), kernels.isa()
         if mod is not None and isa is not None:
             offs = _offsets(r)
             out, h = mod.forward(
-                x_g, w_g, offs, gu, dn, r.inv_perm, r.num_tokens, r.top_k,
-                kernels.ISA_CODES[isa], GU_BLOCK, DOWN_BLOCK,
+                _activations(hidden_states), r.token_idx, w_g, offs, gu, dn, r.inv_perm,
+                r.num_tokens, r.top_k, kernels.ISA_CODES[isa], GU_BLOCK, DOWN_BLOCK,
             )  # fmt: skip
             ctx.offs = offs
         else:
+            x_g = hidden_states.detach().float()[r.token_idx].contiguous()  # [S, H]
             out, h = _torch_forward(x_g, w_g, r, gu, dn)
         ctx.save_for_backward(hidden_states, top_k_weights, gate_up_proj, down_proj, h)
         ctx.routing = r
@@ -155,23 +163,26 @@ class StreamExpertsFunction(torch.autograd.Function):
         r: Routing = ctx.routing
         need_x, need_w, need_gu, need_down = ctx.needs_input_grad[:4]
         gu, dn = _weights(gate_up_proj), _weights(down_proj)
-        g_g = grad_out.float()[r.token_idx].contiguous()  # [S, H]
         w_g = top_k_weights.detach().reshape(-1)[r.perm].float().contiguous()
+        g_g = None
         if ctx.isa is not None:
             mod = kernels.load()
             split_d = -(-dn.shape[1] // BWD_SPLITS)
             split_gu = -(-gu.shape[1] // BWD_SPLITS)
             dx, dw, dh = mod.backward(
-                g_g, h, w_g, ctx.offs, gu, dn, r.inv_perm, r.num_tokens, r.top_k,
-                kernels.ISA_CODES[ctx.isa], split_d, split_gu,
+                _activations(grad_out), r.token_idx, h, w_g, ctx.offs, gu, dn, r.inv_perm,
+                r.num_tokens, r.top_k, kernels.ISA_CODES[ctx.isa], split_d, split_gu,
             )  # fmt: skip
         else:
+            g_g = grad_out.float()[r.token_idx].contiguous()  # [S, H]
             dx, dw, dh = _torch_backward(g_g, h, w_g, r, gu, dn)
         grad_x = dx.to(hidden_states.dtype) if need_x else None
         grad_w = dw[r.inv_perm].view_as(top_k_weights).to(top_k_weights.dtype) if need_w else None
         grad_gu = grad_down = None
         if need_gu or need_down:  # trainExperts: per hit expert torch mm (fp32, then cast)
             x_g = hidden_states.detach().float()[r.token_idx]
+            if g_g is None:
+                g_g = grad_out.float()[r.token_idx]
             gate, up = h.chunk(2, dim=-1)
             a = F.silu(gate) * up
             gw = g_g * w_g.unsqueeze(-1)

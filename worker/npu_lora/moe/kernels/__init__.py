@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 _SRC_DIR = Path(__file__).parent
 SOURCES = ("stream.cpp", "stream_avx512.cpp", "stream_avx2.cpp", "stream_base.cpp")
-HEADERS = ("stream_isa.h",)
+HEADERS = ("stream_isa.h", "stream_core.h")
 ISA_CODES = {"base": 0, "avx2": 1, "avx512": 2}
 
 _lock = threading.Lock()

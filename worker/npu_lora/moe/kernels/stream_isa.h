@@ -1,261 +1,335 @@
 // Single-threaded streaming micro-kernels, compiled once per instruction set.
 //
 // Included by stream_<isa>.cpp after `#pragma GCC target(...)` and the definition of the vector
-// traits `V` (register type, width, loads that widen bf16 to fp32, fma, horizontal sum). No
-// standard-library header is included here: every function has internal linkage (anonymous
-// namespace), so code compiled for one ISA can never be picked by the linker for another.
+// traits `V` (register type, width W, register count, tile shapes, loads that widen bf16 to fp32,
+// fma, horizontal sum). No standard-library header is included here and every function has
+// internal linkage (anonymous namespace), so code compiled for one ISA can never be picked by the
+// linker for another.
 //
-// Weights `w` are row-major [rows, ld_w] in `WT` (float, or uint16_t holding bf16 bits); every
-// activation is fp32. Accumulation is fp32 in a fixed order (determined by the shapes only).
+// Weights `w` are row-major [rows, ldw] in `WT` (float, or bf16_t holding bf16 bits). Accumulation
+// is fp32 in an order fixed by the shapes alone (never by the thread count).
 //
-//   dot_rows:  out[t, r] = sum_c x[t, c] * w[r, c]        (x · Wᵀ: forward direction)
-//   axpy_rows: out[t, c] = sum_r coef[t, r] * w[r, c]     (coef · W: backward direction)
+//   dot_rows:    out[t, r] = sum_c x[t, c] * w[r, c]     fp32 weights, fp32 x   (forward direction)
+//   dotbb_rows:  out[t, r] = sum_c x[t, c] * w[r, c]     bf16 weights, bf16 x   (forward direction)
+//   axpy_rows:   out[t, c] = sum_r coef[t, r] * w[r, c]  fp32 or bf16 weights   (backward direction)
 //
-//   bf16 weights on AVX2/AVX-512: dot16_rows / axpy16_rows (even/odd split, below).
-//
-// Both read each weight row once from memory (token chunks after the first re-read it from L1).
+// Why these shapes (measured on a 2-core AMD EPYC, AVX2, experiments/2026-12-02-stream-kernel-v2.md):
+// a skinny expert GEMM (~8 tokens per expert at T=128) is bound by loads per FMA and by how well
+// the weight stream is prefetched, not by FMA width. So:
+// - every kernel keeps an RB x NB (or NB x CV) block of accumulators in registers and loads each
+//   weight vector once per token tile and each activation vector once per row tile (about 0.5
+//   loads per FMA on 16 registers);
+// - dot kernels walk whole weight rows (long sequential streams the hardware prefetcher follows)
+//   and prefetch the row tile PF_TILES tiles ahead;
+// - bf16 weights: one load of 2W words is widened into two fp32 vectors with one uop each (even
+//   elements: word << 16, odd: word & 0xffff0000); the activations of the bf16 path are bf16 too
+//   and widened the same way, so both operands are in the same even/odd order and nothing is
+//   reordered (bf16 operands, fp32 accumulation, as torch's bf16 matmul and AMX/AVX512-BF16);
+// - axpy rows are strided (a weight row is an output row), so rows are taken in groups of
+//   AXPY_RG and each group's columns in blocks that are first packed into an L1 buffer (this also
+//   avoids the 4 KiB cache-set aliasing of rows 4/8 KiB apart) while the next block is prefetched.
 
 namespace {
 
 using i64 = long long;
+typedef unsigned short bf16_t;
 
 static inline float widen(float v) { return v; }
-static inline float widen(unsigned short v) {
+static inline float widen(bf16_t v) {
   unsigned int u = static_cast<unsigned int>(v) << 16;
   float f;
   __builtin_memcpy(&f, &u, 4);
   return f;
 }
+template <class WT>
+struct IsBf16 {
+  static constexpr bool value = false;
+};
+template <>
+struct IsBf16<bf16_t> {
+  static constexpr bool value = true;
+};
 
-// RB weight rows x NB tokens, accumulators in registers, full-length rows.
-template <class WT, int RB, int NB>
-static inline void dot_tile(const WT* w, i64 ldw, i64 L, const float* x, i64 ldx, float* out,
-                            i64 ldo) {
+// Balanced token tiles: n tokens in ceil(n / NBM) tiles of floor/ceil sizes (each <= NBM).
+// `body(t0, m)` runs each tile; the sizes depend on n only.
+template <int NBM, class F>
+static inline void token_tiles(i64 n, F body) {
+  const i64 tiles = (n + NBM - 1) / NBM;
+  i64 t0 = 0;
+  for (i64 k = 0; k < tiles; ++k) {
+    const i64 m = (n - t0) / (tiles - k);
+    body(k, t0, m);
+    t0 += m;
+  }
+}
+
+// ---- dot, fp32 weights and activations ----------------------------------------------------------
+// RB weight rows x NB tokens of accumulators; x loaded once per step and used for RB rows.
+// `pf`: rows to prefetch (same ldw), one line per row per 64 bytes consumed (nullptr: none).
+template <int RB, int NB>
+static inline void dot_tile(const float* w, i64 ldw, i64 L, const float* x, i64 ldx, float* out,
+                            i64 ldo, const float* pf) {
   typename V::reg acc[RB][NB];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
   for (int r = 0; r < RB; ++r)
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int t = 0; t < NB; ++t) acc[r][t] = V::zero();
   i64 c = 0;
   for (; c + V::W <= L; c += V::W) {
+    if (pf && (c & 15) == 0)
+#pragma GCC unroll 16
+      for (int r = 0; r < RB; ++r) __builtin_prefetch(pf + r * ldw + c, 0, 2);
     typename V::reg wv[RB];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int r = 0; r < RB; ++r) wv[r] = V::load(w + r * ldw + c);
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int t = 0; t < NB; ++t) {
-      typename V::reg xv = V::load(x + t * ldx + c);
-#pragma GCC unroll 8
+      const typename V::reg xv = V::load(x + t * ldx + c);
+#pragma GCC unroll 16
       for (int r = 0; r < RB; ++r) acc[r][t] = V::fma(wv[r], xv, acc[r][t]);
     }
   }
+#pragma GCC unroll 16
   for (int r = 0; r < RB; ++r)
+#pragma GCC unroll 16
     for (int t = 0; t < NB; ++t) {
       float s = V::hsum(acc[r][t]);
-      for (i64 cc = c; cc < L; ++cc) s += widen(w[r * ldw + cc]) * x[t * ldx + cc];
+      for (i64 cc = c; cc < L; ++cc) s += w[r * ldw + cc] * x[t * ldx + cc];
       out[t * ldo + r] = s;
     }
 }
 
-template <class WT, int RB, int NB>
-static inline void dot_rows_rb(const WT* w, i64 ldw, i64 L, const float* x, i64 ldx, i64 n,
-                               float* out, i64 ldo) {
-  i64 t = 0;
-  for (; t + NB <= n; t += NB) dot_tile<WT, RB, NB>(w, ldw, L, x + t * ldx, ldx, out + t * ldo, ldo);
-  const float* xt = x + t * ldx;
-  float* ot = out + t * ldo;
-  switch (n - t) {
-    case 0: break;
-    case 1: dot_tile<WT, RB, 1>(w, ldw, L, xt, ldx, ot, ldo); break;
-    case 2: dot_tile<WT, RB, 2>(w, ldw, L, xt, ldx, ot, ldo); break;
-    case 3: dot_tile<WT, RB, 3>(w, ldw, L, xt, ldx, ot, ldo); break;
-    case 4: dot_tile<WT, RB, 4>(w, ldw, L, xt, ldx, ot, ldo); break;
-    case 5: dot_tile<WT, RB, 5>(w, ldw, L, xt, ldx, ot, ldo); break;
-    case 6: dot_tile<WT, RB, 6>(w, ldw, L, xt, ldx, ot, ldo); break;
-    default: dot_rows_rb<WT, RB, 1>(w, ldw, L, xt, ldx, n - t, ot, ldo); break;
-  }
-}
-
-template <class WT>
-static void dot_rows(const WT* w, i64 ldw, i64 L, i64 rows, const float* x, i64 ldx, i64 n,
-                     float* out, i64 ldo) {
-  i64 r = 0;
-  for (; r + V::DOT_RB <= rows; r += V::DOT_RB)
-    dot_rows_rb<WT, V::DOT_RB, V::DOT_NB>(w + r * ldw, ldw, L, x, ldx, n, out + r, ldo);
-  for (; r < rows; ++r) dot_rows_rb<WT, 1, V::DOT_NB>(w + r * ldw, ldw, L, x, ldx, n, out + r, ldo);
-}
-
-// NB tokens x CV vectors of columns, over the rows [r0, r1); acc loaded from / stored to out.
-template <class WT, int CV, int NB>
-static inline void axpy_tile(const WT* w, i64 ldw, i64 r0, i64 r1, i64 c0, const float* coef,
-                             i64 ldc, float* out, i64 ldo, bool first) {
-  typename V::reg acc[NB][CV];
-#pragma GCC unroll 8
-  for (int t = 0; t < NB; ++t)
-#pragma GCC unroll 8
-    for (int v = 0; v < CV; ++v)
-      acc[t][v] = first ? V::zero() : V::loadf(out + t * ldo + c0 + v * V::W);
-  for (i64 r = r0; r < r1; ++r) {
-    typename V::reg wv[CV];
-#pragma GCC unroll 8
-    for (int v = 0; v < CV; ++v) wv[v] = V::load(w + r * ldw + c0 + v * V::W);
-#pragma GCC unroll 8
-    for (int t = 0; t < NB; ++t) {
-      typename V::reg b = V::set1(coef[t * ldc + r]);
-#pragma GCC unroll 8
-      for (int v = 0; v < CV; ++v) acc[t][v] = V::fma(b, wv[v], acc[t][v]);
-    }
-  }
-#pragma GCC unroll 8
-  for (int t = 0; t < NB; ++t)
-#pragma GCC unroll 8
-    for (int v = 0; v < CV; ++v) V::store(out + t * ldo + c0 + v * V::W, acc[t][v]);
-}
-
-template <class WT, int CV, int NB>
-static inline void axpy_cols(const WT* w, i64 ldw, i64 r0, i64 r1, i64 c0, const float* coef,
-                             i64 ldc, i64 n, float* out, i64 ldo, bool first) {
-  i64 t = 0;
-  for (; t + NB <= n; t += NB)
-    axpy_tile<WT, CV, NB>(w, ldw, r0, r1, c0, coef + t * ldc, ldc, out + t * ldo, ldo, first);
-  for (; t < n; ++t)
-    axpy_tile<WT, CV, 1>(w, ldw, r0, r1, c0, coef + t * ldc, ldc, out + t * ldo, ldo, first);
-}
-
-template <class WT>
-static void axpy_rows(const WT* w, i64 ldw, i64 L, i64 rows, const float* coef, i64 ldc, i64 n,
-                      float* out, i64 ldo) {
-  const i64 RG = 16;  // rows per group: 16 sequential weight streams, acc reloaded per group
-  const i64 CW = V::AXPY_CV * V::W;
-  const i64 Lv = (L / V::W) * V::W;
-  for (i64 r0 = 0; r0 < rows; r0 += RG) {
-    const i64 r1 = r0 + RG < rows ? r0 + RG : rows;
-    const bool first = r0 == 0;
-    i64 c = 0;
-    for (; c + CW <= L; c += CW)
-      axpy_cols<WT, V::AXPY_CV, V::AXPY_NB>(w, ldw, r0, r1, c, coef, ldc, n, out, ldo, first);
-    for (; c < Lv; c += V::W)
-      axpy_cols<WT, 1, V::AXPY_NB>(w, ldw, r0, r1, c, coef, ldc, n, out, ldo, first);
-    for (i64 t = 0; t < n; ++t)
-      for (i64 cc = Lv; cc < L; ++cc) {
-        float s = first ? 0.f : out[t * ldo + cc];
-        for (i64 r = r0; r < r1; ++r) s += coef[t * ldc + r] * widen(w[r * ldw + cc]);
-        out[t * ldo + cc] = s;
-      }
-  }
-}
-
-
-// ---- bf16 weights, even/odd split (AVX2 / AVX-512 only: V::PAIRED) ---------------------------
-// One load of 2W bf16 words gives two fp32 vectors with one uop each: the even elements
-// (word << 16) and the odd ones (word & 0xffff0000). The matching fp32 operand is kept in the
-// same "paired" order: per block of 2W elements, the W even ones then the W odd ones (the tail
-// past the last full block stays in natural order). dot: x is paired; axpy: out is written
-// paired and put back in natural order at the end.
-
+// ---- dot, bf16 weights and bf16 activations ------------------------------------------------------
+// One load of 2W words per weight row and per token gives the even and the odd elements as two
+// fp32 vectors; acc += w_even * x_even + w_odd * x_odd (the pairing is the same on both sides).
 template <int RB, int NB>
-static inline void dot16_tile(const unsigned short* w, i64 ldw, i64 L, const float* x, i64 ldx,
-                              float* out, i64 ldo) {
+static inline void dotbb_tile(const bf16_t* w, i64 ldw, i64 L, const bf16_t* x, i64 ldx,
+                              float* out, i64 ldo, const bf16_t* pf) {
   typename V::reg acc[RB][NB];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
   for (int r = 0; r < RB; ++r)
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int t = 0; t < NB; ++t) acc[r][t] = V::zero();
   i64 c = 0;
   for (; c + 2 * V::W <= L; c += 2 * V::W) {
+    if (pf && (c & 31) == 0)
+#pragma GCC unroll 16
+      for (int r = 0; r < RB; ++r) __builtin_prefetch(pf + r * ldw + c, 0, 2);
     typename V::reg we[RB], wo[RB];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int r = 0; r < RB; ++r) V::load2(w + r * ldw + c, we[r], wo[r]);
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int t = 0; t < NB; ++t) {
-      typename V::reg xe = V::loadf(x + t * ldx + c), xo = V::loadf(x + t * ldx + c + V::W);
-#pragma GCC unroll 8
-      for (int r = 0; r < RB; ++r) acc[r][t] = V::fma(wo[r], xo, V::fma(we[r], xe, acc[r][t]));
+      typename V::reg xe, xo;
+      V::load2(x + t * ldx + c, xe, xo);
+#pragma GCC unroll 16
+      for (int r = 0; r < RB; ++r) acc[r][t] = V::fma(we[r], xe, acc[r][t]);
+#pragma GCC unroll 16
+      for (int r = 0; r < RB; ++r) acc[r][t] = V::fma(wo[r], xo, acc[r][t]);
     }
   }
+#pragma GCC unroll 16
   for (int r = 0; r < RB; ++r)
+#pragma GCC unroll 16
     for (int t = 0; t < NB; ++t) {
       float s = V::hsum(acc[r][t]);
-      for (i64 cc = c; cc < L; ++cc) s += widen(w[r * ldw + cc]) * x[t * ldx + cc];
+      for (i64 cc = c; cc < L; ++cc) s += widen(w[r * ldw + cc]) * widen(x[t * ldx + cc]);
       out[t * ldo + r] = s;
     }
 }
 
-template <int RB, int NB>
-static inline void dot16_rows_rb(const unsigned short* w, i64 ldw, i64 L, const float* x,
-                                 i64 ldx, i64 n, float* out, i64 ldo) {
-  i64 t = 0;
-  for (; t + NB <= n; t += NB) dot16_tile<RB, NB>(w, ldw, L, x + t * ldx, ldx, out + t * ldo, ldo);
-  for (; t < n; ++t) dot16_tile<RB, 1>(w, ldw, L, x + t * ldx, ldx, out + t * ldo, ldo);
+#define NPU_LORA_CASES(X) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8)
+
+// All token tiles of one row tile (rows [0, RB) of w); the weights are streamed from memory by
+// the first token tile (which also prefetches) and re-read from cache by the others.
+template <int RB, int NBM>
+static inline void dot_rowtile(const float* w, i64 ldw, i64 L, const float* x, i64 ldx, i64 n,
+                               float* out, i64 ldo, const float* pf) {
+  token_tiles<NBM>(n, [&](i64 k, i64 t0, i64 m) {
+    const float* p = k == 0 ? pf : nullptr;
+    switch (m) {
+#define NPU_LORA_T(mm)                                                                   \
+  case mm:                                                                               \
+    if constexpr (mm <= NBM) dot_tile<RB, mm>(w, ldw, L, x + t0 * ldx, ldx, out + t0 * ldo, ldo, p); \
+    break;
+      NPU_LORA_CASES(NPU_LORA_T)
+#undef NPU_LORA_T
+      default: break;
+    }
+  });
 }
 
-static void dot16_rows(const unsigned short* w, i64 ldw, i64 L, i64 rows, const float* x,
-                       i64 ldx, i64 n, float* out, i64 ldo) {
+template <int RB, int NBM>
+static inline void dotbb_rowtile(const bf16_t* w, i64 ldw, i64 L, const bf16_t* x, i64 ldx,
+                                 i64 n, float* out, i64 ldo, const bf16_t* pf) {
+  token_tiles<NBM>(n, [&](i64 k, i64 t0, i64 m) {
+    const bf16_t* p = k == 0 ? pf : nullptr;
+    switch (m) {
+#define NPU_LORA_T(mm)                                                                     \
+  case mm:                                                                                 \
+    if constexpr (mm <= NBM) dotbb_tile<RB, mm>(w, ldw, L, x + t0 * ldx, ldx, out + t0 * ldo, ldo, p); \
+    break;
+      NPU_LORA_CASES(NPU_LORA_T)
+#undef NPU_LORA_T
+      default: break;
+    }
+  });
+}
+
+// Rows [0, R) in row tiles of RB (the remainder one row at a time), whole rows (length L).
+static void dot_rows(const float* w, i64 ldw, i64 L, i64 R, const float* x, i64 ldx, i64 n,
+                     float* out, i64 ldo) {
+  constexpr int RB = V::DOT_RB, NBM = V::DOT_NB;
+  const i64 PD = V::PF_TILES * RB;
   i64 r = 0;
-  for (; r + V::DOT16_RB <= rows; r += V::DOT16_RB)
-    dot16_rows_rb<V::DOT16_RB, V::DOT16_NB>(w + r * ldw, ldw, L, x, ldx, n, out + r, ldo);
-  for (; r < rows; ++r) dot16_rows_rb<1, V::DOT16_NB>(w + r * ldw, ldw, L, x, ldx, n, out + r, ldo);
+  for (; r + RB <= R; r += RB)
+    dot_rowtile<RB, NBM>(w + r * ldw, ldw, L, x, ldx, n, out + r, ldo,
+                         r + PD < R ? w + (r + PD) * ldw : nullptr);
+  for (; r < R; ++r) dot_rowtile<1, NBM>(w + r * ldw, ldw, L, x, ldx, n, out + r, ldo, nullptr);
 }
 
-template <int NB>
-static inline void axpy16_tile(const unsigned short* w, i64 ldw, i64 r0, i64 r1, i64 c0,
-                               const float* coef, i64 ldc, float* out, i64 ldo, bool first) {
-  typename V::reg ae[NB], ao[NB];
-#pragma GCC unroll 8
-  for (int t = 0; t < NB; ++t) {
-    ae[t] = first ? V::zero() : V::loadf(out + t * ldo + c0);
-    ao[t] = first ? V::zero() : V::loadf(out + t * ldo + c0 + V::W);
+static void dotbb_rows(const bf16_t* w, i64 ldw, i64 L, i64 R, const bf16_t* x, i64 ldx, i64 n,
+                       float* out, i64 ldo) {
+  constexpr int RB = V::DOTBB_RB, NBM = V::DOTBB_NB;
+  const i64 PD = V::PF_TILES * RB;
+  i64 r = 0;
+  for (; r + RB <= R; r += RB)
+    dotbb_rowtile<RB, NBM>(w + r * ldw, ldw, L, x, ldx, n, out + r, ldo,
+                           r + PD < R ? w + (r + PD) * ldw : nullptr);
+  for (; r < R; ++r) dotbb_rowtile<1, NBM>(w + r * ldw, ldw, L, x, ldx, n, out + r, ldo, nullptr);
+}
+
+// ---- axpy: out[t, c] = sum_r coef[t, r] * w[r, c] ------------------------------------------------
+// Rows in groups of AXPY_RG, columns in blocks of CB; a block is packed into an L1 buffer laid
+// out [c / PW][r][PW] (PW: W fp32 lanes; 2W bf16 words, interleaved so that the even/odd widening
+// gives two natural-order vectors), prefetching the next block, then read by tiles of NB tokens x
+// CV column groups whose accumulators are loaded from / stored to `out` once per row group.
+template <class WT>
+struct Pack {
+  static constexpr int PW = IsBf16<WT>::value ? 2 * V::W : V::W;
+  static constexpr int CV = IsBf16<WT>::value ? V::AXPY16_CV : V::AXPY_CV;
+  static constexpr int NBM = IsBf16<WT>::value ? V::AXPY16_NB : V::AXPY_NB;
+};
+
+// bf16: dst[2j] = src[j], dst[2j + 1] = src[W + j], j < W (so that load2 yields src[0, W) and
+// src[W, 2W) in natural order); V may provide a vector version (V::pack16).
+static inline void pack_pw(const bf16_t* src, bf16_t* dst) {
+  if constexpr (V::HAS_PACK16) {
+    V::pack16(src, dst);
+  } else {
+    for (int j = 0; j < V::W; ++j) {
+      dst[2 * j] = src[j];
+      dst[2 * j + 1] = src[V::W + j];
+    }
   }
-  for (i64 r = r0; r < r1; ++r) {
-    typename V::reg we, wo;
-    V::load2(w + r * ldw + c0, we, wo);
-#pragma GCC unroll 8
+}
+static inline void pack_pw(const float* src, float* dst) { V::store(dst, V::load(src)); }
+
+template <class WT>
+static inline void pack_block(const WT* w, i64 ldw, i64 rg, i64 nq, WT* pk, const WT* next,
+                              i64 next_cols) {
+  constexpr int PW = Pack<WT>::PW;
+  constexpr i64 LINE = 64 / sizeof(WT);
+  for (i64 r = 0; r < rg; ++r) {
+    const WT* src = w + r * ldw;
+    for (i64 q = 0; q < nq; ++q) pack_pw(src + q * PW, pk + (q * rg + r) * PW);
+    if (next)
+      for (i64 c = 0; c < next_cols; c += LINE) __builtin_prefetch(next + r * ldw + c, 0, 2);
+  }
+}
+
+template <class WT, int NB, int CV>
+static inline void axpy_tile(const WT* pk, i64 rg, const float* coef, i64 ldc, float* out,
+                             i64 ldo, bool first) {
+  constexpr bool B = IsBf16<WT>::value;
+  constexpr int NV = B ? 2 * CV : CV;  // fp32 registers per token
+  constexpr int PW = Pack<WT>::PW;
+  typename V::reg acc[NB][NV];
+#pragma GCC unroll 16
+  for (int t = 0; t < NB; ++t)
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) acc[t][v] = first ? V::zero() : V::load(out + t * ldo + v * V::W);
+  for (i64 r = 0; r < rg; ++r) {
+    typename V::reg wv[NV];
+#pragma GCC unroll 16
+    for (int v = 0; v < CV; ++v) {
+      const WT* p = pk + (v * rg + r) * PW;
+      if constexpr (B) V::load2(p, wv[2 * v], wv[2 * v + 1]);
+      else wv[v] = V::load(p);
+    }
+#pragma GCC unroll 16
     for (int t = 0; t < NB; ++t) {
-      typename V::reg b = V::set1(coef[t * ldc + r]);
-      ae[t] = V::fma(b, we, ae[t]);
-      ao[t] = V::fma(b, wo, ao[t]);
+      const typename V::reg b = V::set1(coef[t * ldc + r]);
+#pragma GCC unroll 16
+      for (int v = 0; v < NV; ++v) acc[t][v] = V::fma(b, wv[v], acc[t][v]);
     }
   }
-#pragma GCC unroll 8
-  for (int t = 0; t < NB; ++t) {
-    V::store(out + t * ldo + c0, ae[t]);
-    V::store(out + t * ldo + c0 + V::W, ao[t]);
+#pragma GCC unroll 16
+  for (int t = 0; t < NB; ++t)
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) V::store(out + t * ldo + v * V::W, acc[t][v]);
+}
+
+template <class WT, int NB>
+static inline void axpy_cols(const WT* pk, i64 rg, i64 nq, const float* coef, i64 ldc,
+                             float* out, i64 ldo, bool first) {
+  constexpr int CV = Pack<WT>::CV, PW = Pack<WT>::PW;
+  i64 q = 0;
+  for (; q + CV <= nq; q += CV)
+    axpy_tile<WT, NB, CV>(pk + q * rg * PW, rg, coef, ldc, out + q * PW, ldo, first);
+  for (; q < nq; ++q)
+    axpy_tile<WT, NB, 1>(pk + q * rg * PW, rg, coef, ldc, out + q * PW, ldo, first);
+}
+
+template <class WT>
+static void axpy_rows(const WT* w, i64 ldw, i64 L, i64 R, const float* coef, i64 ldc, i64 n,
+                      float* out, i64 ldo) {
+  constexpr int PW = Pack<WT>::PW, CV = Pack<WT>::CV, NBM = Pack<WT>::NBM;
+  constexpr i64 RG = V::AXPY_RG;
+  constexpr i64 CB = (V::AXPY_L1 / (RG * static_cast<i64>(sizeof(WT)))) / (PW * CV) * (PW * CV);
+  static_assert(CB >= PW, "AXPY_L1 too small for AXPY_RG rows");
+  alignas(64) WT pk[RG * CB];
+  for (i64 r0 = 0; r0 < R; r0 += RG) {
+    const i64 rg = R - r0 < RG ? R - r0 : RG;
+    const bool first = r0 == 0;
+    for (i64 c0 = 0; c0 < L; c0 += CB) {
+      const i64 cb = L - c0 < CB ? L - c0 : CB;
+      const i64 nq = cb / PW;  // packed column groups; the rest is a scalar tail
+      // the block after this one: the same rows' next columns, or the next row group's first
+      const WT* next = nullptr;
+      i64 next_cols = 0;
+      if (c0 + CB < L) {
+        next = w + r0 * ldw + c0 + CB;
+        next_cols = L - c0 - CB < CB ? L - c0 - CB : CB;
+      } else if (r0 + RG < R) {
+        next = w + (r0 + RG) * ldw;
+        next_cols = L < CB ? L : CB;
+      }
+      pack_block<WT>(w + r0 * ldw + c0, ldw, rg, nq, pk, next, next_cols);
+      token_tiles<NBM>(n, [&](i64, i64 t0, i64 m) {
+        const float* ct = coef + t0 * ldc + r0;
+        float* ot = out + t0 * ldo + c0;
+        switch (m) {
+#define NPU_LORA_T(mm) \
+  case mm:             \
+    if constexpr (mm <= NBM) axpy_cols<WT, mm>(pk, rg, nq, ct, ldc, ot, ldo, first); \
+    break;
+          NPU_LORA_CASES(NPU_LORA_T)
+#undef NPU_LORA_T
+          default: break;
+        }
+      });
+      for (i64 t = 0; t < n; ++t)  // scalar tail columns
+        for (i64 cc = c0 + nq * PW; cc < c0 + cb; ++cc) {
+          float s = first ? 0.f : out[t * ldo + cc];
+          for (i64 r = r0; r < r0 + rg; ++r) s += coef[t * ldc + r] * widen(w[r * ldw + cc]);
+          out[t * ldo + cc] = s;
+        }
+    }
   }
 }
 
-static void axpy16_rows(const unsigned short* w, i64 ldw, i64 L, i64 rows, const float* coef,
-                        i64 ldc, i64 n, float* out, i64 ldo) {
-  const i64 RG = 16;
-  const i64 P = 2 * V::W;
-  const i64 Lp = (L / P) * P;
-  for (i64 r0 = 0; r0 < rows; r0 += RG) {
-    const i64 r1 = r0 + RG < rows ? r0 + RG : rows;
-    const bool first = r0 == 0;
-    for (i64 c = 0; c < Lp; c += P) {
-      i64 t = 0;
-      for (; t + V::AXPY_NB <= n; t += V::AXPY_NB)
-        axpy16_tile<V::AXPY_NB>(w, ldw, r0, r1, c, coef + t * ldc, ldc, out + t * ldo, ldo, first);
-      for (; t < n; ++t)
-        axpy16_tile<1>(w, ldw, r0, r1, c, coef + t * ldc, ldc, out + t * ldo, ldo, first);
-    }
-    for (i64 t = 0; t < n; ++t)
-      for (i64 cc = Lp; cc < L; ++cc) {
-        float s = first ? 0.f : out[t * ldo + cc];
-        for (i64 r = r0; r < r1; ++r) s += coef[t * ldc + r] * widen(w[r * ldw + cc]);
-        out[t * ldo + cc] = s;
-      }
-  }
-  // paired -> natural order, block by block
-  float tmp[2 * V::W];
-  for (i64 t = 0; t < n; ++t)
-    for (i64 c = 0; c < Lp; c += P) {
-      float* o = out + t * ldo + c;
-      for (int i = 0; i < P; ++i) tmp[i] = o[i];
-      for (int i = 0; i < V::W; ++i) {
-        o[2 * i] = tmp[i];
-        o[2 * i + 1] = tmp[V::W + i];
-      }
-    }
-}
+#undef NPU_LORA_CASES
 
 }  // namespace
 
@@ -263,12 +337,11 @@ static void axpy16_rows(const unsigned short* w, i64 ldw, i64 L, i64 rows, const
   namespace npu_lora_stream {                                                                   \
   void isa##_dot_f32(const float* w, i64 ldw, i64 L, i64 rows, const float* x, i64 ldx, i64 n, \
                      float* out, i64 ldo) {                                                     \
-    dot_rows<float>(w, ldw, L, rows, x, ldx, n, out, ldo);                                      \
+    dot_rows(w, ldw, L, rows, x, ldx, n, out, ldo);                                             \
   }                                                                                             \
-  void isa##_dot_bf16(const unsigned short* w, i64 ldw, i64 L, i64 rows, const float* x,      \
-                      i64 ldx, i64 n, float* out, i64 ldo) {                                    \
-    if (V::PAIRED) dot16_rows(w, ldw, L, rows, x, ldx, n, out, ldo);                            \
-    else dot_rows<unsigned short>(w, ldw, L, rows, x, ldx, n, out, ldo);                        \
+  void isa##_dot_bf16(const unsigned short* w, i64 ldw, i64 L, i64 rows,                      \
+                      const unsigned short* x, i64 ldx, i64 n, float* out, i64 ldo) {           \
+    dotbb_rows(w, ldw, L, rows, x, ldx, n, out, ldo);                                           \
   }                                                                                             \
   void isa##_axpy_f32(const float* w, i64 ldw, i64 L, i64 rows, const float* c, i64 ldc,       \
                       i64 n, float* out, i64 ldo) {                                             \
@@ -276,9 +349,6 @@ static void axpy16_rows(const unsigned short* w, i64 ldw, i64 L, i64 rows, const
   }                                                                                             \
   void isa##_axpy_bf16(const unsigned short* w, i64 ldw, i64 L, i64 rows, const float* c,     \
                        i64 ldc, i64 n, float* out, i64 ldo) {                                   \
-    if (V::PAIRED) axpy16_rows(w, ldw, L, rows, c, ldc, n, out, ldo);                           \
-    else axpy_rows<unsigned short>(w, ldw, L, rows, c, ldc, n, out, ldo);                       \
+    axpy_rows<bf16_t>(w, ldw, L, rows, c, ldc, n, out, ldo);                                    \
   }                                                                                             \
-  /* block of the paired fp32 operand order for bf16 weights (1: natural order) */             \
-  int isa##_pair() { return V::PAIRED ? 2 * V::W : 1; }                                         \
   }

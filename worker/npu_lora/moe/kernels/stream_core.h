@@ -1,0 +1,315 @@
+// npu_lora streaming MoE experts: the forward and backward drivers, free of torch.
+//
+// Legend: T tokens, K slots per token, S = T*K (token, slot) rows sorted by expert ("expert
+// order"), E experts, H hidden, I intermediate. Weights as transformers stores them: Wgu
+// [E, 2I, H] (gate rows, then up rows) and Wd [E, H, I], fp32 or bf16 (raw 16-bit words).
+//
+// Used by stream.cpp (torch bindings, threads from at::parallel_for) and by the stand-alone
+// benchmark experiments/stream-kernel/bench.cpp (OpenMP threads), so what is timed there is
+// what runs here.
+//
+// Threads: each phase is a list of (hit expert, row block) tasks that depends on the shapes and
+// the routing only; threads take tasks from a shared counter (largest first), every output
+// element is written by exactly one task and partial sums are reduced in a fixed order, so
+// results are bitwise identical across runs and thread counts.
+//
+// Numerics: fp32 weights -> fp32 operands; bf16 weights -> bf16 operands (the hidden states and
+// the SiLU·mul activations rounded to bf16, as a bf16 model holds them) with fp32 accumulation;
+// pre-activations h, gradients and every reduction stay fp32.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <vector>
+
+namespace npu_lora_stream {
+
+using i64 = long long;
+typedef unsigned short bf16_t;
+
+#define NPU_LORA_DECL(isa)                                                                        \
+  void isa##_dot_f32(const float*, i64, i64, i64, const float*, i64, i64, float*, i64);           \
+  void isa##_dot_bf16(const bf16_t*, i64, i64, i64, const bf16_t*, i64, i64, float*, i64);        \
+  void isa##_axpy_f32(const float*, i64, i64, i64, const float*, i64, i64, float*, i64);          \
+  void isa##_axpy_bf16(const bf16_t*, i64, i64, i64, const float*, i64, i64, float*, i64);
+NPU_LORA_DECL(base)
+NPU_LORA_DECL(avx2)
+NPU_LORA_DECL(avx512)
+#undef NPU_LORA_DECL
+
+enum Isa : int { kBase = 0, kAvx2 = 1, kAvx512 = 2 };
+
+struct Ops {
+  void (*dot_f32)(const float*, i64, i64, i64, const float*, i64, i64, float*, i64);
+  void (*dot_bf16)(const bf16_t*, i64, i64, i64, const bf16_t*, i64, i64, float*, i64);
+  void (*axpy_f32)(const float*, i64, i64, i64, const float*, i64, i64, float*, i64);
+  void (*axpy_bf16)(const bf16_t*, i64, i64, i64, const float*, i64, i64, float*, i64);
+};
+
+inline Ops ops_for(int isa) {
+  if (isa == kAvx512) return {avx512_dot_f32, avx512_dot_bf16, avx512_axpy_f32, avx512_axpy_bf16};
+  if (isa == kAvx2) return {avx2_dot_f32, avx2_dot_bf16, avx2_axpy_f32, avx2_axpy_bf16};
+  return {base_dot_f32, base_dot_bf16, base_axpy_f32, base_axpy_bf16};
+}
+
+// ---- small helpers -------------------------------------------------------------------------------
+
+inline float bf16_to_f32(bf16_t v) {
+  unsigned int u = static_cast<unsigned int>(v) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+// round to nearest even (NaN stays NaN), as torch's float -> bfloat16
+inline bf16_t f32_to_bf16(float f) {
+  unsigned int u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<bf16_t>((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<bf16_t>(u >> 16);
+}
+inline float sigmoid(float v) { return 1.f / (1.f + std::exp(-v)); }
+
+// Leading dimension for a row of `n` elements of `esz` bytes: a multiple of 64 bytes, plus one
+// cache line, so that consecutive rows never sit a multiple of 4 KiB apart (cache-set aliasing
+// when several rows are streamed at once).
+inline i64 padded_ld(i64 n, i64 esz) {
+  const i64 per_line = 64 / esz;
+  return (n + per_line - 1) / per_line * per_line + per_line;
+}
+
+// 64-byte aligned scratch buffer.
+template <class T>
+struct Buf {
+  T* p = nullptr;
+  explicit Buf(i64 n) {
+    const std::size_t bytes = (static_cast<std::size_t>(n > 0 ? n : 1) * sizeof(T) + 63) / 64 * 64;
+    p = static_cast<T*>(std::aligned_alloc(64, bytes));
+    if (!p) throw std::bad_alloc();
+  }
+  ~Buf() { std::free(p); }
+  Buf(const Buf&) = delete;
+  Buf& operator=(const Buf&) = delete;
+  T* get() const { return p; }
+};
+
+// One weight tensor [E, R, C] (fp32 or bf16), row-major contiguous.
+struct Weights {
+  const void* p;
+  bool bf16;
+  i64 R, C;
+  const float* f(i64 e, i64 r) const { return static_cast<const float*>(p) + (e * R + r) * C; }
+  const bf16_t* h(i64 e, i64 r) const { return static_cast<const bf16_t*>(p) + (e * R + r) * C; }
+};
+
+struct Task {
+  i64 e, s0, n, r0, r1, part;
+};
+
+// (hit expert, row block) tasks, `block` rows each, largest work first (ties: expert order).
+inline std::vector<Task> make_tasks(const std::vector<i64>& off, i64 rows, i64 block) {
+  std::vector<Task> out;
+  const i64 E = static_cast<i64>(off.size()) - 1;
+  for (i64 e = 0; e < E; ++e) {
+    const i64 n = off[e + 1] - off[e];
+    if (!n) continue;
+    i64 p = 0;
+    for (i64 r0 = 0; r0 < rows; r0 += block, ++p)
+      out.push_back({e, off[e], n, r0, std::min(rows, r0 + block), p});
+  }
+  std::stable_sort(out.begin(), out.end(), [](const Task& a, const Task& b) {
+    return a.n * (a.r1 - a.r0) > b.n * (b.r1 - b.r0);
+  });
+  return out;
+}
+
+// `Par` runs a callable once on each of its threads, concurrently: `par.run(f)`.
+template <class Par, class F>
+void for_tasks(const Par& par, const std::vector<Task>& ts, F f) {
+  std::atomic<i64> next{0};
+  const i64 n = static_cast<i64>(ts.size());
+  par.run([&] {
+    for (i64 i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) f(ts[i]);
+  });
+}
+
+// f(i) for i in [0, n), in chunks of `chunk`, any thread.
+template <class Par, class F>
+void for_range(const Par& par, i64 n, i64 chunk, F f) {
+  std::atomic<i64> next{0};
+  par.run([&] {
+    for (i64 b; (b = next.fetch_add(chunk, std::memory_order_relaxed)) < n;)
+      for (i64 i = b, e = std::min(n, b + chunk); i < e; ++i) f(i);
+  });
+}
+
+// ---- forward ---------------------------------------------------------------------------------------
+
+struct ForwardArgs {
+  const void* hs;  // [T, H] hidden states, fp32 or bf16 (hs_bf16)
+  bool hs_bf16;
+  const int64_t* token_idx;  // [S] expert order -> token
+  const float* wr;           // [S] routing weights, expert order
+  std::vector<i64> off;      // [E + 1] group starts
+  Weights gu, dn;            // [E, 2I, H], [E, H, I]
+  const int64_t* inv;        // [T*K] flat (token, slot) -> expert-order row
+  i64 T, K;
+  i64 gu_block, down_block;  // rows per task
+  float* out;                // [T, H]
+  float* h;                  // [S, 2I] gate/up pre-activations (saved for backward)
+};
+
+// out[t, :] = sum_k sum_p part[p][inv[t*K + k], :] (rows >= valid are skipped), fixed order.
+template <class Par>
+void combine(const Par& par, const float* part, i64 P, i64 pstride, i64 ld, i64 D,
+             const int64_t* inv, i64 T, i64 K, i64 valid, float* out) {
+  for_range(par, T, 8, [&](i64 t) {
+    float* o = out + t * D;
+    for (i64 d = 0; d < D; ++d) o[d] = 0.f;
+    for (i64 k = 0; k < K; ++k) {
+      const i64 s = inv[t * K + k];
+      if (s >= valid) continue;
+      for (i64 p = 0; p < P; ++p) {
+        const float* src = part + p * pstride + s * ld;
+        for (i64 d = 0; d < D; ++d) o[d] += src[d];
+      }
+    }
+  });
+}
+
+template <class Par>
+void forward(const Par& par, const Ops& o, const ForwardArgs& a) {
+  const i64 H = a.gu.C, I = a.gu.R / 2, S = a.T * a.K;
+  const i64 valid = a.off.back();
+  const bool B = a.gu.bf16;  // bf16 operands (the two weight tensors share the dtype)
+  const i64 LX = padded_ld(H, B ? 2 : 4), LI = padded_ld(I, B ? 2 : 4), LY = padded_ld(H, 4);
+  Buf<float> xf(B ? 0 : S * LX), af(B ? 0 : S * LI), y(S * LY);
+  Buf<bf16_t> xb(B ? S * LX : 0), ab(B ? S * LI : 0);
+  // gather the tokens into expert order (rows >= valid are never read)
+  for_range(par, valid, 16, [&](i64 s) {
+    const i64 t = a.token_idx[s];
+    if (a.hs_bf16) {
+      const bf16_t* src = static_cast<const bf16_t*>(a.hs) + t * H;
+      if (B) std::memcpy(xb.get() + s * LX, src, H * sizeof(bf16_t));
+      else for (i64 c = 0; c < H; ++c) xf.get()[s * LX + c] = bf16_to_f32(src[c]);
+    } else {
+      const float* src = static_cast<const float*>(a.hs) + t * H;
+      if (B) for (i64 c = 0; c < H; ++c) xb.get()[s * LX + c] = f32_to_bf16(src[c]);
+      else std::memcpy(xf.get() + s * LX, src, H * sizeof(float));
+    }
+  });
+  if (valid < S) std::memset(a.h + valid * 2 * I, 0, (S - valid) * 2 * I * sizeof(float));
+  // gate/up: gate rows [r0, r1) and up rows [I + r0, I + r1), then act = SiLU(gate) * up
+  for_tasks(par, make_tasks(a.off, I, a.gu_block), [&](const Task& t) {
+    const i64 rows = t.r1 - t.r0;
+    float* ht = a.h + t.s0 * 2 * I;
+    if (B) {
+      const bf16_t* x = xb.get() + t.s0 * LX;
+      o.dot_bf16(a.gu.h(t.e, t.r0), H, H, rows, x, LX, t.n, ht + t.r0, 2 * I);
+      o.dot_bf16(a.gu.h(t.e, I + t.r0), H, H, rows, x, LX, t.n, ht + I + t.r0, 2 * I);
+    } else {
+      const float* x = xf.get() + t.s0 * LX;
+      o.dot_f32(a.gu.f(t.e, t.r0), H, H, rows, x, LX, t.n, ht + t.r0, 2 * I);
+      o.dot_f32(a.gu.f(t.e, I + t.r0), H, H, rows, x, LX, t.n, ht + I + t.r0, 2 * I);
+    }
+    for (i64 s = 0; s < t.n; ++s)
+      for (i64 j = t.r0; j < t.r1; ++j) {
+        const float g = ht[s * 2 * I + j];
+        const float v = g * sigmoid(g) * ht[s * 2 * I + I + j];
+        if (B) ab.get()[(t.s0 + s) * LI + j] = f32_to_bf16(v);
+        else af.get()[(t.s0 + s) * LI + j] = v;
+      }
+  });
+  // down: y[s, d] = wr[s] * act[s, :] . Wd[e, d, :]
+  for_tasks(par, make_tasks(a.off, H, a.down_block), [&](const Task& t) {
+    float* yt = y.get() + t.s0 * LY;
+    const i64 rows = t.r1 - t.r0;
+    if (B) o.dot_bf16(a.dn.h(t.e, t.r0), I, I, rows, ab.get() + t.s0 * LI, LI, t.n, yt + t.r0, LY);
+    else o.dot_f32(a.dn.f(t.e, t.r0), I, I, rows, af.get() + t.s0 * LI, LI, t.n, yt + t.r0, LY);
+    for (i64 s = 0; s < t.n; ++s)
+      for (i64 d = t.r0; d < t.r1; ++d) yt[s * LY + d] *= a.wr[t.s0 + s];
+  });
+  combine(par, y.get(), 1, 0, LY, H, a.inv, a.T, a.K, valid, a.out);
+}
+
+// ---- backward (frozen experts: dX, routing-weight gradient, dh) -----------------------------------
+
+struct BackwardArgs {
+  const void* g;  // [T, H] dL/d(out), fp32 or bf16 (g_bf16)
+  bool g_bf16;
+  const int64_t* token_idx;
+  const float* h;  // [S, 2I] saved pre-activations
+  const float* wr;
+  std::vector<i64> off;
+  Weights gu, dn;
+  const int64_t* inv;
+  i64 T, K;
+  i64 down_split, gu_split;  // rows per task (each expert's rows in ceil(rows / split) partials)
+  float* dx;                 // [T, H]
+  float* dw;                 // [S] routing-weight gradient (expert order)
+  float* dh;                 // [S, 2I]
+};
+
+template <class Par>
+void backward(const Par& par, const Ops& o, const BackwardArgs& a) {
+  const i64 H = a.gu.C, I = a.gu.R / 2, S = a.T * a.K;
+  const i64 valid = a.off.back();
+  const i64 LG = padded_ld(H, 4), LZ = padded_ld(I, 4), LX = padded_ld(H, 4);
+  const i64 P1 = (H + a.down_split - 1) / a.down_split;
+  const i64 P2 = (2 * I + a.gu_split - 1) / a.gu_split;
+  Buf<float> gg(S * LG), zpart(P1 * S * LZ), dxpart(P2 * S * LX);
+  for_range(par, valid, 16, [&](i64 s) {
+    const i64 t = a.token_idx[s];
+    float* dst = gg.get() + s * LG;
+    if (a.g_bf16) {
+      const bf16_t* src = static_cast<const bf16_t*>(a.g) + t * H;
+      for (i64 c = 0; c < H; ++c) dst[c] = bf16_to_f32(src[c]);
+    } else {
+      std::memcpy(dst, static_cast<const float*>(a.g) + t * H, H * sizeof(float));
+    }
+  });
+  // z = g . Wd_e  (one partial per row block of Wd)
+  for_tasks(par, make_tasks(a.off, H, a.down_split), [&](const Task& t) {
+    const float* coef = gg.get() + t.s0 * LG + t.r0;
+    float* z = zpart.get() + (t.part * S + t.s0) * LZ;
+    const i64 rows = t.r1 - t.r0;
+    if (a.dn.bf16) o.axpy_bf16(a.dn.h(t.e, t.r0), I, I, rows, coef, LG, t.n, z, LZ);
+    else o.axpy_f32(a.dn.f(t.e, t.r0), I, I, rows, coef, LG, t.n, z, LZ);
+  });
+  // dw = <act, z>; dh = [w z u SiLU'(gate), w z SiLU(gate)]
+  if (valid < S) {
+    std::memset(a.dh + valid * 2 * I, 0, (S - valid) * 2 * I * sizeof(float));
+    std::memset(a.dw + valid, 0, (S - valid) * sizeof(float));
+  }
+  for_range(par, valid, 16, [&](i64 s) {
+    const float* hs = a.h + s * 2 * I;
+    float* ds = a.dh + s * 2 * I;
+    float acc = 0.f;
+    for (i64 i = 0; i < I; ++i) {
+      float z = 0.f;
+      for (i64 p = 0; p < P1; ++p) z += zpart.get()[(p * S + s) * LZ + i];
+      const float g = hs[i], u = hs[I + i], sg = sigmoid(g), silu = g * sg;
+      acc += silu * u * z;
+      const float da = z * a.wr[s];
+      ds[i] = da * u * (sg * (1.f + g * (1.f - sg)));
+      ds[I + i] = da * silu;
+    }
+    a.dw[s] = acc;
+  });
+  // dx = dh . Wgu_e  (one partial per row block of Wgu)
+  for_tasks(par, make_tasks(a.off, 2 * I, a.gu_split), [&](const Task& t) {
+    const float* coef = a.dh + t.s0 * 2 * I + t.r0;
+    float* dx = dxpart.get() + (t.part * S + t.s0) * LX;
+    const i64 rows = t.r1 - t.r0;
+    if (a.gu.bf16) o.axpy_bf16(a.gu.h(t.e, t.r0), H, H, rows, coef, 2 * I, t.n, dx, LX);
+    else o.axpy_f32(a.gu.f(t.e, t.r0), H, H, rows, coef, 2 * I, t.n, dx, LX);
+  });
+  combine(par, dxpart.get(), P2, S * LX, LX, H, a.inv, a.T, a.K, valid, a.dx);
+}
+
+}  // namespace npu_lora_stream
