@@ -29,6 +29,9 @@ _SRC_DIR = Path(__file__).parent
 SOURCES = ("stream.cpp", "stream_avx512.cpp", "stream_avx2.cpp", "stream_base.cpp")
 HEADERS = ("stream_isa.h", "stream_core.h")
 ISA_CODES = {"base": 0, "avx2": 1, "avx512": 2}
+#: Compiler and linker flags (part of the cache key).
+CFLAGS = ("-O3", "-fno-math-errno", "-fopenmp")
+LDFLAGS = ("-fopenmp",)
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {}
@@ -44,6 +47,7 @@ def _digest() -> str:
     import torch
 
     h = hashlib.sha256(torch.__version__.encode())
+    h.update(" ".join((*CFLAGS, *LDFLAGS)).encode())
     for name in (*SOURCES, *HEADERS):
         h.update((_SRC_DIR / name).read_bytes())
     return h.hexdigest()[:12]
@@ -67,7 +71,11 @@ def load() -> Any | None:
                 mod = cpp_load(
                     name=name,
                     sources=[str(_SRC_DIR / s) for s in SOURCES],
-                    extra_cflags=["-O3", "-fno-math-errno"],
+                    # -fopenmp: at::parallel_for is inline OpenMP code in torch's headers;
+                    # without the flag it silently runs on one thread. The library resolves to
+                    # the libgomp torch has loaded (same soname), so there is one thread pool.
+                    extra_cflags=list(CFLAGS),
+                    extra_ldflags=list(LDFLAGS),
                     build_directory=str(build),
                     verbose=False,
                 )
