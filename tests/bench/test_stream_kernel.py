@@ -45,6 +45,19 @@ def test_extension_builds_here():
     assert "base" in kernels.cpu_isas()
 
 
+def test_phases_run_on_torch_threads():
+    """Each phase runs on torch's intra-op threads (``torch.set_num_threads``): the extension is
+    built with OpenMP; without it at::parallel_for silently ran every phase on one thread."""
+    mod = kernels.load()
+    prev = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            assert mod.parallel_threads() == threads
+    finally:
+        torch.set_num_threads(prev)
+
+
 # H=40, I=24: widths that are not multiples of any vector width (tails); E=64, K=2, 9 tokens:
 # most experts unhit. H=520, I=200, E=8, K=2, T=96: ~24 tokens per expert (several token tiles),
 # more rows than a row group and more columns than a packed block (backward), row tiles past the

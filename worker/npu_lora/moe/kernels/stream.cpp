@@ -5,7 +5,10 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <mutex>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "stream_core.h"
@@ -130,6 +133,18 @@ std::vector<torch::Tensor> stream_backward(torch::Tensor g, torch::Tensor token_
   return {dx, dw, dh};
 }
 
+// How many distinct threads one parallel phase runs on (torch's intra-op thread count, unless
+// the extension was built without OpenMP, where at::parallel_for silently runs serially).
+int64_t parallel_threads() {
+  std::mutex mu;
+  std::set<std::thread::id> ids;
+  TorchPar{}.run([&] {
+    std::lock_guard<std::mutex> lock(mu);
+    ids.insert(std::this_thread::get_id());
+  });
+  return static_cast<int64_t>(ids.size());
+}
+
 // Which ISAs this CPU runs (compiled ones are all three).
 std::vector<std::string> cpu_isas() {
   std::vector<std::string> out{"base"};
@@ -147,4 +162,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &stream_forward, "streaming experts forward");
   m.def("backward", &stream_backward, "streaming experts backward (dX, routing-weight grad, dh)");
   m.def("cpu_isas", &cpu_isas, "instruction-set paths this CPU can run");
+  m.def("parallel_threads", &parallel_threads, "threads one parallel phase runs on");
 }

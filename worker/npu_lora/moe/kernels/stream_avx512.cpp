@@ -1,6 +1,6 @@
 // AVX-512 (F/BW/VL/DQ + FMA) instance: 16 fp32 lanes, 32 zmm registers.
 // Tiles: dot fp32 4 rows x 6 tokens (24 + 4 + 1), dot bf16 4 rows x 5 tokens (20 + 8 + 2),
-// axpy fp32 8 tokens x 3 vectors (24 + 3 + 1), axpy bf16 6 tokens x 2 pairs (24 + 4 + 1).
+// axpy 4 rows x 6 tokens (24 coefficients + 4 weights + 1 accumulator).
 // Not timed since the v2 kernels (no AVX-512 machine in that session); the shapes follow the
 // AVX2 measurements scaled to 32 registers, and the code paths are the generic ones the AVX2 and
 // baseline instances run (tests on an AVX-512 CPU run this instance).
@@ -12,13 +12,14 @@ struct V {
   using reg = __m512;
   static constexpr int W = 16;
   static constexpr int DOT_RB = 4, DOT_NB = 6, DOTBB_RB = 4, DOTBB_NB = 5;
-  static constexpr int AXPY_NB = 8, AXPY_CV = 3, AXPY16_NB = 6, AXPY16_CV = 2;
-  static constexpr long long AXPY_RG = 32, AXPY_L1 = 24576;
+  static constexpr int AXPY_RR = 4, AXPY_NB = 6;
   static constexpr int PF_TILES = 2;
-  static constexpr bool HAS_PACK16 = false;
-  static inline void pack16(const unsigned short*, unsigned short*) {}
   static inline reg zero() { return _mm512_setzero_ps(); }
   static inline reg load(const float* p) { return _mm512_loadu_ps(p); }
+  static inline reg load(const unsigned short* p) {  // 16 bf16 -> 16 fp32, natural order
+    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
   static inline void load2(const unsigned short* p, reg& even, reg& odd) {
     __m512i v = _mm512_loadu_si512(p);
     even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));

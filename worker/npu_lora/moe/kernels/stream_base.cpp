@@ -5,11 +5,8 @@ struct V {
   using reg = float;
   static constexpr int W = 1;
   static constexpr int DOT_RB = 2, DOT_NB = 4, DOTBB_RB = 2, DOTBB_NB = 4;
-  static constexpr int AXPY_NB = 2, AXPY_CV = 4, AXPY16_NB = 2, AXPY16_CV = 2;
-  static constexpr long long AXPY_RG = 32, AXPY_L1 = 16384;
+  static constexpr int AXPY_RR = 2, AXPY_NB = 4;
   static constexpr int PF_TILES = 2;
-  static constexpr bool HAS_PACK16 = false;
-  static inline void pack16(const unsigned short*, unsigned short*) {}
   static inline float bits(unsigned short v) {
     unsigned int u = static_cast<unsigned int>(v) << 16;
     float f;
@@ -18,6 +15,7 @@ struct V {
   }
   static inline reg zero() { return 0.f; }
   static inline reg load(const float* p) { return *p; }
+  static inline reg load(const unsigned short* p) { return bits(*p); }
   static inline void load2(const unsigned short* p, reg& even, reg& odd) {
     even = bits(p[0]);
     odd = bits(p[1]);

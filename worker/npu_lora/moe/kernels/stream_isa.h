@@ -25,9 +25,10 @@
 //   elements: word << 16, odd: word & 0xffff0000); the activations of the bf16 path are bf16 too
 //   and widened the same way, so both operands are in the same even/odd order and nothing is
 //   reordered (bf16 operands, fp32 accumulation, as torch's bf16 matmul and AMX/AVX512-BF16);
-// - axpy rows are strided (a weight row is an output row), so rows are taken in groups of
-//   AXPY_RG and each group's columns in blocks that are first packed into an L1 buffer (this also
-//   avoids the 4 KiB cache-set aliasing of rows 4/8 KiB apart) while the next block is prefetched.
+// - axpy (a weight row scales into every output row) walks RR whole weight rows at a time too,
+//   keeping the RR x NB coefficients in registers and updating the out rows in cache; a packed
+//   row-group variant (weights copied block by block into an L1 buffer) was 1.1-1.3x slower in
+//   interleaved runs (experiments/2026-12-02-stream-kernel-v2.md).
 
 namespace {
 
@@ -200,133 +201,75 @@ static void dotbb_rows(const bf16_t* w, i64 ldw, i64 L, i64 R, const bf16_t* x, 
 }
 
 // ---- axpy: out[t, c] = sum_r coef[t, r] * w[r, c] ------------------------------------------------
-// Rows in groups of AXPY_RG, columns in blocks of CB; a block is packed into an L1 buffer laid
-// out [c / PW][r][PW] (PW: W fp32 lanes; 2W bf16 words, interleaved so that the even/odd widening
-// gives two natural-order vectors), prefetching the next block, then read by tiles of NB tokens x
-// CV column groups whose accumulators are loaded from / stored to `out` once per row group.
-template <class WT>
-struct Pack {
-  static constexpr int PW = IsBf16<WT>::value ? 2 * V::W : V::W;
-  static constexpr int CV = IsBf16<WT>::value ? V::AXPY16_CV : V::AXPY_CV;
-  static constexpr int NBM = IsBf16<WT>::value ? V::AXPY16_NB : V::AXPY_NB;
-};
-
-// bf16: dst[2j] = src[j], dst[2j + 1] = src[W + j], j < W (so that load2 yields src[0, W) and
-// src[W, 2W) in natural order); V may provide a vector version (V::pack16).
-static inline void pack_pw(const bf16_t* src, bf16_t* dst) {
-  if constexpr (V::HAS_PACK16) {
-    V::pack16(src, dst);
-  } else {
-    for (int j = 0; j < V::W; ++j) {
-      dst[2 * j] = src[j];
-      dst[2 * j + 1] = src[V::W + j];
-    }
-  }
-}
-static inline void pack_pw(const float* src, float* dst) { V::store(dst, V::load(src)); }
-
-template <class WT>
-static inline void pack_block(const WT* w, i64 ldw, i64 rg, i64 nq, WT* pk, const WT* next,
-                              i64 next_cols) {
-  constexpr int PW = Pack<WT>::PW;
+// Row tiles of RR weight rows (RR sequential streams, as in dot); for each token tile the RR x NB
+// coefficients sit in registers and the accumulators are the out rows themselves (L1/L2): per W
+// columns RR weight loads, NB accumulator loads and stores, RR x NB FMAs. The rows of a tile are
+// added in row order, so every out element is summed over r = 0, 1, 2, ... as a plain loop would.
+// bf16 weights are widened in natural order (zero-extend + shift).
+template <class WT, int RR, int NB>
+static inline void axpy_tile(const WT* w, i64 ldw, i64 L, const float* coef, i64 ldc, float* out,
+                             i64 ldo, bool first, const WT* pf) {
   constexpr i64 LINE = 64 / sizeof(WT);
-  for (i64 r = 0; r < rg; ++r) {
-    const WT* src = w + r * ldw;
-    for (i64 q = 0; q < nq; ++q) pack_pw(src + q * PW, pk + (q * rg + r) * PW);
-    if (next)
-      for (i64 c = 0; c < next_cols; c += LINE) __builtin_prefetch(next + r * ldw + c, 0, 2);
-  }
-}
-
-template <class WT, int NB, int CV>
-static inline void axpy_tile(const WT* pk, i64 rg, const float* coef, i64 ldc, float* out,
-                             i64 ldo, bool first) {
-  constexpr bool B = IsBf16<WT>::value;
-  constexpr int NV = B ? 2 * CV : CV;  // fp32 registers per token
-  constexpr int PW = Pack<WT>::PW;
-  typename V::reg acc[NB][NV];
+  typename V::reg cf[NB][RR];
 #pragma GCC unroll 16
   for (int t = 0; t < NB; ++t)
 #pragma GCC unroll 16
-    for (int v = 0; v < NV; ++v) acc[t][v] = first ? V::zero() : V::load(out + t * ldo + v * V::W);
-  for (i64 r = 0; r < rg; ++r) {
-    typename V::reg wv[NV];
+    for (int j = 0; j < RR; ++j) cf[t][j] = V::set1(coef[t * ldc + j]);
+  i64 c = 0;
+  for (; c + V::W <= L; c += V::W) {
+    if (pf && (c & (LINE - 1)) == 0)
 #pragma GCC unroll 16
-    for (int v = 0; v < CV; ++v) {
-      const WT* p = pk + (v * rg + r) * PW;
-      if constexpr (B) V::load2(p, wv[2 * v], wv[2 * v + 1]);
-      else wv[v] = V::load(p);
-    }
+      for (int j = 0; j < RR; ++j) __builtin_prefetch(pf + j * ldw + c, 0, 2);
+    typename V::reg wv[RR];
+#pragma GCC unroll 16
+    for (int j = 0; j < RR; ++j) wv[j] = V::load(w + j * ldw + c);
 #pragma GCC unroll 16
     for (int t = 0; t < NB; ++t) {
-      const typename V::reg b = V::set1(coef[t * ldc + r]);
+      typename V::reg acc = first ? V::zero() : V::load(out + t * ldo + c);
 #pragma GCC unroll 16
-      for (int v = 0; v < NV; ++v) acc[t][v] = V::fma(b, wv[v], acc[t][v]);
+      for (int j = 0; j < RR; ++j) acc = V::fma(cf[t][j], wv[j], acc);
+      V::store(out + t * ldo + c, acc);
     }
   }
-#pragma GCC unroll 16
   for (int t = 0; t < NB; ++t)
-#pragma GCC unroll 16
-    for (int v = 0; v < NV; ++v) V::store(out + t * ldo + v * V::W, acc[t][v]);
+    for (i64 cc = c; cc < L; ++cc) {
+      float s = first ? 0.f : out[t * ldo + cc];
+      for (int j = 0; j < RR; ++j) s += coef[t * ldc + j] * widen(w[j * ldw + cc]);
+      out[t * ldo + cc] = s;
+    }
 }
 
-template <class WT, int NB>
-static inline void axpy_cols(const WT* pk, i64 rg, i64 nq, const float* coef, i64 ldc,
-                             float* out, i64 ldo, bool first) {
-  constexpr int CV = Pack<WT>::CV, PW = Pack<WT>::PW;
-  i64 q = 0;
-  for (; q + CV <= nq; q += CV)
-    axpy_tile<WT, NB, CV>(pk + q * rg * PW, rg, coef, ldc, out + q * PW, ldo, first);
-  for (; q < nq; ++q)
-    axpy_tile<WT, NB, 1>(pk + q * rg * PW, rg, coef, ldc, out + q * PW, ldo, first);
-}
+template <int N>
+struct IntC {
+  static constexpr int value = N;
+};
 
 template <class WT>
 static void axpy_rows(const WT* w, i64 ldw, i64 L, i64 R, const float* coef, i64 ldc, i64 n,
                       float* out, i64 ldo) {
-  constexpr int PW = Pack<WT>::PW, CV = Pack<WT>::CV, NBM = Pack<WT>::NBM;
-  constexpr i64 RG = V::AXPY_RG;
-  constexpr i64 CB = (V::AXPY_L1 / (RG * static_cast<i64>(sizeof(WT)))) / (PW * CV) * (PW * CV);
-  static_assert(CB >= PW, "AXPY_L1 too small for AXPY_RG rows");
-  alignas(64) WT pk[RG * CB];
-  for (i64 r0 = 0; r0 < R; r0 += RG) {
-    const i64 rg = R - r0 < RG ? R - r0 : RG;
-    const bool first = r0 == 0;
-    for (i64 c0 = 0; c0 < L; c0 += CB) {
-      const i64 cb = L - c0 < CB ? L - c0 : CB;
-      const i64 nq = cb / PW;  // packed column groups; the rest is a scalar tail
-      // the block after this one: the same rows' next columns, or the next row group's first
-      const WT* next = nullptr;
-      i64 next_cols = 0;
-      if (c0 + CB < L) {
-        next = w + r0 * ldw + c0 + CB;
-        next_cols = L - c0 - CB < CB ? L - c0 - CB : CB;
-      } else if (r0 + RG < R) {
-        next = w + (r0 + RG) * ldw;
-        next_cols = L < CB ? L : CB;
-      }
-      pack_block<WT>(w + r0 * ldw + c0, ldw, rg, nq, pk, next, next_cols);
-      token_tiles<NBM>(n, [&](i64, i64 t0, i64 m) {
-        const float* ct = coef + t0 * ldc + r0;
-        float* ot = out + t0 * ldo + c0;
-        switch (m) {
-#define NPU_LORA_T(mm) \
-  case mm:             \
-    if constexpr (mm <= NBM) axpy_cols<WT, mm>(pk, rg, nq, ct, ldc, ot, ldo, first); \
+  constexpr int RR = V::AXPY_RR, NBM = V::AXPY_NB;
+  const i64 PD = V::PF_TILES * RR;
+  auto row_tile = [&](auto rr, i64 r0, const WT* pf) {
+    constexpr int RRc = decltype(rr)::value;
+    token_tiles<NBM>(n, [&](i64 k, i64 t0, i64 m) {
+      const WT* p = k == 0 ? pf : nullptr;
+      const WT* wt = w + r0 * ldw;
+      const float* ct = coef + t0 * ldc + r0;
+      float* ot = out + t0 * ldo;
+      switch (m) {
+#define NPU_LORA_T(mm)                                                                    \
+  case mm:                                                                                \
+    if constexpr (mm <= NBM) axpy_tile<WT, RRc, mm>(wt, ldw, L, ct, ldc, ot, ldo, r0 == 0, p); \
     break;
-          NPU_LORA_CASES(NPU_LORA_T)
+        NPU_LORA_CASES(NPU_LORA_T)
 #undef NPU_LORA_T
-          default: break;
-        }
-      });
-      for (i64 t = 0; t < n; ++t)  // scalar tail columns
-        for (i64 cc = c0 + nq * PW; cc < c0 + cb; ++cc) {
-          float s = first ? 0.f : out[t * ldo + cc];
-          for (i64 r = r0; r < r0 + rg; ++r) s += coef[t * ldc + r] * widen(w[r * ldw + cc]);
-          out[t * ldo + cc] = s;
-        }
-    }
-  }
+        default: break;
+      }
+    });
+  };
+  i64 r = 0;
+  for (; r + RR <= R; r += RR) row_tile(IntC<RR>{}, r, r + PD < R ? w + (r + PD) * ldw : nullptr);
+  for (; r < R; ++r) row_tile(IntC<1>{}, r, nullptr);
 }
 
 #undef NPU_LORA_CASES
