@@ -140,6 +140,7 @@ int main(int argc, char** argv) {
   i64 hit = 0;
   for (i64 e = 0; e < E; e++) hit += off[e + 1] > off[e];
   const double bytes = double(hit) * 3 * H * I * (B ? 2 : 4);
+  double pf[4] = {0}, pb[5] = {0};
   std::vector<double> tf, tb;
   for (int r = 0; r <= reps; r++) {
     const double t0 = now();
@@ -147,6 +148,7 @@ int main(int argc, char** argv) {
     const double t1 = now();
     backward(par, o, ba);
     const double t2 = now();
+    if (r == 0) fa.phase_s = pf, ba.phase_s = pb;  // phases of the measured reps
     if (r) {
       tf.push_back(t1 - t0);
       tb.push_back(t2 - t1);
@@ -157,4 +159,8 @@ int main(int argc, char** argv) {
   const double f = tf[tf.size() / 2], b = tb[tb.size() / 2];
   printf("T=%lld %s isa=%d threads=%d: fwd %.1f ms %.2f GB/s | bwd %.1f ms %.2f GB/s\n", T,
          dt.c_str(), isa, omp_get_max_threads(), f * 1e3, bytes / f / 1e9, b * 1e3, bytes / b / 1e9);
+  printf("  mean phase ms: fwd gather %.1f gate/up %.1f down %.1f combine %.1f | bwd gather %.1f "
+         "z %.1f dh %.1f dx %.1f combine %.1f\n", pf[0] * 1e3 / reps, pf[1] * 1e3 / reps,
+         pf[2] * 1e3 / reps, pf[3] * 1e3 / reps, pb[0] * 1e3 / reps, pb[1] * 1e3 / reps,
+         pb[2] * 1e3 / reps, pb[3] * 1e3 / reps, pb[4] * 1e3 / reps);
 }

@@ -379,8 +379,9 @@ class MoESpec(_Model):
         "auto",
         description=(
             "dtype of the expert weights on the host. `auto` picks per CPU (recorded in "
-            "summary.json `machine.host`): bfloat16 with `npu_lora_stream` (widened to fp32 in "
-            "registers) or on CPUs with native bf16, else float32. An explicit bfloat16 known to "
+            "summary.json `machine.host`): bfloat16 with `npu_lora_stream` (bf16 operands widened "
+            "to fp32 in registers, fp32 accumulation) or on CPUs with native bf16, else float32. "
+            "An explicit bfloat16 known to "
             "be slow on the CPU logs a warning and sets `status.host.warning`."
         ),
     )

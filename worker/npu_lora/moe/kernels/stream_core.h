@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -148,6 +149,19 @@ void for_range(const Par& par, i64 n, i64 chunk, F f) {
   });
 }
 
+// Optional per-phase wall times (seconds, added to `acc[i]`) for the stand-alone benchmark.
+struct PhaseClock {
+  double* acc;
+  std::chrono::steady_clock::time_point t = std::chrono::steady_clock::now();
+  int i = 0;
+  void lap() {
+    if (!acc) return;
+    const auto now = std::chrono::steady_clock::now();
+    acc[i++] += std::chrono::duration<double>(now - t).count();
+    t = now;
+  }
+};
+
 // ---- forward ---------------------------------------------------------------------------------------
 
 struct ForwardArgs {
@@ -162,6 +176,7 @@ struct ForwardArgs {
   i64 gu_block, down_block;  // rows per task
   float* out;                // [T, H]
   float* h;                  // [S, 2I] gate/up pre-activations (saved for backward)
+  double* phase_s = nullptr;  // [4]: gather, gate/up, down, combine (benchmark only)
 };
 
 // out[t, :] = sum_k sum_p part[p][inv[t*K + k], :] (rows >= valid are skipped), fixed order.
@@ -190,6 +205,7 @@ void forward(const Par& par, const Ops& o, const ForwardArgs& a) {
   const i64 LX = padded_ld(H, B ? 2 : 4), LI = padded_ld(I, B ? 2 : 4), LY = padded_ld(H, 4);
   Buf<float> xf(B ? 0 : S * LX), af(B ? 0 : S * LI), y(S * LY);
   Buf<bf16_t> xb(B ? S * LX : 0), ab(B ? S * LI : 0);
+  PhaseClock clock{a.phase_s};
   // gather the tokens into expert order (rows >= valid are never read)
   for_range(par, valid, 16, [&](i64 s) {
     const i64 t = a.token_idx[s];
@@ -204,6 +220,7 @@ void forward(const Par& par, const Ops& o, const ForwardArgs& a) {
     }
   });
   if (valid < S) std::memset(a.h + valid * 2 * I, 0, (S - valid) * 2 * I * sizeof(float));
+  clock.lap();
   // gate/up: gate rows [r0, r1) and up rows [I + r0, I + r1), then act = SiLU(gate) * up
   for_tasks(par, make_tasks(a.off, I, a.gu_block), [&](const Task& t) {
     const i64 rows = t.r1 - t.r0;
@@ -225,6 +242,7 @@ void forward(const Par& par, const Ops& o, const ForwardArgs& a) {
         else af.get()[(t.s0 + s) * LI + j] = v;
       }
   });
+  clock.lap();
   // down: y[s, d] = wr[s] * act[s, :] . Wd[e, d, :]
   for_tasks(par, make_tasks(a.off, H, a.down_block), [&](const Task& t) {
     float* yt = y.get() + t.s0 * LY;
@@ -234,7 +252,9 @@ void forward(const Par& par, const Ops& o, const ForwardArgs& a) {
     for (i64 s = 0; s < t.n; ++s)
       for (i64 d = t.r0; d < t.r1; ++d) yt[s * LY + d] *= a.wr[t.s0 + s];
   });
+  clock.lap();
   combine(par, y.get(), 1, 0, LY, H, a.inv, a.T, a.K, valid, a.out);
+  clock.lap();
 }
 
 // ---- backward (frozen experts: dX, routing-weight gradient, dh) -----------------------------------
@@ -253,6 +273,7 @@ struct BackwardArgs {
   float* dx;                 // [T, H]
   float* dw;                 // [S] routing-weight gradient (expert order)
   float* dh;                 // [S, 2I]
+  double* phase_s = nullptr;  // [5]: gather, z, dh, dx, combine (benchmark only)
 };
 
 template <class Par>
@@ -263,6 +284,7 @@ void backward(const Par& par, const Ops& o, const BackwardArgs& a) {
   const i64 P1 = (H + a.down_split - 1) / a.down_split;
   const i64 P2 = (2 * I + a.gu_split - 1) / a.gu_split;
   Buf<float> gg(S * LG), zpart(P1 * S * LZ), dxpart(P2 * S * LX);
+  PhaseClock clock{a.phase_s};
   for_range(par, valid, 16, [&](i64 s) {
     const i64 t = a.token_idx[s];
     float* dst = gg.get() + s * LG;
@@ -273,6 +295,7 @@ void backward(const Par& par, const Ops& o, const BackwardArgs& a) {
       std::memcpy(dst, static_cast<const float*>(a.g) + t * H, H * sizeof(float));
     }
   });
+  clock.lap();
   // z = g . Wd_e  (one partial per row block of Wd)
   for_tasks(par, make_tasks(a.off, H, a.down_split), [&](const Task& t) {
     const float* coef = gg.get() + t.s0 * LG + t.r0;
@@ -281,6 +304,7 @@ void backward(const Par& par, const Ops& o, const BackwardArgs& a) {
     if (a.dn.bf16) o.axpy_bf16(a.dn.h(t.e, t.r0), I, I, rows, coef, LG, t.n, z, LZ);
     else o.axpy_f32(a.dn.f(t.e, t.r0), I, I, rows, coef, LG, t.n, z, LZ);
   });
+  clock.lap();
   // dw = <act, z>; dh = [w z u SiLU'(gate), w z SiLU(gate)]
   if (valid < S) {
     std::memset(a.dh + valid * 2 * I, 0, (S - valid) * 2 * I * sizeof(float));
@@ -301,6 +325,7 @@ void backward(const Par& par, const Ops& o, const BackwardArgs& a) {
     }
     a.dw[s] = acc;
   });
+  clock.lap();
   // dx = dh . Wgu_e  (one partial per row block of Wgu)
   for_tasks(par, make_tasks(a.off, 2 * I, a.gu_split), [&](const Task& t) {
     const float* coef = a.dh + t.s0 * 2 * I + t.r0;
@@ -309,7 +334,9 @@ void backward(const Par& par, const Ops& o, const BackwardArgs& a) {
     if (a.gu.bf16) o.axpy_bf16(a.gu.h(t.e, t.r0), H, H, rows, coef, 2 * I, t.n, dx, LX);
     else o.axpy_f32(a.gu.f(t.e, t.r0), H, H, rows, coef, 2 * I, t.n, dx, LX);
   });
+  clock.lap();
   combine(par, dxpart.get(), P2, S * LX, LX, H, a.inv, a.T, a.K, valid, a.dx);
+  clock.lap();
 }
 
 }  // namespace npu_lora_stream
