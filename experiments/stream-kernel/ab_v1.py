@@ -34,10 +34,9 @@ def _git_show(path: str) -> str:
 
 
 def register_v1(openmp: bool) -> str:
+    from npu_lora.moe import kernels
     from torch.utils.cpp_extension import load as cpp_load
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
-
-    from npu_lora.moe import kernels
 
     src = Path(tempfile.mkdtemp(prefix="npu-lora-v1-"))
     for f in FILES:
