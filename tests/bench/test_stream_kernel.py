@@ -113,6 +113,52 @@ def test_bf16_storage_close_to_fp32_reference(path, H, inter):
         assert err <= 2e-2 * scale + 1e-3, f"{name}: max err {err} vs scale {scale}"
 
 
+def _routing(T: int, K: int, E: int, seed: int) -> dict[str, torch.Tensor]:
+    """Expert-order routing tensors as stream.py builds them: top-K distinct experts per token."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]).flatten()
+    order = torch.argsort(ids, stable=True)
+    counts = torch.bincount(ids, minlength=E)
+    return {
+        "token_idx": (order // K).contiguous(),
+        "inv_perm": torch.argsort(order).contiguous(),
+        "offsets": torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)]),
+        "wr": torch.rand(T * K, generator=g).contiguous(),
+    }
+
+
+@pytest.mark.parametrize("isa", kernels.cpu_isas())
+def test_bf16_weights_run_the_fp32_tiles_bitwise(isa):
+    """bf16 weights are widened in registers and run the fp32 tiles in the fp32 order: given the
+    same bf16-valued inputs, the gate/up pre-activations and the whole backward (dX, routing-weight
+    gradient, dh) are bitwise those of the fp32 path on the widened weights. (The forward output
+    differs only by the bf16 rounding of the SiLU·mul activations, which the bf16 path applies.)"""
+    mod = kernels.load()
+    T, K, E, H, inter = 40, 2, 8, 136, 72
+    r = _routing(T, K, E, seed=5)
+    g = torch.Generator().manual_seed(6)
+    gu16 = (torch.randn(E, 2 * inter, H, generator=g) * 0.1).bfloat16()
+    dn16 = (torch.randn(E, H, inter, generator=g) * 0.1).bfloat16()
+    x16 = torch.randn(T, H, generator=g).bfloat16()
+    gy16 = torch.randn(T, H, generator=g).bfloat16()
+    code = kernels.ISA_CODES[isa]
+    outs = {}
+    for name, gu, dn, x, gy in (
+        ("bf16", gu16, dn16, x16, gy16),
+        ("fp32", gu16.float(), dn16.float(), x16.float(), gy16.float()),
+    ):
+        _, h = mod.forward(
+            x, r["token_idx"], r["wr"], r["offsets"], gu, dn, r["inv_perm"], T, K, code, 16, 32
+        )
+        dx, dw, dh = mod.backward(
+            gy, r["token_idx"], h, r["wr"], r["offsets"], gu, dn, r["inv_perm"], T, K, code, 48, 40
+        )
+        outs[name] = (h, dx, dw, dh)
+    for what, a, b in zip(("h", "dx", "dw", "dh"), outs["bf16"], outs["fp32"], strict=True):
+        assert torch.equal(a, b), what
+    assert outs["bf16"][0].abs().max() > 0
+
+
 def _det_case(dtype=torch.float32):
     blk, cfg = _block(dtype, E=8, K=2, H=136, inter=72)
     blk.experts.requires_grad_(False)

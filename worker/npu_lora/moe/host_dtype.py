@@ -5,7 +5,8 @@ Rules (``caps`` = :func:`npu_lora.machine.cpu_capabilities`):
 - ``npu_lora_stream`` with its C++ extension: bf16 operands are widened to fp32 in registers on
   every x86-64 CPU (AVX2, AVX-512, baseline) and accumulated in fp32, so ``auto`` picks
   ``bfloat16`` (half the bytes to stream; Qwen3 checkpoints are bf16, so the weights lose
-  nothing). Measured on an AVX2-only EPYC: bf16 0.7-0.9x the fp32 time per layer. Without the extension (its
+  nothing). Measured on an AVX2-only EPYC (experiments/2026-12-02-stream-kernel-v2.md): bf16
+  0.7x the fp32 time per layer at T=128, 0.9-1.0x at T=512 (compute-bound). Without the extension (its
   torch fallback widens each expert with a copy) ``auto`` picks ``float32``.
 - kernels that compute in torch (``grouped_mm``, ``eager``, ``npu_lora_sorted*``): ``bfloat16``
   only where the CPU has native bf16 (AVX512-BF16 or AMX-BF16), else ``float32``. An explicit

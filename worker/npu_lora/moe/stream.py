@@ -30,13 +30,16 @@ Numerics: fp32 weights compute on fp32 operands. bf16 weights compute on bf16 op
 gathered hidden states and the SiLU·mul activations are rounded to bf16 (what a bf16 model holds
 anyway; the hidden states of a bf16 block already are bf16), products are accumulated in fp32,
 as torch's bf16 matmul and the AMX / AVX512-BF16 instructions do; ``h``, the gradients and every
-reduction are fp32. Tested against the fp32 reference within 2 % of each tensor's scale.
+reduction are fp32. The bf16 path widens the weights in registers and runs the fp32 tiles in the
+fp32 order, so given bf16-valued inputs its ``h`` and its whole backward are bitwise those of the
+fp32 path on the widened weights (tested); against the fp32 reference of the same weights it is
+within 2 % of each tensor's scale (tested).
 
 Saved for backward: the input ``x`` [T, H] (referenced, not copied), the fp32 pre-activations
 ``h`` [S, 2I] (= 4·T·K·2I bytes: 50 MB at T=1024, K=8, I=768), the routing. Work buffers per call
 (64-byte aligned, rows padded by one cache line so that no two rows sit a multiple of 4 KiB
-apart): forward the gathered ``x`` and ``a`` (S·H and S·I, in the operand dtype) and ``y`` [S, H]
-fp32; backward the gathered ``dout`` [S, H] fp32, ``BWD_SPLITS`` partial sums of ``z`` and
+apart): forward the gathered ``x`` and ``a`` (S·H and S·I fp32, bf16-rounded for bf16 weights)
+and ``y`` [S, H] fp32; backward the gathered ``dout`` [S, H] fp32, ``BWD_SPLITS`` partial sums of ``z`` and
 ``dx`` (2·S·I and 2·S·H fp32) and ``dh`` [S, 2I].
 
 Compute is the C++ extension (:mod:`npu_lora.moe.kernels`, the drivers in ``stream_core.h``):

@@ -1,7 +1,7 @@
 // AVX2 + FMA instance (e.g. AMD EPYC without AVX-512): 8 fp32 lanes, 16 ymm registers.
-// Tiles (accumulators/coefficients + operand registers <= 16): dot fp32 3 rows x 4 tokens
-// (12 + 3 + 1), dot bf16 2 rows x 5 tokens (10 + 4 + 2), axpy 3 rows x 4 tokens (12 coefficients
-// + 3 weights + 1 accumulator). Chosen by interleaved measurements on an AVX2 EPYC
+// Tiles (accumulators/coefficients + operand registers <= 16): dot 3 rows x 4 tokens
+// (12 + 3 + 1; fp32 and bf16 weights), axpy 3 rows x 4 tokens (12 coefficients + 3 weights + 1
+// accumulator). Chosen by interleaved measurements on an AVX2 EPYC
 // (experiments/2026-12-02-stream-kernel-v2.md).
 #pragma GCC target("avx2,fma,bmi2")
 #include <immintrin.h>
@@ -10,7 +10,7 @@ namespace {
 struct V {
   using reg = __m256;
   static constexpr int W = 8;
-  static constexpr int DOT_RB = 3, DOT_NB = 4, DOTBB_RB = 2, DOTBB_NB = 5;
+  static constexpr int DOT_RB = 3, DOT_NB = 4;
   static constexpr int AXPY_RR = 3, AXPY_NB = 4;
   static constexpr int PF_TILES = 2;  // prefetch distance (row tiles)
   static inline reg zero() { return _mm256_setzero_ps(); }
@@ -18,11 +18,6 @@ struct V {
   static inline reg load(const unsigned short* p) {  // 8 bf16 -> 8 fp32, natural order
     __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-  }
-  static inline void load2(const unsigned short* p, reg& even, reg& odd) {
-    __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-    odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
   }
   static inline reg set1(float v) { return _mm256_set1_ps(v); }
   static inline reg fma(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }

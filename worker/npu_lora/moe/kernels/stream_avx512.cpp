@@ -1,5 +1,5 @@
 // AVX-512 (F/BW/VL/DQ + FMA) instance: 16 fp32 lanes, 32 zmm registers.
-// Tiles: dot fp32 4 rows x 6 tokens (24 + 4 + 1), dot bf16 4 rows x 5 tokens (20 + 8 + 2),
+// Tiles: dot 4 rows x 6 tokens (24 + 4 + 1; fp32 and bf16 weights),
 // axpy 4 rows x 6 tokens (24 coefficients + 4 weights + 1 accumulator).
 // Not timed since the v2 kernels (no AVX-512 machine in that session); the shapes follow the
 // AVX2 measurements scaled to 32 registers, and the code paths are the generic ones the AVX2 and
@@ -11,7 +11,7 @@ namespace {
 struct V {
   using reg = __m512;
   static constexpr int W = 16;
-  static constexpr int DOT_RB = 4, DOT_NB = 6, DOTBB_RB = 4, DOTBB_NB = 5;
+  static constexpr int DOT_RB = 4, DOT_NB = 6;
   static constexpr int AXPY_RR = 4, AXPY_NB = 6;
   static constexpr int PF_TILES = 2;
   static inline reg zero() { return _mm512_setzero_ps(); }
@@ -19,11 +19,6 @@ struct V {
   static inline reg load(const unsigned short* p) {  // 16 bf16 -> 16 fp32, natural order
     __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-  }
-  static inline void load2(const unsigned short* p, reg& even, reg& odd) {
-    __m512i v = _mm512_loadu_si512(p);
-    even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-    odd = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
   }
   static inline reg set1(float v) { return _mm512_set1_ps(v); }
   static inline reg fma(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }

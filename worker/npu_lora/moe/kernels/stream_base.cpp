@@ -4,7 +4,7 @@ namespace {
 struct V {
   using reg = float;
   static constexpr int W = 1;
-  static constexpr int DOT_RB = 2, DOT_NB = 4, DOTBB_RB = 2, DOTBB_NB = 4;
+  static constexpr int DOT_RB = 2, DOT_NB = 4;
   static constexpr int AXPY_RR = 2, AXPY_NB = 4;
   static constexpr int PF_TILES = 2;
   static inline float bits(unsigned short v) {
@@ -16,10 +16,6 @@ struct V {
   static inline reg zero() { return 0.f; }
   static inline reg load(const float* p) { return *p; }
   static inline reg load(const unsigned short* p) { return bits(*p); }
-  static inline void load2(const unsigned short* p, reg& even, reg& odd) {
-    even = bits(p[0]);
-    odd = bits(p[1]);
-  }
   static inline reg set1(float v) { return v; }
   static inline reg fma(reg a, reg b, reg c) { return a * b + c; }
   static inline void store(float* p, reg v) { *p = v; }

@@ -14,8 +14,10 @@
 // results are bitwise identical across runs and thread counts.
 //
 // Numerics: fp32 weights -> fp32 operands; bf16 weights -> bf16 operands (the hidden states and
-// the SiLU·mul activations rounded to bf16, as a bf16 model holds them) with fp32 accumulation;
-// pre-activations h, gradients and every reduction stay fp32.
+// the SiLU·mul activations rounded to bf16, as a bf16 model holds them, but held as fp32 floats)
+// with fp32 accumulation; pre-activations h, gradients and every reduction stay fp32. The bf16
+// path runs the fp32 tiles with the weights widened in registers, so its result is bitwise the
+// fp32 path's on the bf16-rounded weights and activations.
 #pragma once
 
 #include <algorithm>
@@ -35,7 +37,7 @@ typedef unsigned short bf16_t;
 
 #define NPU_LORA_DECL(isa)                                                                        \
   void isa##_dot_f32(const float*, i64, i64, i64, const float*, i64, i64, float*, i64);           \
-  void isa##_dot_bf16(const bf16_t*, i64, i64, i64, const bf16_t*, i64, i64, float*, i64);        \
+  void isa##_dot_bf16f(const bf16_t*, i64, i64, i64, const float*, i64, i64, float*, i64);        \
   void isa##_axpy_f32(const float*, i64, i64, i64, const float*, i64, i64, float*, i64);          \
   void isa##_axpy_bf16(const bf16_t*, i64, i64, i64, const float*, i64, i64, float*, i64);
 NPU_LORA_DECL(base)
@@ -47,15 +49,15 @@ enum Isa : int { kBase = 0, kAvx2 = 1, kAvx512 = 2 };
 
 struct Ops {
   void (*dot_f32)(const float*, i64, i64, i64, const float*, i64, i64, float*, i64);
-  void (*dot_bf16)(const bf16_t*, i64, i64, i64, const bf16_t*, i64, i64, float*, i64);
+  void (*dot_bf16f)(const bf16_t*, i64, i64, i64, const float*, i64, i64, float*, i64);
   void (*axpy_f32)(const float*, i64, i64, i64, const float*, i64, i64, float*, i64);
   void (*axpy_bf16)(const bf16_t*, i64, i64, i64, const float*, i64, i64, float*, i64);
 };
 
 inline Ops ops_for(int isa) {
-  if (isa == kAvx512) return {avx512_dot_f32, avx512_dot_bf16, avx512_axpy_f32, avx512_axpy_bf16};
-  if (isa == kAvx2) return {avx2_dot_f32, avx2_dot_bf16, avx2_axpy_f32, avx2_axpy_bf16};
-  return {base_dot_f32, base_dot_bf16, base_axpy_f32, base_axpy_bf16};
+  if (isa == kAvx512) return {avx512_dot_f32, avx512_dot_bf16f, avx512_axpy_f32, avx512_axpy_bf16};
+  if (isa == kAvx2) return {avx2_dot_f32, avx2_dot_bf16f, avx2_axpy_f32, avx2_axpy_bf16};
+  return {base_dot_f32, base_dot_bf16f, base_axpy_f32, base_axpy_bf16};
 }
 
 // ---- small helpers -------------------------------------------------------------------------------
@@ -73,6 +75,17 @@ inline bf16_t f32_to_bf16(float f) {
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<bf16_t>((u >> 16) | 0x40);
   u += 0x7fffu + ((u >> 16) & 1u);
   return static_cast<bf16_t>(u >> 16);
+}
+// the float nearest to f that is a bf16 value (f32_to_bf16 then back), branch-free so that loops
+// over it vectorise
+inline float round_bf16(float f) {
+  unsigned int u;
+  std::memcpy(&u, &f, 4);
+  u = (u & 0x7fffffffu) > 0x7f800000u ? ((u | 0x00400000u) & 0xffff0000u)
+                                      : ((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
+  float r;
+  std::memcpy(&r, &u, 4);
+  return r;
 }
 inline float sigmoid(float v) { return 1.f / (1.f + std::exp(-v)); }
 
@@ -201,22 +214,23 @@ template <class Par>
 void forward(const Par& par, const Ops& o, const ForwardArgs& a) {
   const i64 H = a.gu.C, I = a.gu.R / 2, S = a.T * a.K;
   const i64 valid = a.off.back();
-  const bool B = a.gu.bf16;  // bf16 operands (the two weight tensors share the dtype)
-  const i64 LX = padded_ld(H, B ? 2 : 4), LI = padded_ld(I, B ? 2 : 4), LY = padded_ld(H, 4);
-  Buf<float> xf(B ? 0 : S * LX), af(B ? 0 : S * LI), y(S * LY);
-  Buf<bf16_t> xb(B ? S * LX : 0), ab(B ? S * LI : 0);
+  // bf16 weights: the activations are rounded to bf16 and held as fp32, so the bf16 path is the
+  // fp32 path on bf16-rounded operands (same tiles, same summation order)
+  const bool W16 = a.gu.bf16;  // the two weight tensors share the dtype
+  const i64 LX = padded_ld(H, 4), LI = padded_ld(I, 4), LY = padded_ld(H, 4);
+  Buf<float> xf(S * LX), af(S * LI), y(S * LY);
   PhaseClock clock{a.phase_s};
   // gather the tokens into expert order (rows >= valid are never read)
   for_range(par, valid, 16, [&](i64 s) {
     const i64 t = a.token_idx[s];
+    float* dst = xf.get() + s * LX;
     if (a.hs_bf16) {
       const bf16_t* src = static_cast<const bf16_t*>(a.hs) + t * H;
-      if (B) std::memcpy(xb.get() + s * LX, src, H * sizeof(bf16_t));
-      else for (i64 c = 0; c < H; ++c) xf.get()[s * LX + c] = bf16_to_f32(src[c]);
+      for (i64 c = 0; c < H; ++c) dst[c] = bf16_to_f32(src[c]);
     } else {
       const float* src = static_cast<const float*>(a.hs) + t * H;
-      if (B) for (i64 c = 0; c < H; ++c) xb.get()[s * LX + c] = f32_to_bf16(src[c]);
-      else std::memcpy(xf.get() + s * LX, src, H * sizeof(float));
+      if (W16) for (i64 c = 0; c < H; ++c) dst[c] = round_bf16(src[c]);
+      else std::memcpy(dst, src, H * sizeof(float));
     }
   });
   if (valid < S) std::memset(a.h + valid * 2 * I, 0, (S - valid) * 2 * I * sizeof(float));
@@ -225,12 +239,11 @@ void forward(const Par& par, const Ops& o, const ForwardArgs& a) {
   for_tasks(par, make_tasks(a.off, I, a.gu_block), [&](const Task& t) {
     const i64 rows = t.r1 - t.r0;
     float* ht = a.h + t.s0 * 2 * I;
-    if (B) {
-      const bf16_t* x = xb.get() + t.s0 * LX;
-      o.dot_bf16(a.gu.h(t.e, t.r0), H, H, rows, x, LX, t.n, ht + t.r0, 2 * I);
-      o.dot_bf16(a.gu.h(t.e, I + t.r0), H, H, rows, x, LX, t.n, ht + I + t.r0, 2 * I);
+    const float* x = xf.get() + t.s0 * LX;
+    if (W16) {
+      o.dot_bf16f(a.gu.h(t.e, t.r0), H, H, rows, x, LX, t.n, ht + t.r0, 2 * I);
+      o.dot_bf16f(a.gu.h(t.e, I + t.r0), H, H, rows, x, LX, t.n, ht + I + t.r0, 2 * I);
     } else {
-      const float* x = xf.get() + t.s0 * LX;
       o.dot_f32(a.gu.f(t.e, t.r0), H, H, rows, x, LX, t.n, ht + t.r0, 2 * I);
       o.dot_f32(a.gu.f(t.e, I + t.r0), H, H, rows, x, LX, t.n, ht + I + t.r0, 2 * I);
     }
@@ -238,8 +251,7 @@ void forward(const Par& par, const Ops& o, const ForwardArgs& a) {
       for (i64 j = t.r0; j < t.r1; ++j) {
         const float g = ht[s * 2 * I + j];
         const float v = g * sigmoid(g) * ht[s * 2 * I + I + j];
-        if (B) ab.get()[(t.s0 + s) * LI + j] = f32_to_bf16(v);
-        else af.get()[(t.s0 + s) * LI + j] = v;
+        af.get()[(t.s0 + s) * LI + j] = W16 ? round_bf16(v) : v;
       }
   });
   clock.lap();
@@ -247,7 +259,8 @@ void forward(const Par& par, const Ops& o, const ForwardArgs& a) {
   for_tasks(par, make_tasks(a.off, H, a.down_block), [&](const Task& t) {
     float* yt = y.get() + t.s0 * LY;
     const i64 rows = t.r1 - t.r0;
-    if (B) o.dot_bf16(a.dn.h(t.e, t.r0), I, I, rows, ab.get() + t.s0 * LI, LI, t.n, yt + t.r0, LY);
+    if (W16)
+      o.dot_bf16f(a.dn.h(t.e, t.r0), I, I, rows, af.get() + t.s0 * LI, LI, t.n, yt + t.r0, LY);
     else o.dot_f32(a.dn.f(t.e, t.r0), I, I, rows, af.get() + t.s0 * LI, LI, t.n, yt + t.r0, LY);
     for (i64 s = 0; s < t.n; ++s)
       for (i64 d = t.r0; d < t.r1; ++d) yt[s * LY + d] *= a.wr[t.s0 + s];

@@ -9,8 +9,7 @@
 // Weights `w` are row-major [rows, ldw] in `WT` (float, or bf16_t holding bf16 bits). Accumulation
 // is fp32 in an order fixed by the shapes alone (never by the thread count).
 //
-//   dot_rows:    out[t, r] = sum_c x[t, c] * w[r, c]     fp32 weights, fp32 x   (forward direction)
-//   dotbb_rows:  out[t, r] = sum_c x[t, c] * w[r, c]     bf16 weights, bf16 x   (forward direction)
+//   dot_rows:    out[t, r] = sum_c x[t, c] * w[r, c]     fp32 or bf16 weights, fp32 x (forward)
 //   axpy_rows:   out[t, c] = sum_r coef[t, r] * w[r, c]  fp32 or bf16 weights   (backward direction)
 //
 // Why these shapes (measured on a 2-core AMD EPYC, AVX2, experiments/2026-12-02-stream-kernel-v2.md):
@@ -21,10 +20,10 @@
 //   loads per FMA on 16 registers);
 // - dot kernels walk whole weight rows (long sequential streams the hardware prefetcher follows)
 //   and prefetch the row tile PF_TILES tiles ahead;
-// - bf16 weights: one load of 2W words is widened into two fp32 vectors with one uop each (even
-//   elements: word << 16, odd: word & 0xffff0000); the activations of the bf16 path are bf16 too
-//   and widened the same way, so both operands are in the same even/odd order and nothing is
-//   reordered (bf16 operands, fp32 accumulation, as torch's bf16 matmul and AMX/AVX512-BF16);
+// - bf16 weights are widened in registers in natural order (zero-extend + shift) and run the
+//   fp32 tiles; the activations are bf16-rounded values held as fp32. An even/odd variant with
+//   bf16 activations too (one 2W-word load widened to two vectors per operand, tile 2 x 5) was
+//   even at T=128 and ~8 % slower at T=512 (compute-bound) in interleaved runs;
 // - axpy (a weight row scales into every output row) walks RR whole weight rows at a time too,
 //   keeping the RR x NB coefficients in registers and updating the out rows in cache; a packed
 //   row-group variant (weights copied block by block into an L1 buffer) was 1.1-1.3x slower in
@@ -67,9 +66,10 @@ static inline void token_tiles(i64 n, F body) {
 // ---- dot, fp32 weights and activations ----------------------------------------------------------
 // RB weight rows x NB tokens of accumulators; x loaded once per step and used for RB rows.
 // `pf`: rows to prefetch (same ldw), one line per row per 64 bytes consumed (nullptr: none).
-template <int RB, int NB>
-static inline void dot_tile(const float* w, i64 ldw, i64 L, const float* x, i64 ldx, float* out,
-                            i64 ldo, const float* pf) {
+template <class WT, int RB, int NB>
+static inline void dot_tile(const WT* w, i64 ldw, i64 L, const float* x, i64 ldx, float* out,
+                            i64 ldo, const WT* pf) {
+  constexpr i64 LINE = 64 / sizeof(WT);
   typename V::reg acc[RB][NB];
 #pragma GCC unroll 16
   for (int r = 0; r < RB; ++r)
@@ -77,7 +77,7 @@ static inline void dot_tile(const float* w, i64 ldw, i64 L, const float* x, i64 
     for (int t = 0; t < NB; ++t) acc[r][t] = V::zero();
   i64 c = 0;
   for (; c + V::W <= L; c += V::W) {
-    if (pf && (c & 15) == 0)
+    if (pf && (c & (LINE - 1)) == 0)
 #pragma GCC unroll 16
       for (int r = 0; r < RB; ++r) __builtin_prefetch(pf + r * ldw + c, 0, 2);
     typename V::reg wv[RB];
@@ -95,46 +95,7 @@ static inline void dot_tile(const float* w, i64 ldw, i64 L, const float* x, i64 
 #pragma GCC unroll 16
     for (int t = 0; t < NB; ++t) {
       float s = V::hsum(acc[r][t]);
-      for (i64 cc = c; cc < L; ++cc) s += w[r * ldw + cc] * x[t * ldx + cc];
-      out[t * ldo + r] = s;
-    }
-}
-
-// ---- dot, bf16 weights and bf16 activations ------------------------------------------------------
-// One load of 2W words per weight row and per token gives the even and the odd elements as two
-// fp32 vectors; acc += w_even * x_even + w_odd * x_odd (the pairing is the same on both sides).
-template <int RB, int NB>
-static inline void dotbb_tile(const bf16_t* w, i64 ldw, i64 L, const bf16_t* x, i64 ldx,
-                              float* out, i64 ldo, const bf16_t* pf) {
-  typename V::reg acc[RB][NB];
-#pragma GCC unroll 16
-  for (int r = 0; r < RB; ++r)
-#pragma GCC unroll 16
-    for (int t = 0; t < NB; ++t) acc[r][t] = V::zero();
-  i64 c = 0;
-  for (; c + 2 * V::W <= L; c += 2 * V::W) {
-    if (pf && (c & 31) == 0)
-#pragma GCC unroll 16
-      for (int r = 0; r < RB; ++r) __builtin_prefetch(pf + r * ldw + c, 0, 2);
-    typename V::reg we[RB], wo[RB];
-#pragma GCC unroll 16
-    for (int r = 0; r < RB; ++r) V::load2(w + r * ldw + c, we[r], wo[r]);
-#pragma GCC unroll 16
-    for (int t = 0; t < NB; ++t) {
-      typename V::reg xe, xo;
-      V::load2(x + t * ldx + c, xe, xo);
-#pragma GCC unroll 16
-      for (int r = 0; r < RB; ++r) acc[r][t] = V::fma(we[r], xe, acc[r][t]);
-#pragma GCC unroll 16
-      for (int r = 0; r < RB; ++r) acc[r][t] = V::fma(wo[r], xo, acc[r][t]);
-    }
-  }
-#pragma GCC unroll 16
-  for (int r = 0; r < RB; ++r)
-#pragma GCC unroll 16
-    for (int t = 0; t < NB; ++t) {
-      float s = V::hsum(acc[r][t]);
-      for (i64 cc = c; cc < L; ++cc) s += widen(w[r * ldw + cc]) * widen(x[t * ldx + cc]);
+      for (i64 cc = c; cc < L; ++cc) s += widen(w[r * ldw + cc]) * x[t * ldx + cc];
       out[t * ldo + r] = s;
     }
 }
@@ -143,32 +104,15 @@ static inline void dotbb_tile(const bf16_t* w, i64 ldw, i64 L, const bf16_t* x, 
 
 // All token tiles of one row tile (rows [0, RB) of w); the weights are streamed from memory by
 // the first token tile (which also prefetches) and re-read from cache by the others.
-template <int RB, int NBM>
-static inline void dot_rowtile(const float* w, i64 ldw, i64 L, const float* x, i64 ldx, i64 n,
-                               float* out, i64 ldo, const float* pf) {
+template <class WT, int RB, int NBM>
+static inline void dot_rowtile(const WT* w, i64 ldw, i64 L, const float* x, i64 ldx, i64 n,
+                               float* out, i64 ldo, const WT* pf) {
   token_tiles<NBM>(n, [&](i64 k, i64 t0, i64 m) {
-    const float* p = k == 0 ? pf : nullptr;
+    const WT* p = k == 0 ? pf : nullptr;
     switch (m) {
 #define NPU_LORA_T(mm)                                                                   \
   case mm:                                                                               \
-    if constexpr (mm <= NBM) dot_tile<RB, mm>(w, ldw, L, x + t0 * ldx, ldx, out + t0 * ldo, ldo, p); \
-    break;
-      NPU_LORA_CASES(NPU_LORA_T)
-#undef NPU_LORA_T
-      default: break;
-    }
-  });
-}
-
-template <int RB, int NBM>
-static inline void dotbb_rowtile(const bf16_t* w, i64 ldw, i64 L, const bf16_t* x, i64 ldx,
-                                 i64 n, float* out, i64 ldo, const bf16_t* pf) {
-  token_tiles<NBM>(n, [&](i64 k, i64 t0, i64 m) {
-    const bf16_t* p = k == 0 ? pf : nullptr;
-    switch (m) {
-#define NPU_LORA_T(mm)                                                                     \
-  case mm:                                                                                 \
-    if constexpr (mm <= NBM) dotbb_tile<RB, mm>(w, ldw, L, x + t0 * ldx, ldx, out + t0 * ldo, ldo, p); \
+    if constexpr (mm <= NBM) dot_tile<WT, RB, mm>(w, ldw, L, x + t0 * ldx, ldx, out + t0 * ldo, ldo, p); \
     break;
       NPU_LORA_CASES(NPU_LORA_T)
 #undef NPU_LORA_T
@@ -178,26 +122,17 @@ static inline void dotbb_rowtile(const bf16_t* w, i64 ldw, i64 L, const bf16_t* 
 }
 
 // Rows [0, R) in row tiles of RB (the remainder one row at a time), whole rows (length L).
-static void dot_rows(const float* w, i64 ldw, i64 L, i64 R, const float* x, i64 ldx, i64 n,
+template <class WT>
+static void dot_rows(const WT* w, i64 ldw, i64 L, i64 R, const float* x, i64 ldx, i64 n,
                      float* out, i64 ldo) {
   constexpr int RB = V::DOT_RB, NBM = V::DOT_NB;
   const i64 PD = V::PF_TILES * RB;
   i64 r = 0;
   for (; r + RB <= R; r += RB)
-    dot_rowtile<RB, NBM>(w + r * ldw, ldw, L, x, ldx, n, out + r, ldo,
-                         r + PD < R ? w + (r + PD) * ldw : nullptr);
-  for (; r < R; ++r) dot_rowtile<1, NBM>(w + r * ldw, ldw, L, x, ldx, n, out + r, ldo, nullptr);
-}
-
-static void dotbb_rows(const bf16_t* w, i64 ldw, i64 L, i64 R, const bf16_t* x, i64 ldx, i64 n,
-                       float* out, i64 ldo) {
-  constexpr int RB = V::DOTBB_RB, NBM = V::DOTBB_NB;
-  const i64 PD = V::PF_TILES * RB;
-  i64 r = 0;
-  for (; r + RB <= R; r += RB)
-    dotbb_rowtile<RB, NBM>(w + r * ldw, ldw, L, x, ldx, n, out + r, ldo,
-                           r + PD < R ? w + (r + PD) * ldw : nullptr);
-  for (; r < R; ++r) dotbb_rowtile<1, NBM>(w + r * ldw, ldw, L, x, ldx, n, out + r, ldo, nullptr);
+    dot_rowtile<WT, RB, NBM>(w + r * ldw, ldw, L, x, ldx, n, out + r, ldo,
+                             r + PD < R ? w + (r + PD) * ldw : nullptr);
+  for (; r < R; ++r)
+    dot_rowtile<WT, 1, NBM>(w + r * ldw, ldw, L, x, ldx, n, out + r, ldo, nullptr);
 }
 
 // ---- axpy: out[t, c] = sum_r coef[t, r] * w[r, c] ------------------------------------------------
@@ -280,11 +215,11 @@ static void axpy_rows(const WT* w, i64 ldw, i64 L, i64 R, const float* coef, i64
   namespace npu_lora_stream {                                                                   \
   void isa##_dot_f32(const float* w, i64 ldw, i64 L, i64 rows, const float* x, i64 ldx, i64 n, \
                      float* out, i64 ldo) {                                                     \
-    dot_rows(w, ldw, L, rows, x, ldx, n, out, ldo);                                             \
+    dot_rows<float>(w, ldw, L, rows, x, ldx, n, out, ldo);                                      \
   }                                                                                             \
-  void isa##_dot_bf16(const unsigned short* w, i64 ldw, i64 L, i64 rows,                      \
-                      const unsigned short* x, i64 ldx, i64 n, float* out, i64 ldo) {           \
-    dotbb_rows(w, ldw, L, rows, x, ldx, n, out, ldo);                                           \
+  void isa##_dot_bf16f(const unsigned short* w, i64 ldw, i64 L, i64 rows, const float* x,      \
+                       i64 ldx, i64 n, float* out, i64 ldo) {                                   \
+    dot_rows<bf16_t>(w, ldw, L, rows, x, ldx, n, out, ldo);                                     \
   }                                                                                             \
   void isa##_axpy_f32(const float* w, i64 ldw, i64 L, i64 rows, const float* c, i64 ldc,       \
                       i64 n, float* out, i64 ldo) {                                             \
