@@ -58,6 +58,27 @@ def test_summarize_paired_deltas():
     assert "| B | 4.000 |" in table and "-0.500 s (6/6)" in table
 
 
+def test_kernel_variant_is_paired_with_the_peer_against_the_target():
+    """``host-only+keep_graph@<kernel>`` is the variant the step target is measured with: it is
+    paired with every peer (step and CPU time) and judged against ≤ 0.75x."""
+    v, peer = "host-only+keep_graph@npu_lora_stream", "peer@grouped_mm"
+    recs = []
+    for k in range(3):
+        recs += [_rec(v, k, 2.0 + k, cpu_s=4.0), _rec(peer, k, 3.0 + k, cpu_s=6.0)]
+    s = h.summarize(recs, [v, peer], v)
+    pair = s["pairs"][f"{v} / {peer} : step_s"]
+    assert pair["median_ratio"] == pytest.approx(3.0 / 4.0)
+    assert s["pairs"][f"{v} / {peer} : cpu_s"]["median_ratio"] == pytest.approx(4.0 / 6.0)
+    targets = h.derived_targets(s, None, None)
+    assert any(
+        t.startswith(f"step (wall) {v} / {peer} = 0.75") and t.endswith(": met") for t in targets
+    )
+    assert not any(t.startswith("step vs stock") for t in targets)
+    slow = [_rec(v, k, 3.5, cpu_s=4.0) for k in range(3)] + [_rec(peer, k, 4.0) for k in range(3)]
+    targets = h.derived_targets(h.summarize(slow, [v, peer], v), None, None)
+    assert any(t.startswith("step (wall)") and t.endswith("not met") for t in targets)
+
+
 def test_limits_small():
     bw = stream_bandwidth(elems=1 << 20, repeats=3)
     assert bw.copy_gbs > 0 and bw.triad_gbs > 0 and len(bw.copy_samples_gbs) == 3
