@@ -230,3 +230,14 @@ def test_host_dtype_auto_and_probe():
     assert resolve_host_dtype("auto", "eager", caps=no_bf16, log_it=False).dtype == "float32"
     # the stream kernel never computes in bf16: explicit bf16 is not flagged even without it
     assert resolve_host_dtype("bfloat16", stream.NAME, caps=no_bf16, log_it=False).warning is None
+    # without native bf16 the router and activations stay fp32 (bf16 weights only)
+    for req in ("auto", "bfloat16"):
+        c = resolve_host_dtype(req, stream.NAME, caps=no_bf16, log_it=False)
+        assert (c.dtype, c.compute_dtype) == ("bfloat16", "float32"), req
+        assert "router and activations in float32" in c.reason
+        assert c.to_dict()["compute_dtype"] == "float32"
+    native = {"native_bf16": True, "isa": ["avx512f", "avx512_bf16"]}
+    c = resolve_host_dtype("auto", stream.NAME, caps=native, log_it=False)
+    assert (c.dtype, c.compute_dtype) == ("bfloat16", "bfloat16")
+    c = resolve_host_dtype("float32", stream.NAME, caps=no_bf16, log_it=False)
+    assert (c.dtype, c.compute_dtype) == ("float32", "float32")

@@ -63,6 +63,59 @@ def test_host_mlp_keep_graph_equals_recompute(deterministic, impl):
             assert torch.equal(a, b)
 
 
+def test_bf16_experts_with_fp32_router_and_activations():
+    """``compute_dtype=float32`` with bf16 expert weights (what ``hostDtype`` bf16 resolves to on
+    a CPU without native bf16): the router weight becomes fp32, the experts stay bf16, the block
+    runs on fp32 activations (no torch bf16 matmul), keep_graph still equals recompute bitwise, and
+    the result is as close to the fp32 reference of the same weights as the all-bf16 block."""
+    from npu_lora.moe.experts import register
+
+    register()
+    model, _ = build_model(
+        ModelSpec(preset="tiny-qwen3-moe"),
+        LoraSpec(),
+        seed=0,
+        host_dtype="bfloat16",
+        experts_implementation="npu_lora_stream",
+    )
+    stock16 = moe_blocks(model)[0]
+    ref = copy.deepcopy(stock16).float()  # the fp32 reference of the same (bf16-valued) weights
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 16, 64, generator=g)
+    gy = torch.randn(2, 16, 64, generator=g)
+    y_ref, gx_ref = _in_grads(ref, x, gy)
+    out = {}
+    for name, compute, keep in (
+        ("bf16", None, True),
+        ("keep", torch.float32, True),
+        ("recompute", torch.float32, False),
+    ):
+        mlp = HostMLP(
+            copy.deepcopy(stock16),
+            layer=0,
+            backend=CpuBackend(),
+            keep_graph=keep,
+            compute_dtype=compute,
+        )
+        if compute is not None:
+            assert mlp.gate.weight.dtype == torch.float32
+            assert mlp.experts.gate_up_proj.dtype == torch.bfloat16
+        out[name] = _in_grads(mlp, x, gy)
+    assert torch.equal(out["keep"][0], out["recompute"][0])
+    assert torch.equal(out["keep"][1], out["recompute"][1])
+    for i in range(2):
+        err32 = (out["keep"][i] - y_ref if i == 0 else out["keep"][i] - gx_ref).abs().max()
+        err16 = (out["bf16"][i] - (y_ref if i == 0 else gx_ref)).abs().max()
+        assert err32 <= err16 + 1e-6, (i, float(err32), float(err16))
+
+
+def _in_grads(mlp, x, g):
+    x = x.detach().clone().requires_grad_(True)
+    y = mlp(x)
+    y.backward(g)
+    return y.detach().float(), x.grad.float()
+
+
 @pytest.mark.parametrize(
     "over",
     [

@@ -41,6 +41,7 @@ import torch
 from npu_lora.api import record as step_record
 from npu_lora.machine import machine_facts
 from npu_lora.moe.experts import expert_bytes
+from npu_lora.moe.host_dtype import STREAM
 from npu_lora.moe.mode import EngineMode
 
 DEFAULT_VARIANTS = ("host-only", "host-only+keep_graph", "hot", "hot+keep_graph")
@@ -219,7 +220,10 @@ class VariantRunner:
 
     def apply(self, v: Variant) -> None:
         eng = self.engine
-        _set_experts_impl(eng, v.experts_impl or self.cfg.experts_impl)
+        impl = v.experts_impl or self.cfg.experts_impl
+        _set_experts_impl(eng, impl)
+        for m in eng.mlps:  # fp32 activations with bf16 weights: the stream kernel only
+            m.set_compute_dtype(m.built_compute_dtype if impl == STREAM else m.host_dtype)
         if v.is_peer:
             return
         if v.placement == "hot" and not self.hot_layers:

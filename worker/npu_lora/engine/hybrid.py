@@ -91,6 +91,7 @@ class HybridEngine:
         hot_refresh_steps: int | None = None,
         hot_memory: int | None = None,
         auto_rounds: int = AUTO_ROUNDS,
+        host_compute_dtype: torch.dtype | None = None,
     ) -> None:
         self.train_experts = train_experts
         if placement == "auto" and train_experts:
@@ -123,6 +124,7 @@ class HybridEngine:
             mode=self,
             times=self.times,
             counts_LE=self.counts_LE,
+            compute_dtype=host_compute_dtype,
         )
         self.hot_selected_at: int | None = None
         self.hot_refresh_steps = hot_refresh_steps
@@ -713,6 +715,7 @@ def build_engine(
         train_experts=spec.lora.train_experts,
         hot_refresh_steps=spec.moe.hot_refresh_steps,
         hot_memory=spec.moe.hot_memory_bytes,
+        host_compute_dtype=to_dtype(host_choice.compute_dtype),
     )
     engine.host_choice = host_choice  # summary.json machine.host, status.host
     return engine

@@ -5,7 +5,9 @@ Rules (``caps`` = :func:`npu_lora.machine.cpu_capabilities`):
 - ``npu_lora_stream`` with its C++ extension: bf16 operands are widened to fp32 in registers on
   every x86-64 CPU (AVX2, AVX-512, baseline) and accumulated in fp32, so ``auto`` picks
   ``bfloat16`` (half the bytes to stream; Qwen3 checkpoints are bf16, so the weights lose
-  nothing). Measured on an AVX2-only EPYC (experiments/2026-12-02-stream-kernel-v2.md): bf16
+  nothing). On a CPU without native bf16 the block's router and activations stay fp32
+  (``compute_dtype``; the kernel rounds the activations to bf16 itself), so no torch bf16 matmul
+  runs there. Measured on an AVX2-only EPYC (experiments/2026-12-02-stream-kernel-v2.md): bf16
   0.7x the fp32 time per layer at T=128, 0.9-1.0x at T=512 (compute-bound). Without the extension (its
   torch fallback widens each expert with a copy) ``auto`` picks ``float32``.
 - kernels that compute in torch (``grouped_mm``, ``eager``, ``npu_lora_sorted*``): ``bfloat16``
@@ -36,6 +38,13 @@ class HostChoice:
     kernel_backend: str | None  # npu_lora_stream: "cpp:<isa>" or "torch"
     reason: str
     warning: str | None = None
+    #: dtype of the block's activations and router on the host (the experts' weights stay in
+    #: ``dtype``): float32 where ``dtype`` is bfloat16 and the CPU has no native bf16
+    compute_dtype: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.compute_dtype is None:
+            self.compute_dtype = self.dtype
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -86,7 +95,15 @@ def resolve_host_dtype(
                 f"times slower than fp32 here; use hostDtype auto/float32 or expertsKernel "
                 f"{STREAM}"
             )
-    choice = HostChoice(requested, dtype, kernel, backend, reason, warning)
+    compute = dtype
+    if dtype == "bfloat16" and kernel == STREAM and bf16_ok and not native:
+        # the kernel takes fp32 activations with bf16 weights (it rounds them to bf16 itself);
+        # the router's small matmul and the block's glue stay out of torch's slow bf16 path
+        # (measured: a [128, 2048] x [2048, 128] router linear, forward + backward, 196 ms in
+        # bf16 against 9.6 ms in fp32 on an AVX2 EPYC; experiments/2026-12-02-stream-kernel-v2.md)
+        compute = "float32"
+        reason += "; router and activations in float32 (no native bf16 on this CPU)"
+    choice = HostChoice(requested, dtype, kernel, backend, reason, warning, compute)
     if log_it:
         if warning:
             log.warning(warning)

@@ -148,6 +148,9 @@ class HostMLP(nn.Module):
         counts_LE: shared ``[L, E] int64`` routing counts (forward passes only, not recomputes;
             every token including padding: all of them are computed).
         host_dtype: dtype of the block's weights and compute (input/output are cast).
+        compute_dtype: dtype of the block's activations and router (default ``host_dtype``):
+            float32 with bf16 expert weights on a CPU without native bf16 (the router weight is
+            cast to it here; the experts kernel takes fp32 activations with bf16 weights).
         overlap: with hot experts on a non-CPU device, issue the hot call asynchronously and
             compute the cold experts meanwhile (``moe/overlap.py``; spec ``moe.overlap``);
             ``False`` (default) runs the synchronised sequential ``hot_cold_forward``; only
@@ -165,6 +168,7 @@ class HostMLP(nn.Module):
         times: HostTimes | None = None,
         counts_LE: torch.Tensor | None = None,
         host_dtype: torch.dtype | None = None,
+        compute_dtype: torch.dtype | None = None,
         overlap: bool = False,
     ) -> None:
         super().__init__()
@@ -183,12 +187,22 @@ class HostMLP(nn.Module):
         self.times = times if times is not None else HostTimes()
         self.counts_LE = counts_LE
         self.host_dtype = host_dtype or block.experts.gate_up_proj.dtype
+        #: the compute dtype chosen at build time (``set_compute_dtype`` may switch away from it)
+        self.built_compute_dtype = compute_dtype or self.host_dtype
+        self.set_compute_dtype(self.built_compute_dtype)
         self.hot: HotLayer | None = None
         self._kept: _Kept | None = None
         self._count = False
         self.reused = 0
         self.recomputed = 0
         self.gate.register_forward_hook(self._count_hook)
+
+    def set_compute_dtype(self, dtype: torch.dtype) -> None:
+        """Run the block's activations and router in ``dtype`` (the router weight is cast; the
+        expert weights stay in ``host_dtype``). Between steps only."""
+        self.compute_dtype = dtype
+        if any(p.dtype != dtype for p in self.gate.parameters()):
+            self.gate.to(dtype)
 
     @property
     def keep_graph(self) -> bool:
@@ -207,9 +221,9 @@ class HostMLP(nn.Module):
         return [p for p in self.parameters() if p.requires_grad]
 
     def block_forward(self, x_BSD: torch.Tensor, *, count: bool) -> torch.Tensor:
-        """``f``: the MoE block on the host in the host dtype (stock block, or hot + cold)."""
+        """``f``: the MoE block on the host in the compute dtype (stock block, or hot + cold)."""
         B, S, D = x_BSD.shape
-        x = x_BSD.to(self.host_dtype)
+        x = x_BSD.to(self.compute_dtype)
         self._count = count
         try:
             if self.hot is None:
@@ -266,8 +280,10 @@ def install_host_mlp(
     mode: ModeSource,
     times: HostTimes | None = None,
     counts_LE: torch.Tensor | None = None,
+    compute_dtype: torch.dtype | None = None,
 ) -> list[HostMLP]:
-    """Replace every decoder layer's ``mlp`` with a ``HostMLP`` (shared ``times``/``counts``)."""
+    """Replace every decoder layer's ``mlp`` with a ``HostMLP`` (shared ``times``/``counts``;
+    ``compute_dtype``: see :class:`HostMLP`)."""
     from npu_lora.models.build import decoder_layers
 
     layers = decoder_layers(model)
@@ -286,6 +302,7 @@ def install_host_mlp(
                 mode=mode,
                 times=times,
                 counts_LE=counts_LE,
+                compute_dtype=compute_dtype,
             )
             layer.mlp = mlp
         out.append(mlp)
