@@ -7,6 +7,7 @@ import math
 import warnings
 
 import pytest
+import torch
 from npu_lora.bench import harness as h
 from npu_lora.bench.limits import effective_bandwidth, fraction_of, hit_bytes, stream_bandwidth
 
@@ -88,6 +89,31 @@ def test_limits_small():
     assert effective_bandwidth(2e9, 0.5) == pytest.approx(4.0)
     assert fraction_of(6.0, 12.0) == pytest.approx(0.5)
     assert effective_bandwidth(1.0, 0.0) == 0.0
+
+
+def test_stream_variant_runs_fp32_router_on_bf16_weights_without_native_bf16():
+    """A bf16 bench whose engine was built for ``grouped_mm``: switching a variant to
+    ``npu_lora_stream`` switches the blocks to that kernel's compute dtype (fp32 router and
+    activations where the CPU has no native bf16), and back to bf16 for the torch kernels."""
+    from npu_lora.machine import cpu_capabilities
+    from npu_lora.moe.experts import register
+
+    register()  # as run_bench does for the variants' kernels
+    cfg = h.BenchConfig(preset="tiny-qwen3-moe", seq_len=16, host_dtype="bfloat16", limits=False)
+    engine = h._build_engine(cfg, False, lambda s: None)
+    runner = h.VariantRunner(engine, cfg, None)
+    want = torch.bfloat16 if cpu_capabilities()["native_bf16"] else torch.float32
+    assert h.stream_compute_dtype(torch.bfloat16) == want
+    assert h.stream_compute_dtype(torch.float32) == torch.float32
+    runner.apply(h.Variant.parse("host-only+keep_graph@npu_lora_stream"))
+    for m in engine.mlps:
+        assert m.compute_dtype == want and m.gate.weight.dtype == want
+        assert m.experts.gate_up_proj.dtype == torch.bfloat16
+    runner.apply(h.Variant.parse("host-only+keep_graph"))  # the bench default, grouped_mm
+    assert all(m.gate.weight.dtype == torch.bfloat16 for m in engine.mlps)
+    batch = {"input_ids": torch.randint(0, 100, (1, 16)), "labels": torch.randint(0, 100, (1, 16))}
+    runner.apply(h.Variant.parse("host-only+keep_graph@npu_lora_stream"))
+    assert runner.step(h.Variant.parse("host-only+keep_graph@npu_lora_stream"), batch)["step_s"] > 0
 
 
 def test_bench_tiny_end_to_end(tmp_path, monkeypatch):

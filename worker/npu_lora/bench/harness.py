@@ -207,6 +207,15 @@ def _set_experts_impl(engine: Any, impl: str) -> None:
             cfg._experts_implementation_internal = impl
 
 
+def stream_compute_dtype(host_dtype: torch.dtype) -> torch.dtype:
+    """The block's compute dtype with ``npu_lora_stream`` and weights in ``host_dtype`` on this
+    CPU (as ``build_engine`` would resolve it for that kernel)."""
+    from npu_lora.moe.host_dtype import resolve_host_dtype
+
+    name = "bfloat16" if host_dtype == torch.bfloat16 else "float32"
+    return getattr(torch, resolve_host_dtype(name, STREAM, log_it=False).compute_dtype)
+
+
 class VariantRunner:
     """Switches one engine between variants and runs one measured step of any of them."""
 
@@ -223,7 +232,9 @@ class VariantRunner:
         impl = v.experts_impl or self.cfg.experts_impl
         _set_experts_impl(eng, impl)
         for m in eng.mlps:  # fp32 activations with bf16 weights: the stream kernel only
-            m.set_compute_dtype(m.built_compute_dtype if impl == STREAM else m.host_dtype)
+            m.set_compute_dtype(
+                stream_compute_dtype(m.host_dtype) if impl == STREAM else m.host_dtype
+            )
         if v.is_peer:
             return
         if v.placement == "hot" and not self.hot_layers:

@@ -187,9 +187,7 @@ class HostMLP(nn.Module):
         self.times = times if times is not None else HostTimes()
         self.counts_LE = counts_LE
         self.host_dtype = host_dtype or block.experts.gate_up_proj.dtype
-        #: the compute dtype chosen at build time (``set_compute_dtype`` may switch away from it)
-        self.built_compute_dtype = compute_dtype or self.host_dtype
-        self.set_compute_dtype(self.built_compute_dtype)
+        self.set_compute_dtype(compute_dtype or self.host_dtype)
         self.hot: HotLayer | None = None
         self._kept: _Kept | None = None
         self._count = False
