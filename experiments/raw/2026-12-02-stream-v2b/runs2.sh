@@ -10,3 +10,4 @@ npu-lora bench --preset qwen3-30b-a3b --layers 2 --seq-len 512 --host-dtype bf16
 npu-lora bench --preset qwen3-30b-a3b --layers 2 --seq-len 128 --host-dtype bf16 --backend cpu --threads 2 --rounds 3 \
   --variants host-only+keep_graph@npu_lora_stream --peer-impls grouped_mm --out $R/engine-s128-bf16 > $R/engine-s128-bf16.log 2>&1
 echo done
+npu-lora bench --preset qwen3-30b-a3b --layers 2 --seq-len 512 --host-dtype fp32 --backend cpu --threads 2 --rounds 5 --variants host-only+keep_graph@npu_lora_stream --peer-impls grouped_mm --out experiments/raw/2026-12-02-stream-v2b/engine-s512-fp32-5rounds  # quiet machine, after all other runs
