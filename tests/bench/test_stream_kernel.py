@@ -115,14 +115,15 @@ def test_bf16_storage_close_to_fp32_reference(path, H, inter):
 
 def _routing(T: int, K: int, E: int, seed: int) -> dict[str, torch.Tensor]:
     """Expert-order routing tensors as stream.py builds them: top-K distinct experts per token."""
+    from npu_lora.moe.experts import build_routing
+
     g = torch.Generator().manual_seed(seed)
-    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]).flatten()
-    order = torch.argsort(ids, stable=True)
-    counts = torch.bincount(ids, minlength=E)
+    idx = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
+    r = build_routing(idx, E)
     return {
-        "token_idx": (order // K).contiguous(),
-        "inv_perm": torch.argsort(order).contiguous(),
-        "offsets": torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)]),
+        "token_idx": r.token_idx,
+        "inv_perm": r.inv_perm,
+        "offsets": stream._offsets(r),
         "wr": torch.rand(T * K, generator=g).contiguous(),
     }
 

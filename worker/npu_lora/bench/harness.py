@@ -231,10 +231,10 @@ class VariantRunner:
         eng = self.engine
         impl = v.experts_impl or self.cfg.experts_impl
         _set_experts_impl(eng, impl)
+        host_dtype = eng.mlps[0].host_dtype  # one dtype for every block
+        compute = stream_compute_dtype(host_dtype) if impl == STREAM else host_dtype
         for m in eng.mlps:  # fp32 activations with bf16 weights: the stream kernel only
-            m.set_compute_dtype(
-                stream_compute_dtype(m.host_dtype) if impl == STREAM else m.host_dtype
-            )
+            m.set_compute_dtype(compute)
         if v.is_peer:
             return
         if v.placement == "hot" and not self.hot_layers:

@@ -47,11 +47,15 @@ std::vector<i64> offsets_vec(const torch::Tensor& offsets) {
   return std::vector<i64>(o.data_ptr<int64_t>(), o.data_ptr<int64_t>() + o.numel());
 }
 
-void check_common(const Weights& gu, const Weights& dn, i64 H, const torch::Tensor& token_idx,
-                  const torch::Tensor& wr, const torch::Tensor& inv, i64 T, i64 K) {
-  TORCH_CHECK(gu.C == H && dn.R == H && dn.C == gu.R / 2 && gu.R % 2 == 0,
+// The routing and weight arguments both directions take, checked against each other.
+void set_routed(RoutedArgs& a, const torch::Tensor& w_gu, const torch::Tensor& w_down, i64 H,
+                const torch::Tensor& token_idx, const torch::Tensor& wr,
+                const torch::Tensor& offsets, const torch::Tensor& inv, i64 T, i64 K) {
+  a.gu = weights(w_gu);
+  a.dn = weights(w_down);
+  TORCH_CHECK(a.gu.C == H && a.dn.R == H && a.dn.C == a.gu.R / 2 && a.gu.R % 2 == 0,
               "npu_lora_stream: weight shapes do not match the hidden size");
-  TORCH_CHECK(gu.bf16 == dn.bf16, "npu_lora_stream: gate_up_proj and down_proj dtypes differ");
+  TORCH_CHECK(a.gu.bf16 == a.dn.bf16, "npu_lora_stream: gate_up_proj and down_proj dtypes differ");
   TORCH_CHECK(token_idx.scalar_type() == at::kLong && token_idx.is_contiguous() &&
                   token_idx.numel() == T * K,
               "npu_lora_stream: token_idx must be contiguous int64 [T*K]");
@@ -59,6 +63,12 @@ void check_common(const Weights& gu, const Weights& dn, i64 H, const torch::Tens
               "npu_lora_stream: inv_perm must be contiguous int64 [T*K]");
   TORCH_CHECK(wr.scalar_type() == at::kFloat && wr.is_contiguous() && wr.numel() == T * K,
               "npu_lora_stream: routing weights must be contiguous float32 [T*K]");
+  a.token_idx = token_idx.data_ptr<int64_t>();
+  a.wr = wr.data_ptr<float>();
+  a.off = offsets_vec(offsets);
+  a.inv = inv.data_ptr<int64_t>();
+  a.T = T;
+  a.K = K;
 }
 
 }  // namespace
@@ -72,18 +82,11 @@ std::vector<torch::Tensor> stream_forward(torch::Tensor hidden, torch::Tensor to
                                    int64_t K, int64_t isa, int64_t gu_block, int64_t down_block) {
   ForwardArgs a;
   a.hs_bf16 = activations_bf16(hidden, "hidden_states");
-  a.gu = weights(w_gu);
-  a.dn = weights(w_down);
-  const i64 H = hidden.size(1), I = a.gu.R / 2;
+  const i64 H = hidden.size(1);
   TORCH_CHECK(hidden.size(0) == T, "npu_lora_stream: hidden_states rows != T");
-  check_common(a.gu, a.dn, H, token_idx, wr, inv_perm, T, K);
+  set_routed(a, w_gu, w_down, H, token_idx, wr, offsets, inv_perm, T, K);
+  const i64 I = a.gu.R / 2;
   a.hs = hidden.data_ptr();
-  a.token_idx = token_idx.data_ptr<int64_t>();
-  a.wr = wr.data_ptr<float>();
-  a.off = offsets_vec(offsets);
-  a.inv = inv_perm.data_ptr<int64_t>();
-  a.T = T;
-  a.K = K;
   a.gu_block = gu_block;
   a.down_block = down_block;
   auto fopt = torch::TensorOptions().dtype(at::kFloat);
@@ -104,22 +107,15 @@ std::vector<torch::Tensor> stream_backward(torch::Tensor g, torch::Tensor token_
                                     int64_t gu_split) {
   BackwardArgs a;
   a.g_bf16 = activations_bf16(g, "grad_out");
-  a.gu = weights(w_gu);
-  a.dn = weights(w_down);
-  const i64 H = g.size(1), I = a.gu.R / 2;
+  const i64 H = g.size(1);
   TORCH_CHECK(g.size(0) == T, "npu_lora_stream: grad_out rows != T");
-  check_common(a.gu, a.dn, H, token_idx, wr, inv_perm, T, K);
+  set_routed(a, w_gu, w_down, H, token_idx, wr, offsets, inv_perm, T, K);
+  const i64 I = a.gu.R / 2;
   TORCH_CHECK(h.scalar_type() == at::kFloat && h.is_contiguous() && h.size(0) == T * K &&
                   h.size(1) == 2 * I,
               "npu_lora_stream: h must be contiguous float32 [T*K, 2I]");
   a.g = g.data_ptr();
-  a.token_idx = token_idx.data_ptr<int64_t>();
   a.h = h.data_ptr<float>();
-  a.wr = wr.data_ptr<float>();
-  a.off = offsets_vec(offsets);
-  a.inv = inv_perm.data_ptr<int64_t>();
-  a.T = T;
-  a.K = K;
   a.down_split = down_split;
   a.gu_split = gu_split;
   auto fopt = torch::TensorOptions().dtype(at::kFloat);

@@ -68,16 +68,8 @@ inline float bf16_to_f32(bf16_t v) {
   std::memcpy(&f, &u, 4);
   return f;
 }
-// round to nearest even (NaN stays NaN), as torch's float -> bfloat16
-inline bf16_t f32_to_bf16(float f) {
-  unsigned int u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<bf16_t>((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<bf16_t>(u >> 16);
-}
-// the float nearest to f that is a bf16 value (f32_to_bf16 then back), branch-free so that loops
-// over it vectorise
+// the bf16 value nearest to f, as a float: round to nearest even, NaN stays NaN (as torch's
+// float -> bfloat16); branch-free so that loops over it vectorise
 inline float round_bf16(float f) {
   unsigned int u;
   std::memcpy(&u, &f, 4);
@@ -86,6 +78,12 @@ inline float round_bf16(float f) {
   float r;
   std::memcpy(&r, &u, 4);
   return r;
+}
+inline bf16_t f32_to_bf16(float f) {
+  const float r = round_bf16(f);
+  unsigned int u;
+  std::memcpy(&u, &r, 4);
+  return static_cast<bf16_t>(u >> 16);
 }
 inline float sigmoid(float v) { return 1.f / (1.f + std::exp(-v)); }
 
@@ -177,20 +175,43 @@ struct PhaseClock {
 
 // ---- forward ---------------------------------------------------------------------------------------
 
-struct ForwardArgs {
-  const void* hs;  // [T, H] hidden states, fp32 or bf16 (hs_bf16)
-  bool hs_bf16;
+// What the forward and the backward share: routing and weights.
+struct RoutedArgs {
   const int64_t* token_idx;  // [S] expert order -> token
   const float* wr;           // [S] routing weights, expert order
   std::vector<i64> off;      // [E + 1] group starts
   Weights gu, dn;            // [E, 2I, H], [E, H, I]
   const int64_t* inv;        // [T*K] flat (token, slot) -> expert-order row
   i64 T, K;
+};
+
+struct ForwardArgs : RoutedArgs {
+  const void* hs;  // [T, H] hidden states, fp32 or bf16 (hs_bf16)
+  bool hs_bf16;
   i64 gu_block, down_block;  // rows per task
   float* out;                // [T, H]
   float* h;                  // [S, 2I] gate/up pre-activations (saved for backward)
   double* phase_s = nullptr;  // [4]: gather, gate/up, down, combine (benchmark only)
 };
+
+// dst[s, :] = src[token_idx[s], :] for the valid rows s (rows of H elements, dst rows ld apart),
+// widened from bf16 or, with `round`, rounded to bf16 values; rows >= valid are never read.
+template <class Par>
+void gather(const Par& par, const RoutedArgs& a, const void* src, bool src_bf16, i64 H,
+            bool round, float* dst, i64 ld) {
+  for_range(par, a.off.back(), 16, [&](i64 s) {
+    const i64 t = a.token_idx[s];
+    float* d = dst + s * ld;
+    if (src_bf16) {
+      const bf16_t* x = static_cast<const bf16_t*>(src) + t * H;
+      for (i64 c = 0; c < H; ++c) d[c] = bf16_to_f32(x[c]);
+    } else {
+      const float* x = static_cast<const float*>(src) + t * H;
+      if (round) for (i64 c = 0; c < H; ++c) d[c] = round_bf16(x[c]);
+      else std::memcpy(d, x, H * sizeof(float));
+    }
+  });
+}
 
 // out[t, :] = sum_k sum_p part[p][inv[t*K + k], :] (rows >= valid are skipped), fixed order.
 template <class Par>
@@ -220,19 +241,7 @@ void forward(const Par& par, const Ops& o, const ForwardArgs& a) {
   const i64 LX = padded_ld(H, 4), LI = padded_ld(I, 4), LY = padded_ld(H, 4);
   Buf<float> xf(S * LX), af(S * LI), y(S * LY);
   PhaseClock clock{a.phase_s};
-  // gather the tokens into expert order (rows >= valid are never read)
-  for_range(par, valid, 16, [&](i64 s) {
-    const i64 t = a.token_idx[s];
-    float* dst = xf.get() + s * LX;
-    if (a.hs_bf16) {
-      const bf16_t* src = static_cast<const bf16_t*>(a.hs) + t * H;
-      for (i64 c = 0; c < H; ++c) dst[c] = bf16_to_f32(src[c]);
-    } else {
-      const float* src = static_cast<const float*>(a.hs) + t * H;
-      if (W16) for (i64 c = 0; c < H; ++c) dst[c] = round_bf16(src[c]);
-      else std::memcpy(dst, src, H * sizeof(float));
-    }
-  });
+  gather(par, a, a.hs, a.hs_bf16, H, W16, xf.get(), LX);  // the tokens, in expert order
   if (valid < S) std::memset(a.h + valid * 2 * I, 0, (S - valid) * 2 * I * sizeof(float));
   clock.lap();
   // gate/up: gate rows [r0, r1) and up rows [I + r0, I + r1), then act = SiLU(gate) * up
@@ -272,16 +281,10 @@ void forward(const Par& par, const Ops& o, const ForwardArgs& a) {
 
 // ---- backward (frozen experts: dX, routing-weight gradient, dh) -----------------------------------
 
-struct BackwardArgs {
+struct BackwardArgs : RoutedArgs {
   const void* g;  // [T, H] dL/d(out), fp32 or bf16 (g_bf16)
   bool g_bf16;
-  const int64_t* token_idx;
   const float* h;  // [S, 2I] saved pre-activations
-  const float* wr;
-  std::vector<i64> off;
-  Weights gu, dn;
-  const int64_t* inv;
-  i64 T, K;
   i64 down_split, gu_split;  // rows per task (each expert's rows in ceil(rows / split) partials)
   float* dx;                 // [T, H]
   float* dw;                 // [S] routing-weight gradient (expert order)
@@ -298,16 +301,7 @@ void backward(const Par& par, const Ops& o, const BackwardArgs& a) {
   const i64 P2 = (2 * I + a.gu_split - 1) / a.gu_split;
   Buf<float> gg(S * LG), zpart(P1 * S * LZ), dxpart(P2 * S * LX);
   PhaseClock clock{a.phase_s};
-  for_range(par, valid, 16, [&](i64 s) {
-    const i64 t = a.token_idx[s];
-    float* dst = gg.get() + s * LG;
-    if (a.g_bf16) {
-      const bf16_t* src = static_cast<const bf16_t*>(a.g) + t * H;
-      for (i64 c = 0; c < H; ++c) dst[c] = bf16_to_f32(src[c]);
-    } else {
-      std::memcpy(dst, static_cast<const float*>(a.g) + t * H, H * sizeof(float));
-    }
-  });
+  gather(par, a, a.g, a.g_bf16, H, false, gg.get(), LG);
   clock.lap();
   // z = g . Wd_e  (one partial per row block of Wd)
   for_tasks(par, make_tasks(a.off, H, a.down_split), [&](const Task& t) {

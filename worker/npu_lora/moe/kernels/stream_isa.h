@@ -100,39 +100,53 @@ static inline void dot_tile(const WT* w, i64 ldw, i64 L, const float* x, i64 ldx
     }
 }
 
-#define NPU_LORA_CASES(X) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8)
+template <int N>
+struct IntC {
+  static constexpr int value = N;
+};
 
-// All token tiles of one row tile (rows [0, RB) of w); the weights are streamed from memory by
-// the first token tile (which also prefetches) and re-read from cache by the others.
-template <class WT, int RB, int NBM>
-static inline void dot_rowtile(const WT* w, i64 ldw, i64 L, const float* x, i64 ldx, i64 n,
-                               float* out, i64 ldo, const WT* pf) {
-  token_tiles<NBM>(n, [&](i64 k, i64 t0, i64 m) {
-    const WT* p = k == 0 ? pf : nullptr;
-    switch (m) {
-#define NPU_LORA_T(mm)                                                                   \
-  case mm:                                                                               \
-    if constexpr (mm <= NBM) dot_tile<WT, RB, mm>(w, ldw, L, x + t0 * ldx, ldx, out + t0 * ldo, ldo, p); \
+// f(IntC<m>{}) for a run-time token-tile width m in [1, NBM] (NBM <= 8).
+template <int NBM, class F>
+static inline void with_width(i64 m, F f) {
+  switch (m) {
+#define NPU_LORA_T(mm) \
+  case mm:             \
+    if constexpr (mm <= NBM) f(IntC<mm>{}); \
     break;
-      NPU_LORA_CASES(NPU_LORA_T)
+    NPU_LORA_T(1) NPU_LORA_T(2) NPU_LORA_T(3) NPU_LORA_T(4)
+    NPU_LORA_T(5) NPU_LORA_T(6) NPU_LORA_T(7) NPU_LORA_T(8)
 #undef NPU_LORA_T
-      default: break;
-    }
-  });
+    default: break;
+  }
 }
 
-// Rows [0, R) in row tiles of RB (the remainder one row at a time), whole rows (length L).
+// The loop both kernels share: rows [0, R) of w in row tiles of RB (the remainder one row at a
+// time), and for each row tile the balanced token tiles of at most NBM tokens:
+// tile(IntC<rows>, IntC<tokens>, r0, t0, pf). The weights of a row tile are streamed from memory
+// by its first token tile, which also prefetches the row tile PF_TILES ahead (`pf`, else
+// nullptr), and re-read from cache by the others.
+template <int RB, int NBM, class WT, class F>
+static inline void row_token_tiles(const WT* w, i64 ldw, i64 R, i64 n, F tile) {
+  const i64 PD = V::PF_TILES * RB;
+  auto row_tile = [&](auto rb, i64 r0, const WT* pf) {
+    token_tiles<NBM>(n, [&](i64 k, i64 t0, i64 m) {
+      with_width<NBM>(m, [&](auto nb) { tile(rb, nb, r0, t0, k == 0 ? pf : nullptr); });
+    });
+  };
+  i64 r = 0;
+  for (; r + RB <= R; r += RB) row_tile(IntC<RB>{}, r, r + PD < R ? w + (r + PD) * ldw : nullptr);
+  for (; r < R; ++r) row_tile(IntC<1>{}, r, nullptr);
+}
+
+// out[t, r] for rows [0, R) of w, whole rows (length L).
 template <class WT>
 static void dot_rows(const WT* w, i64 ldw, i64 L, i64 R, const float* x, i64 ldx, i64 n,
                      float* out, i64 ldo) {
-  constexpr int RB = V::DOT_RB, NBM = V::DOT_NB;
-  const i64 PD = V::PF_TILES * RB;
-  i64 r = 0;
-  for (; r + RB <= R; r += RB)
-    dot_rowtile<WT, RB, NBM>(w + r * ldw, ldw, L, x, ldx, n, out + r, ldo,
-                             r + PD < R ? w + (r + PD) * ldw : nullptr);
-  for (; r < R; ++r)
-    dot_rowtile<WT, 1, NBM>(w + r * ldw, ldw, L, x, ldx, n, out + r, ldo, nullptr);
+  row_token_tiles<V::DOT_RB, V::DOT_NB>(w, ldw, R, n, [&](auto rb, auto nb, i64 r0, i64 t0,
+                                                          const WT* pf) {
+    dot_tile<WT, decltype(rb)::value, decltype(nb)::value>(
+        w + r0 * ldw, ldw, L, x + t0 * ldx, ldx, out + t0 * ldo + r0, ldo, pf);
+  });
 }
 
 // ---- axpy: out[t, c] = sum_r coef[t, r] * w[r, c] ------------------------------------------------
@@ -174,40 +188,16 @@ static inline void axpy_tile(const WT* w, i64 ldw, i64 L, const float* coef, i64
     }
 }
 
-template <int N>
-struct IntC {
-  static constexpr int value = N;
-};
-
 template <class WT>
 static void axpy_rows(const WT* w, i64 ldw, i64 L, i64 R, const float* coef, i64 ldc, i64 n,
                       float* out, i64 ldo) {
-  constexpr int RR = V::AXPY_RR, NBM = V::AXPY_NB;
-  const i64 PD = V::PF_TILES * RR;
-  auto row_tile = [&](auto rr, i64 r0, const WT* pf) {
-    constexpr int RRc = decltype(rr)::value;
-    token_tiles<NBM>(n, [&](i64 k, i64 t0, i64 m) {
-      const WT* p = k == 0 ? pf : nullptr;
-      const WT* wt = w + r0 * ldw;
-      const float* ct = coef + t0 * ldc + r0;
-      float* ot = out + t0 * ldo;
-      switch (m) {
-#define NPU_LORA_T(mm)                                                                    \
-  case mm:                                                                                \
-    if constexpr (mm <= NBM) axpy_tile<WT, RRc, mm>(wt, ldw, L, ct, ldc, ot, ldo, r0 == 0, p); \
-    break;
-        NPU_LORA_CASES(NPU_LORA_T)
-#undef NPU_LORA_T
-        default: break;
-      }
-    });
-  };
-  i64 r = 0;
-  for (; r + RR <= R; r += RR) row_tile(IntC<RR>{}, r, r + PD < R ? w + (r + PD) * ldw : nullptr);
-  for (; r < R; ++r) row_tile(IntC<1>{}, r, nullptr);
+  row_token_tiles<V::AXPY_RR, V::AXPY_NB>(w, ldw, R, n, [&](auto rr, auto nb, i64 r0, i64 t0,
+                                                            const WT* pf) {
+    axpy_tile<WT, decltype(rr)::value, decltype(nb)::value>(
+        w + r0 * ldw, ldw, L, coef + t0 * ldc + r0, ldc, out + t0 * ldo, ldo, r0 == 0, pf);
+  });
 }
 
-#undef NPU_LORA_CASES
 
 }  // namespace
 
