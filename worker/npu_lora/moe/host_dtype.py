@@ -8,7 +8,7 @@ Rules (``caps`` = :func:`npu_lora.machine.cpu_capabilities`):
   nothing). On a CPU without native bf16 the block's router and activations stay fp32
   (``compute_dtype``; the kernel rounds the activations to bf16 itself), so no torch bf16 matmul
   runs there. Measured on an AVX2-only EPYC (experiments/2026-12-02-stream-kernel-v2.md): bf16
-  0.7x the fp32 time per layer at T=128, 0.9-1.0x at T=512 (compute-bound). Without the extension (its
+  0.69x the fp32 time per layer at T=128, 0.88-0.92x at T=512 (compute-bound). Without the extension (its
   torch fallback widens each expert with a copy) ``auto`` picks ``float32``.
 - kernels that compute in torch (``grouped_mm``, ``eager``, ``npu_lora_sorted*``): ``bfloat16``
   only where the CPU has native bf16 (AVX512-BF16 or AMX-BF16), else ``float32``. An explicit
@@ -99,7 +99,7 @@ def resolve_host_dtype(
     if dtype == "bfloat16" and kernel == STREAM and bf16_ok and not native:
         # the kernel takes fp32 activations with bf16 weights (it rounds them to bf16 itself);
         # the router's small matmul and the block's glue stay out of torch's slow bf16 path
-        # (measured: a [128, 2048] x [2048, 128] router linear, forward + backward, 196 ms in
+        # (measured: a [128, 2048] x [2048, 128] router linear, forward + backward, 206 ms in
         # bf16 against 9.6 ms in fp32 on an AVX2 EPYC; experiments/2026-12-02-stream-kernel-v2.md)
         compute = "float32"
         reason += "; router and activations in float32 (no native bf16 on this CPU)"
