@@ -128,7 +128,7 @@ def _routing(T: int, K: int, E: int, seed: int) -> dict[str, torch.Tensor]:
     }
 
 
-@pytest.mark.parametrize("isa", kernels.cpu_isas())
+@pytest.mark.parametrize("isa", [i for i in kernels.cpu_isas() if i in kernels.WIDENING_ISAS])
 def test_bf16_weights_run_the_fp32_tiles_bitwise(isa):
     """bf16 weights are widened in registers and run the fp32 tiles in the fp32 order: given the
     same bf16-valued inputs, the gate/up pre-activations and the whole backward (dX, routing-weight
@@ -158,6 +158,66 @@ def test_bf16_weights_run_the_fp32_tiles_bitwise(isa):
     for what, a, b in zip(("h", "dx", "dw", "dh"), outs["bf16"], outs["fp32"], strict=True):
         assert torch.equal(a, b), what
     assert outs["bf16"][0].abs().max() > 0
+
+
+def _native_inputs(T, K, E, H, inter, seed):
+    r = _routing(T, K, E, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    gu = (torch.randn(E, 2 * inter, H, generator=g) * 0.1).bfloat16()
+    dn = (torch.randn(E, H, inter, generator=g) * 0.1).bfloat16()
+    x = torch.randn(T, H, generator=g).bfloat16()
+    gy = torch.randn(T, H, generator=g).bfloat16()
+    return r, gu, dn, x, gy
+
+
+def _raw_call(code, r, gu, dn, x, gy, T, K):
+    mod = kernels.load()
+    out, h = mod.forward(
+        x, r["token_idx"], r["wr"], r["offsets"], gu, dn, r["inv_perm"], T, K, code, 16, 32
+    )
+    dx, dw, dh = mod.backward(
+        gy, r["token_idx"], h, r["wr"], r["offsets"], gu, dn, r["inv_perm"], T, K, code, 48, 40
+    )
+    return {"out": out, "h": h, "dx": dx, "dw": dw, "dh": dh}
+
+
+# odd widths: column tails of every length class, an odd number of rows per task (a row paired
+# with zeros), experts without tokens
+@pytest.mark.parametrize(
+    ("T", "K", "E", "H", "inter"), [(40, 2, 8, 136, 72), (33, 3, 5, 71, 33), (96, 2, 8, 520, 200)]
+)
+@pytest.mark.skipif("avx512bf16" not in kernels.cpu_isas(), reason="CPU without AVX512-BF16")
+def test_native_bf16_matches_the_widening_path(T, K, E, H, inter):
+    """``avx512bf16`` (vdpbf16ps) against the widening AVX-512 path on the same bf16 inputs.
+    Forward pre-activations: fp32 sums of the same exact products in another order (≤ 1e-5 of the
+    scale); ``out``: plus the bf16 rounding of a few activations that land on the other side of a
+    rounding boundary; backward: ``dw`` and ``dh`` come from ``z`` whose coefficients (``dout``) are
+    bf16 already, so they match to fp32 order; ``dx`` uses ``dh`` rounded to bf16 (relative
+    error 2^-9 per coefficient): ≤ 1 % of the scale."""
+    r, gu, dn, x, gy = _native_inputs(T, K, E, H, inter, seed=T)
+    wide = _raw_call(kernels.ISA_CODES["avx512"], r, gu, dn, x, gy, T, K)
+    nat = _raw_call(kernels.ISA_CODES["avx512bf16"], r, gu, dn, x, gy, T, K)
+    bounds = {"h": 1e-5, "out": 2e-3, "dw": 1e-5, "dh": 1e-5, "dx": 1e-2}
+    for name, bound in bounds.items():
+        a, b = nat[name], wide[name]
+        scale = b.abs().max().item()
+        assert scale > 0, name
+        err = (a - b).abs().max().item()
+        assert err <= bound * scale, f"{name}: max err {err} vs scale {scale}"
+    # the native path really differs from the widening one (it is not silently the same code)
+    assert not torch.equal(nat["dx"], wide["dx"])
+
+
+@pytest.mark.skipif("avx512bf16" not in kernels.cpu_isas(), reason="CPU without AVX512-BF16")
+def test_native_bf16_runs_fp32_weights_on_the_avx512_tiles():
+    """fp32 weights on ``avx512bf16`` run the AVX-512 fp32 tiles: bitwise the ``avx512`` path."""
+    T, K, E, H, inter = 40, 2, 8, 136, 72
+    r, gu, dn, x, gy = _native_inputs(T, K, E, H, inter, seed=9)
+    args = (r, gu.float(), dn.float(), x.float(), gy.float(), T, K)
+    wide = _raw_call(kernels.ISA_CODES["avx512"], *args)
+    nat = _raw_call(kernels.ISA_CODES["avx512bf16"], *args)
+    for name in wide:
+        assert torch.equal(nat[name], wide[name]), name
 
 
 def _det_case(dtype=torch.float32):

@@ -2,13 +2,15 @@
 
 Rules (``caps`` = :func:`npu_lora.machine.cpu_capabilities`):
 
-- ``npu_lora_stream`` with its C++ extension: bf16 operands are widened to fp32 in registers on
-  every x86-64 CPU (AVX2, AVX-512, baseline) and accumulated in fp32, so ``auto`` picks
+- ``npu_lora_stream`` with its C++ extension: bf16 weights are multiplied natively where the CPU
+  has AVX512-BF16 (``vdpbf16ps``) and widened to fp32 in registers on every other x86-64 CPU
+  (AVX2, AVX-512, baseline), accumulated in fp32 either way, so ``auto`` picks
   ``bfloat16`` (half the bytes to stream; Qwen3 checkpoints are bf16, so the weights lose
   nothing). On a CPU without native bf16 the block's router and activations stay fp32
   (``compute_dtype``; the kernel rounds the activations to bf16 itself), so no torch bf16 matmul
   runs there. Measured on an AVX2-only EPYC (experiments/2026-12-02-stream-kernel-v2.md): bf16
-  0.69x the fp32 time per layer at T=128, 0.88-0.92x at T=512 (compute-bound). Without the extension (its
+  0.69x the fp32 time per layer at T=128, 0.88-0.92x at T=512 (compute-bound); on a Zen 4 with
+  AVX512-BF16 (experiments/2026-12-02-zen4-native-bf16.md) see the figures there. Without the extension (its
   torch fallback widens each expert with a copy) ``auto`` picks ``float32``.
 - kernels that compute in torch (``grouped_mm``, ``eager``, ``npu_lora_sorted*``): ``bfloat16``
   only where the CPU has native bf16 (AVX512-BF16 or AMX-BF16), else ``float32``. An explicit
@@ -73,11 +75,12 @@ def resolve_host_dtype(
 
         backend = stream.backend()
         bf16_ok = backend.startswith("cpp:")
-        why = (
-            f"{kernel} ({backend}) widens bf16 operands to fp32 in registers"
-            if bf16_ok
-            else f"{kernel} runs its torch fallback (extension unavailable)"
-        )
+        if not bf16_ok:
+            why = f"{kernel} runs its torch fallback (extension unavailable)"
+        elif backend == "cpp:avx512bf16":
+            why = f"{kernel} ({backend}) computes bf16 natively (vdpbf16ps, fp32 accumulation)"
+        else:
+            why = f"{kernel} ({backend}) widens bf16 operands to fp32 in registers"
     else:
         bf16_ok = native
         why = f"{kernel} computes in torch; CPU native bf16: {native} (isa {caps.get('isa')})"

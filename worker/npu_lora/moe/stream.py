@@ -1,6 +1,7 @@
 """Streaming host experts kernel (``"npu_lora_stream"``): each hit expert's weights read once per
-direction, parallel across experts, fp32 accumulation; bf16 storage computes on bf16 operands
-widened to fp32 in registers (every x86-64 CPU: AVX-512, AVX2, baseline).
+direction, parallel across experts, fp32 accumulation; bf16 storage computes on bf16 operands,
+natively where the CPU has AVX512-BF16 and widened to fp32 in registers on every other x86-64 CPU
+(AVX-512, AVX2, baseline).
 
 Legend (shape suffixes)::
 
@@ -30,16 +31,25 @@ Numerics: fp32 weights compute on fp32 operands. bf16 weights compute on bf16 op
 gathered hidden states and the SiLU·mul activations are rounded to bf16 (what a bf16 model holds
 anyway; the hidden states of a bf16 block already are bf16), products are accumulated in fp32,
 as torch's bf16 matmul and the AMX / AVX512-BF16 instructions do; ``h``, the gradients and every
-reduction are fp32. The bf16 path widens the weights in registers and runs the fp32 tiles in the
-fp32 order, so given bf16-valued inputs its ``h`` and its whole backward are bitwise those of the
-fp32 path on the widened weights (tested); against the fp32 reference of the same weights it is
-within 2 % of each tensor's scale (tested).
+reduction are fp32. Two bf16 paths:
+
+- widening ISAs (AVX2, AVX-512 without BF16, baseline): the weights are widened in registers and
+  run the fp32 tiles in the fp32 order, so given bf16-valued inputs ``h`` and the whole backward
+  are bitwise those of the fp32 path on the widened weights (tested);
+- ``avx512bf16`` (AVX512-BF16, e.g. Zen 4, Sapphire Rapids): native ``vdpbf16ps`` dot products on
+  bf16 words; in the backward the coefficients of the two weight passes (``dout`` and ``dh``) are
+  rounded to bf16 as a bf16 model's backward holds them (``dh`` itself, ``z``, ``dw``, ``dx``
+  stay fp32): ``dx`` differs from the widening path by ~2^-9 of its scale (tested bound 1 %).
+
+Against the fp32 reference of the same weights every path is within 2 % of each tensor's scale
+(tested).
 
 Saved for backward: the input ``x`` [T, H] (referenced, not copied), the fp32 pre-activations
 ``h`` [S, 2I] (= 4·T·K·2I bytes: 50 MB at T=1024, K=8, I=768), the routing. Work buffers per call
 (64-byte aligned, rows padded by one cache line so that no two rows sit a multiple of 4 KiB
-apart): forward the gathered ``x`` and ``a`` (S·H and S·I fp32, bf16-rounded for bf16 weights)
-and ``y`` [S, H] fp32; backward the gathered ``dout`` [S, H] fp32, ``BWD_SPLITS`` partial sums of ``z`` and
+apart): forward the gathered ``x`` and ``a`` (S·H and S·I fp32, bf16-rounded for bf16 weights;
+bf16 words on ``avx512bf16``) and ``y`` [S, H] fp32; backward the gathered ``dout`` [S, H] fp32
+(bf16 on ``avx512bf16``, plus a bf16 copy of ``dh``), ``BWD_SPLITS`` partial sums of ``z`` and
 ``dx`` (2·S·I and 2·S·H fp32) and ``dh`` [S, 2I].
 
 Compute is the C++ extension (:mod:`npu_lora.moe.kernels`, the drivers in ``stream_core.h``):

@@ -150,6 +150,7 @@ std::vector<std::string> cpu_isas() {
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
     out.push_back("avx512");
+  if (out.back() == "avx512" && __builtin_cpu_supports("avx512bf16")) out.push_back("avx512bf16");
 #endif
   return out;
 }

@@ -43,18 +43,28 @@ typedef unsigned short bf16_t;
 NPU_LORA_DECL(base)
 NPU_LORA_DECL(avx2)
 NPU_LORA_DECL(avx512)
+NPU_LORA_DECL(avx512bf16)
 #undef NPU_LORA_DECL
+// native bf16 x bf16 (AVX512-BF16 only): the operands x / coef are bf16 too
+void avx512bf16_dot_bf16n(const bf16_t*, i64, i64, i64, const bf16_t*, i64, i64, float*, i64);
+void avx512bf16_axpy_bf16n(const bf16_t*, i64, i64, i64, const bf16_t*, i64, i64, float*, i64);
 
-enum Isa : int { kBase = 0, kAvx2 = 1, kAvx512 = 2 };
+enum Isa : int { kBase = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Bf16 = 3 };
 
 struct Ops {
   void (*dot_f32)(const float*, i64, i64, i64, const float*, i64, i64, float*, i64);
   void (*dot_bf16f)(const bf16_t*, i64, i64, i64, const float*, i64, i64, float*, i64);
   void (*axpy_f32)(const float*, i64, i64, i64, const float*, i64, i64, float*, i64);
   void (*axpy_bf16)(const bf16_t*, i64, i64, i64, const float*, i64, i64, float*, i64);
+  // native bf16 operands (nullptr: bf16 weights are widened and run the fp32 tiles)
+  void (*dot_bf16n)(const bf16_t*, i64, i64, i64, const bf16_t*, i64, i64, float*, i64) = nullptr;
+  void (*axpy_bf16n)(const bf16_t*, i64, i64, i64, const bf16_t*, i64, i64, float*, i64) = nullptr;
 };
 
 inline Ops ops_for(int isa) {
+  if (isa == kAvx512Bf16)
+    return {avx512bf16_dot_f32, avx512bf16_dot_bf16f, avx512bf16_axpy_f32, avx512bf16_axpy_bf16,
+            avx512bf16_dot_bf16n, avx512bf16_axpy_bf16n};
   if (isa == kAvx512) return {avx512_dot_f32, avx512_dot_bf16f, avx512_axpy_f32, avx512_axpy_bf16};
   if (isa == kAvx2) return {avx2_dot_f32, avx2_dot_bf16f, avx2_axpy_f32, avx2_axpy_bf16};
   return {base_dot_f32, base_dot_bf16f, base_axpy_f32, base_axpy_bf16};
@@ -85,6 +95,14 @@ inline bf16_t f32_to_bf16(float f) {
   std::memcpy(&u, &r, 4);
   return static_cast<bf16_t>(u >> 16);
 }
+template <class T>
+struct IsBf16Dst {
+  static constexpr bool value = false;
+};
+template <>
+struct IsBf16Dst<bf16_t> {
+  static constexpr bool value = true;
+};
 inline float sigmoid(float v) { return 1.f / (1.f + std::exp(-v)); }
 
 // Leading dimension for a row of `n` elements of `esz` bytes: a multiple of 64 bytes, plus one
@@ -195,14 +213,21 @@ struct ForwardArgs : RoutedArgs {
 };
 
 // dst[s, :] = src[token_idx[s], :] for the valid rows s (rows of H elements, dst rows ld apart),
-// widened from bf16 or, with `round`, rounded to bf16 values; rows >= valid are never read.
-template <class Par>
+// widened from bf16 or, with `round`, rounded to bf16 values; into a bf16 `dst` (native bf16
+// path) fp32 sources are rounded to bf16. Rows >= valid are never read.
+template <class Par, class DT>
 void gather(const Par& par, const RoutedArgs& a, const void* src, bool src_bf16, i64 H,
-            bool round, float* dst, i64 ld) {
+            bool round, DT* dst, i64 ld) {
   for_range(par, a.off.back(), 16, [&](i64 s) {
     const i64 t = a.token_idx[s];
-    float* d = dst + s * ld;
-    if (src_bf16) {
+    DT* d = dst + s * ld;
+    if constexpr (IsBf16Dst<DT>::value) {
+      if (src_bf16) std::memcpy(d, static_cast<const bf16_t*>(src) + t * H, H * sizeof(bf16_t));
+      else {
+        const float* x = static_cast<const float*>(src) + t * H;
+        for (i64 c = 0; c < H; ++c) d[c] = f32_to_bf16(x[c]);
+      }
+    } else if (src_bf16) {
       const bf16_t* x = static_cast<const bf16_t*>(src) + t * H;
       for (i64 c = 0; c < H; ++c) d[c] = bf16_to_f32(x[c]);
     } else {
@@ -235,24 +260,34 @@ template <class Par>
 void forward(const Par& par, const Ops& o, const ForwardArgs& a) {
   const i64 H = a.gu.C, I = a.gu.R / 2, S = a.T * a.K;
   const i64 valid = a.off.back();
-  // bf16 weights: the activations are rounded to bf16 and held as fp32, so the bf16 path is the
-  // fp32 path on bf16-rounded operands (same tiles, same summation order)
+  // bf16 weights: the activations are rounded to bf16. Widening ISAs hold them as fp32 and run
+  // the fp32 tiles (same summation order as fp32); the native ISA holds them as bf16 words.
   const bool W16 = a.gu.bf16;  // the two weight tensors share the dtype
+  const bool N16 = W16 && o.dot_bf16n;
   const i64 LX = padded_ld(H, 4), LI = padded_ld(I, 4), LY = padded_ld(H, 4);
-  Buf<float> xf(S * LX), af(S * LI), y(S * LY);
+  const i64 LXn = padded_ld(H, 2), LIn = padded_ld(I, 2);
+  Buf<float> xf(N16 ? 0 : S * LX), af(N16 ? 0 : S * LI), y(S * LY);
+  Buf<bf16_t> xn(N16 ? S * LXn : 0), an(N16 ? S * LIn : 0);
   PhaseClock clock{a.phase_s};
-  gather(par, a, a.hs, a.hs_bf16, H, W16, xf.get(), LX);  // the tokens, in expert order
+  // the tokens, in expert order
+  if (N16) gather(par, a, a.hs, a.hs_bf16, H, true, xn.get(), LXn);
+  else gather(par, a, a.hs, a.hs_bf16, H, W16, xf.get(), LX);
   if (valid < S) std::memset(a.h + valid * 2 * I, 0, (S - valid) * 2 * I * sizeof(float));
   clock.lap();
   // gate/up: gate rows [r0, r1) and up rows [I + r0, I + r1), then act = SiLU(gate) * up
   for_tasks(par, make_tasks(a.off, I, a.gu_block), [&](const Task& t) {
     const i64 rows = t.r1 - t.r0;
     float* ht = a.h + t.s0 * 2 * I;
-    const float* x = xf.get() + t.s0 * LX;
-    if (W16) {
+    if (N16) {
+      const bf16_t* x = xn.get() + t.s0 * LXn;
+      o.dot_bf16n(a.gu.h(t.e, t.r0), H, H, rows, x, LXn, t.n, ht + t.r0, 2 * I);
+      o.dot_bf16n(a.gu.h(t.e, I + t.r0), H, H, rows, x, LXn, t.n, ht + I + t.r0, 2 * I);
+    } else if (W16) {
+      const float* x = xf.get() + t.s0 * LX;
       o.dot_bf16f(a.gu.h(t.e, t.r0), H, H, rows, x, LX, t.n, ht + t.r0, 2 * I);
       o.dot_bf16f(a.gu.h(t.e, I + t.r0), H, H, rows, x, LX, t.n, ht + I + t.r0, 2 * I);
     } else {
+      const float* x = xf.get() + t.s0 * LX;
       o.dot_f32(a.gu.f(t.e, t.r0), H, H, rows, x, LX, t.n, ht + t.r0, 2 * I);
       o.dot_f32(a.gu.f(t.e, I + t.r0), H, H, rows, x, LX, t.n, ht + I + t.r0, 2 * I);
     }
@@ -260,7 +295,8 @@ void forward(const Par& par, const Ops& o, const ForwardArgs& a) {
       for (i64 j = t.r0; j < t.r1; ++j) {
         const float g = ht[s * 2 * I + j];
         const float v = g * sigmoid(g) * ht[s * 2 * I + I + j];
-        af.get()[(t.s0 + s) * LI + j] = W16 ? round_bf16(v) : v;
+        if (N16) an.get()[(t.s0 + s) * LIn + j] = f32_to_bf16(v);
+        else af.get()[(t.s0 + s) * LI + j] = W16 ? round_bf16(v) : v;
       }
   });
   clock.lap();
@@ -268,7 +304,9 @@ void forward(const Par& par, const Ops& o, const ForwardArgs& a) {
   for_tasks(par, make_tasks(a.off, H, a.down_block), [&](const Task& t) {
     float* yt = y.get() + t.s0 * LY;
     const i64 rows = t.r1 - t.r0;
-    if (W16)
+    if (N16)
+      o.dot_bf16n(a.dn.h(t.e, t.r0), I, I, rows, an.get() + t.s0 * LIn, LIn, t.n, yt + t.r0, LY);
+    else if (W16)
       o.dot_bf16f(a.dn.h(t.e, t.r0), I, I, rows, af.get() + t.s0 * LI, LI, t.n, yt + t.r0, LY);
     else o.dot_f32(a.dn.f(t.e, t.r0), I, I, rows, af.get() + t.s0 * LI, LI, t.n, yt + t.r0, LY);
     for (i64 s = 0; s < t.n; ++s)
@@ -296,20 +334,31 @@ template <class Par>
 void backward(const Par& par, const Ops& o, const BackwardArgs& a) {
   const i64 H = a.gu.C, I = a.gu.R / 2, S = a.T * a.K;
   const i64 valid = a.off.back();
+  // native bf16 ISA with bf16 weights: the coefficients (dout, dh) are rounded to bf16 for the
+  // two weight passes, as a bf16 model's backward holds them; z, dh, dx and every sum stay fp32
+  const bool N16 = a.gu.bf16 && o.axpy_bf16n;
   const i64 LG = padded_ld(H, 4), LZ = padded_ld(I, 4), LX = padded_ld(H, 4);
+  const i64 LGn = padded_ld(H, 2), LDn = padded_ld(2 * I, 2);
   const i64 P1 = (H + a.down_split - 1) / a.down_split;
   const i64 P2 = (2 * I + a.gu_split - 1) / a.gu_split;
-  Buf<float> gg(S * LG), zpart(P1 * S * LZ), dxpart(P2 * S * LX);
+  Buf<float> gg(N16 ? 0 : S * LG), zpart(P1 * S * LZ), dxpart(P2 * S * LX);
+  Buf<bf16_t> gn(N16 ? S * LGn : 0), dhn(N16 ? S * LDn : 0);
   PhaseClock clock{a.phase_s};
-  gather(par, a, a.g, a.g_bf16, H, false, gg.get(), LG);
+  if (N16) gather(par, a, a.g, a.g_bf16, H, true, gn.get(), LGn);
+  else gather(par, a, a.g, a.g_bf16, H, false, gg.get(), LG);
   clock.lap();
   // z = g . Wd_e  (one partial per row block of Wd)
   for_tasks(par, make_tasks(a.off, H, a.down_split), [&](const Task& t) {
-    const float* coef = gg.get() + t.s0 * LG + t.r0;
     float* z = zpart.get() + (t.part * S + t.s0) * LZ;
     const i64 rows = t.r1 - t.r0;
-    if (a.dn.bf16) o.axpy_bf16(a.dn.h(t.e, t.r0), I, I, rows, coef, LG, t.n, z, LZ);
-    else o.axpy_f32(a.dn.f(t.e, t.r0), I, I, rows, coef, LG, t.n, z, LZ);
+    if (N16) {
+      const bf16_t* coef = gn.get() + t.s0 * LGn + t.r0;
+      o.axpy_bf16n(a.dn.h(t.e, t.r0), I, I, rows, coef, LGn, t.n, z, LZ);
+    } else {
+      const float* coef = gg.get() + t.s0 * LG + t.r0;
+      if (a.dn.bf16) o.axpy_bf16(a.dn.h(t.e, t.r0), I, I, rows, coef, LG, t.n, z, LZ);
+      else o.axpy_f32(a.dn.f(t.e, t.r0), I, I, rows, coef, LG, t.n, z, LZ);
+    }
   });
   clock.lap();
   // dw = <act, z>; dh = [w z u SiLU'(gate), w z SiLU(gate)]
@@ -331,15 +380,22 @@ void backward(const Par& par, const Ops& o, const BackwardArgs& a) {
       ds[I + i] = da * silu;
     }
     a.dw[s] = acc;
+    if (N16)
+      for (i64 i = 0; i < 2 * I; ++i) dhn.get()[s * LDn + i] = f32_to_bf16(ds[i]);
   });
   clock.lap();
   // dx = dh . Wgu_e  (one partial per row block of Wgu)
   for_tasks(par, make_tasks(a.off, 2 * I, a.gu_split), [&](const Task& t) {
-    const float* coef = a.dh + t.s0 * 2 * I + t.r0;
     float* dx = dxpart.get() + (t.part * S + t.s0) * LX;
     const i64 rows = t.r1 - t.r0;
-    if (a.gu.bf16) o.axpy_bf16(a.gu.h(t.e, t.r0), H, H, rows, coef, 2 * I, t.n, dx, LX);
-    else o.axpy_f32(a.gu.f(t.e, t.r0), H, H, rows, coef, 2 * I, t.n, dx, LX);
+    if (N16) {
+      const bf16_t* coef = dhn.get() + t.s0 * LDn + t.r0;
+      o.axpy_bf16n(a.gu.h(t.e, t.r0), H, H, rows, coef, LDn, t.n, dx, LX);
+    } else {
+      const float* coef = a.dh + t.s0 * 2 * I + t.r0;
+      if (a.gu.bf16) o.axpy_bf16(a.gu.h(t.e, t.r0), H, H, rows, coef, 2 * I, t.n, dx, LX);
+      else o.axpy_f32(a.gu.f(t.e, t.r0), H, H, rows, coef, 2 * I, t.n, dx, LX);
+    }
   });
   clock.lap();
   combine(par, dxpart.get(), P2, S * LX, LX, H, a.inv, a.T, a.K, valid, a.dx);

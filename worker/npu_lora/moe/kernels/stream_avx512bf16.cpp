@@ -1,0 +1,193 @@
+// AVX-512 + AVX512-BF16 instance (e.g. AMD Zen 4, Intel Sapphire Rapids and later): native bf16
+// dot products (`vdpbf16ps`: per fp32 lane, acc += a[2i] * b[2i] + a[2i+1] * b[2i+1], the bf16
+// products exact in fp32, fp32 accumulation, denormals flushed). fp32 weights run the AVX-512
+// tiles (same traits as stream_avx512.cpp, so fp32 results are bitwise that instance's).
+//
+// Native kernels (bf16 weights AND bf16 operands; the drivers in stream_core.h hand them the
+// gathered activations and gradients rounded to bf16):
+//
+//   dotn_rows:   out[t, r] = sum_c x[t, c] * w[r, c]       32 bf16 columns per instruction,
+//                tile 4 rows x 6 tokens (24 accumulators + 4 weights + 1 x register)
+//   axpyn_rows:  out[t, c] = sum_r coef[t, r] * w[r, c]    rows taken in pairs: two weight rows
+//                are interleaved in registers (`vpermt2w`) into (w[r, c], w[r+1, c]) pairs and
+//                the coefficient pair (coef[t, r], coef[t, r+1]) is one broadcast 32-bit word;
+//                tile 4 pairs x up to 8 tokens (8 interleaved weights, 2 accumulators, 2
+//                permutation indices; the 32 coefficient words are broadcast operands). Measured
+//                on a 2-core Zen 4 (experiments/2026-12-02-zen4-native-bf16.md): 4 x 8 against
+//                4 x 4, 2 x 6 and 8 x 2 (spills), the dx pass at T=512 144 vs 164, 197, 418 ms.
+//
+// Column tails (L not a multiple of 32) use masked loads/stores (zeros past the end), an odd last
+// row is paired with zeros. The summation order depends on the shapes only.
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,avx2,bmi2")
+#include <immintrin.h>
+
+namespace {
+struct V {
+  using reg = __m512;
+  static constexpr int W = 16;
+  static constexpr int DOT_RB = 4, DOT_NB = 6;
+  static constexpr int AXPY_RR = 4, AXPY_NB = 6;
+  static constexpr int PF_TILES = 2;
+  static inline reg zero() { return _mm512_setzero_ps(); }
+  static inline reg load(const float* p) { return _mm512_loadu_ps(p); }
+  static inline reg load(const unsigned short* p) {  // 16 bf16 -> 16 fp32, natural order
+    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  static inline reg set1(float v) { return _mm512_set1_ps(v); }
+  static inline reg fma(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
+  static inline void store(float* p, reg v) { _mm512_storeu_ps(p, v); }
+  static inline float hsum(reg v) { return _mm512_reduce_add_ps(v); }
+};
+}  // namespace
+
+#include "stream_isa.h"
+NPU_LORA_EXPORT(avx512bf16)
+
+namespace {
+
+constexpr i64 NW = 32;
+template <bool B>
+struct BoolC {
+  static constexpr bool value = B;
+};  // bf16 words per zmm register
+
+static inline __m512bh ld16(const bf16_t* p, __mmask32 m) {
+  return (__m512bh)_mm512_maskz_loadu_epi16(m, reinterpret_cast<const void*>(p));
+}
+static inline __mmask32 tail_mask(i64 n) {  // n in [1, 31]
+  return static_cast<__mmask32>((1u << n) - 1u);
+}
+
+// ---- native dot ---------------------------------------------------------------------------------
+template <int RB, int NB>
+static inline void dotn_tile(const bf16_t* w, i64 ldw, i64 L, const bf16_t* x, i64 ldx,
+                             float* out, i64 ldo, const bf16_t* pf) {
+  __m512 acc[RB][NB];
+#pragma GCC unroll 16
+  for (int r = 0; r < RB; ++r)
+#pragma GCC unroll 16
+    for (int t = 0; t < NB; ++t) acc[r][t] = _mm512_setzero_ps();
+  // m: the columns of this step (all 32, or the tail); masked-off words load as zeros
+  auto step = [&](i64 c, __mmask32 m) __attribute__((always_inline)) {
+    __m512bh wv[RB];
+#pragma GCC unroll 16
+    for (int r = 0; r < RB; ++r) wv[r] = ld16(w + r * ldw + c, m);
+#pragma GCC unroll 16
+    for (int t = 0; t < NB; ++t) {
+      const __m512bh xv = ld16(x + t * ldx + c, m);
+#pragma GCC unroll 16
+      for (int r = 0; r < RB; ++r) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wv[r], xv);
+    }
+  };
+  i64 c = 0;
+  for (; c + NW <= L; c += NW) {
+    if (pf)  // one 64-byte line per row per step
+#pragma GCC unroll 16
+      for (int r = 0; r < RB; ++r) __builtin_prefetch(pf + r * ldw + c, 0, 2);
+    step(c, ~__mmask32(0));
+  }
+  if (c < L) step(c, tail_mask(L - c));
+#pragma GCC unroll 16
+  for (int r = 0; r < RB; ++r)
+#pragma GCC unroll 16
+    for (int t = 0; t < NB; ++t) out[t * ldo + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+static void dotn_rows(const bf16_t* w, i64 ldw, i64 L, i64 R, const bf16_t* x, i64 ldx, i64 n,
+                      float* out, i64 ldo) {
+  row_token_tiles<V::DOT_RB, V::DOT_NB>(w, ldw, R, n, [&](auto rb, auto nb, i64 r0, i64 t0,
+                                                          const bf16_t* pf) {
+    dotn_tile<decltype(rb)::value, decltype(nb)::value>(w + r0 * ldw, ldw, L, x + t0 * ldx, ldx,
+                                                        out + t0 * ldo + r0, ldo, pf);
+  });
+}
+
+// ---- native axpy ----------------------------------------------------------------------------------
+// P row pairs x NB tokens; ODD: the last pair has no second row (zeros, coefficient 0).
+template <int P, int NB, bool ODD>
+static inline void axpyn_tile(const bf16_t* w, i64 ldw, i64 L, const bf16_t* coef, i64 ldc,
+                              float* out, i64 ldo, bool first, const bf16_t* pf) {
+  // (a[0], b[0], a[1], b[1], ...): columns 0-15 of the pair, then columns 16-31
+  const __m512i idx_lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9,
+                                          40, 8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1,
+                                          32, 0);
+  const __m512i idx_hi = _mm512_add_epi16(idx_lo, _mm512_set1_epi16(16));
+  __m512bh cf[NB][P];
+#pragma GCC unroll 16
+  for (int t = 0; t < NB; ++t)
+#pragma GCC unroll 16
+    for (int j = 0; j < P; ++j) {
+      unsigned int pair;
+      if (ODD && j == P - 1) pair = coef[t * ldc + 2 * j];  // (coef[r], 0)
+      else __builtin_memcpy(&pair, coef + t * ldc + 2 * j, 4);
+      cf[t][j] = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
+    }
+  auto step = [&](i64 c, __mmask32 m) __attribute__((always_inline)) {
+    __m512bh lo[P], hi[P];
+#pragma GCC unroll 16
+    for (int j = 0; j < P; ++j) {
+      const bf16_t* a = w + 2 * j * ldw + c;
+      const __m512i va = (__m512i)ld16(a, m);
+      const __m512i vb = (ODD && j == P - 1) ? _mm512_setzero_si512() : (__m512i)ld16(a + ldw, m);
+      lo[j] = (__m512bh)_mm512_permutex2var_epi16(va, idx_lo, vb);
+      hi[j] = (__m512bh)_mm512_permutex2var_epi16(va, idx_hi, vb);
+    }
+    const __mmask16 mlo = static_cast<__mmask16>(m & 0xffffu);
+    const __mmask16 mhi = static_cast<__mmask16>(m >> 16);
+#pragma GCC unroll 16
+    for (int t = 0; t < NB; ++t) {
+      float* o = out + t * ldo + c;
+      __m512 a0 = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mlo, o);
+      __m512 a1 = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mhi, o + 16);
+#pragma GCC unroll 16
+      for (int j = 0; j < P; ++j) {
+        a0 = _mm512_dpbf16_ps(a0, lo[j], cf[t][j]);
+        a1 = _mm512_dpbf16_ps(a1, hi[j], cf[t][j]);
+      }
+      _mm512_mask_storeu_ps(o, mlo, a0);
+      _mm512_mask_storeu_ps(o + 16, mhi, a1);
+    }
+  };
+  i64 c = 0;
+  for (; c + NW <= L; c += NW) {
+    if (pf)
+#pragma GCC unroll 16
+      for (int j = 0; j < 2 * P; ++j) __builtin_prefetch(pf + j * ldw + c, 0, 2);
+    step(c, ~__mmask32(0));
+  }
+  if (c < L) step(c, tail_mask(L - c));
+}
+
+static void axpyn_rows(const bf16_t* w, i64 ldw, i64 L, i64 R, const bf16_t* coef, i64 ldc,
+                       i64 n, float* out, i64 ldo) {
+  constexpr int P = 4, NBM = 8;
+  const i64 PD = V::PF_TILES * 2 * P;
+  auto rows = [&](auto p, auto odd, i64 r0, const bf16_t* pf) {
+    token_tiles<NBM>(n, [&](i64 k, i64 t0, i64 m) {
+      with_width<NBM>(m, [&](auto nb) {
+        axpyn_tile<decltype(p)::value, decltype(nb)::value, decltype(odd)::value>(
+            w + r0 * ldw, ldw, L, coef + t0 * ldc + r0, ldc, out + t0 * ldo, ldo, r0 == 0,
+            k == 0 ? pf : nullptr);
+      });
+    });
+  };
+  i64 r = 0;
+  for (; r + 2 * P <= R; r += 2 * P)
+    rows(IntC<P>{}, BoolC<false>{}, r, r + PD < R ? w + (r + PD) * ldw : nullptr);
+  for (; r + 2 <= R; r += 2) rows(IntC<1>{}, BoolC<false>{}, r, nullptr);
+  if (r < R) rows(IntC<1>{}, BoolC<true>{}, r, nullptr);
+}
+
+}  // namespace
+
+namespace npu_lora_stream {
+void avx512bf16_dot_bf16n(const unsigned short* w, i64 ldw, i64 L, i64 rows,
+                          const unsigned short* x, i64 ldx, i64 n, float* out, i64 ldo) {
+  dotn_rows(w, ldw, L, rows, x, ldx, n, out, ldo);
+}
+void avx512bf16_axpy_bf16n(const unsigned short* w, i64 ldw, i64 L, i64 rows,
+                           const unsigned short* c, i64 ldc, i64 n, float* out, i64 ldo) {
+  axpyn_rows(w, ldw, L, rows, c, ldc, n, out, ldo);
+}
+}  // namespace npu_lora_stream
