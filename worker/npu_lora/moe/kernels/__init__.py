@@ -26,7 +26,13 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 _SRC_DIR = Path(__file__).parent
-SOURCES = ("stream.cpp", "stream_avx512bf16.cpp", "stream_avx512.cpp", "stream_avx2.cpp", "stream_base.cpp")
+SOURCES = (
+    "stream.cpp",
+    "stream_avx512bf16.cpp",
+    "stream_avx512.cpp",
+    "stream_avx2.cpp",
+    "stream_base.cpp",
+)
 HEADERS = ("stream_isa.h", "stream_core.h")
 ISA_CODES = {"base": 0, "avx2": 1, "avx512": 2, "avx512bf16": 3}
 #: ISAs whose bf16 path widens the weights and runs the fp32 tiles (avx512bf16 computes natively)
