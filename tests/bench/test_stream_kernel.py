@@ -287,6 +287,9 @@ def test_host_dtype_auto_and_probe():
     assert {"isa", "native_bf16", "cores", "numa_nodes", "caches"} <= set(caps)
     choice = resolve_host_dtype("auto", stream.NAME, log_it=False)
     assert choice.dtype == "bfloat16" and choice.kernel_backend == stream.backend()
+    native_here = stream.backend() == "cpp:avx512bf16"
+    assert ("computes bf16 natively" in choice.reason) == native_here, choice.reason
+    assert ("widens bf16 operands" in choice.reason) == (not native_here), choice.reason
     no_bf16 = {"native_bf16": False, "isa": ["avx2"]}
     assert resolve_host_dtype("auto", "eager", caps=no_bf16, log_it=False).dtype == "float32"
     # the stream kernel never computes in bf16: explicit bf16 is not flagged even without it
