@@ -220,6 +220,38 @@ def test_native_bf16_runs_fp32_weights_on_the_avx512_tiles():
         assert torch.equal(nat[name], wide[name]), name
 
 
+def test_buffers_come_from_a_reused_cache():
+    """Work buffers and output tensors come from the extension's block cache (glibc maps blocks
+    over 32 MiB afresh on every call: page faults each time): once a shape has run, further calls
+    allocate nothing new (the cache does not grow), results are
+    bitwise the first call's although the reused memory holds the previous call's values, outputs
+    freed by torch go back to the cache, and ``trim_workspace`` empties it."""
+    mod = kernels.load()
+    T, K, E, H, inter = 48, 2, 8, 136, 72
+    r, gu, dn, x, gy = _native_inputs(T, K, E, H, inter, seed=11)
+    args = (r, gu.float(), dn.float(), x.float(), gy.float(), T, K)
+    code = kernels.ISA_CODES[kernels.isa()]
+    mod.trim_workspace()
+    first = _raw_call(code, *args)
+    warm = mod.workspace_bytes()
+    assert warm > 0  # the work buffers went back to the cache
+    sizes = []
+    for _ in range(7):
+        again = _raw_call(code, *args)
+        for name in first:
+            assert torch.equal(again[name], first[name]), name
+        del again  # its outputs return to the cache
+        sizes.append(mod.workspace_bytes())
+    # the repeats need new blocks for their outputs while the first call's are held, and best fit
+    # may hand a block to another buffer of the call for a while; then every block is reused
+    assert sizes[-4:] == sizes[-1:] * 4 and sizes[-1] <= 3 * sizes[0], (warm, sizes)
+    held = mod.workspace_bytes()
+    del first
+    assert mod.workspace_bytes() > held  # the freed outputs returned to the cache
+    mod.trim_workspace()
+    assert mod.workspace_bytes() == 0
+
+
 def _det_case(dtype=torch.float32):
     blk, cfg = _block(dtype, E=8, K=2, H=136, inter=72)
     blk.experts.requires_grad_(False)

@@ -71,6 +71,18 @@ void set_routed(RoutedArgs& a, const torch::Tensor& w_gu, const torch::Tensor& w
   a.K = K;
 }
 
+// An uninitialised fp32 tensor whose memory comes from the block cache (stream_core.h: Pool) and
+// goes back to it when the tensor is freed, on whatever thread that happens.
+torch::Tensor pooled(std::vector<int64_t> sizes) {
+  int64_t n = 1;
+  for (int64_t d : sizes) n *= d;
+  const std::size_t bytes = block_bytes(static_cast<std::size_t>(n > 0 ? n : 1) * sizeof(float));
+  void* p = pool().get(bytes);
+  return torch::from_blob(
+      p, sizes, [bytes](void* q) { pool().put(q, bytes); },
+      torch::TensorOptions().dtype(at::kFloat));
+}
+
 }  // namespace
 
 // Forward. hidden [T, H] (fp32 or bf16), token_idx [S] (expert order -> token), wr [S] fp32
@@ -89,9 +101,8 @@ std::vector<torch::Tensor> stream_forward(torch::Tensor hidden, torch::Tensor to
   a.hs = hidden.data_ptr();
   a.gu_block = gu_block;
   a.down_block = down_block;
-  auto fopt = torch::TensorOptions().dtype(at::kFloat);
-  auto out = torch::empty({T, H}, fopt);
-  auto h = torch::empty({T * K, 2 * I}, fopt);
+  auto out = pooled({T, H});
+  auto h = pooled({T * K, 2 * I});
   a.out = out.data_ptr<float>();
   a.h = h.data_ptr<float>();
   npu_lora_stream::forward(TorchPar{}, ops_for(isa), a);
@@ -118,10 +129,9 @@ std::vector<torch::Tensor> stream_backward(torch::Tensor g, torch::Tensor token_
   a.h = h.data_ptr<float>();
   a.down_split = down_split;
   a.gu_split = gu_split;
-  auto fopt = torch::TensorOptions().dtype(at::kFloat);
-  auto dx = torch::empty({T, H}, fopt);
-  auto dw = torch::empty({T * K}, fopt);
-  auto dh = torch::empty({T * K, 2 * I}, fopt);
+  auto dx = pooled({T, H});
+  auto dw = pooled({T * K});
+  auto dh = pooled({T * K, 2 * I});
   a.dx = dx.data_ptr<float>();
   a.dw = dw.data_ptr<float>();
   a.dh = dh.data_ptr<float>();
@@ -160,4 +170,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("backward", &stream_backward, "streaming experts backward (dX, routing-weight grad, dh)");
   m.def("cpu_isas", &cpu_isas, "instruction-set paths this CPU can run");
   m.def("parallel_threads", &parallel_threads, "threads one parallel phase runs on");
+  m.def("workspace_bytes", [] { return static_cast<int64_t>(npu_lora_stream::pool().cached()); },
+        "bytes of scratch blocks cached for reuse between calls");
+  m.def("trim_workspace", [] { npu_lora_stream::pool().trim(); }, "free the cached scratch blocks");
 }

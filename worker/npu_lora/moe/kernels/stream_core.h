@@ -27,7 +27,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <new>
+#include <utility>
 #include <vector>
 
 namespace npu_lora_stream {
@@ -113,16 +115,88 @@ inline i64 padded_ld(i64 n, i64 esz) {
   return (n + per_line - 1) / per_line * per_line + per_line;
 }
 
-// 64-byte aligned scratch buffer.
+// Process-wide cache of 64-byte aligned blocks for the work buffers and (stream.cpp) the output
+// tensors. One call's buffers reach tens of MB (80 MB forward at T=512); glibc serves blocks over
+// its mmap threshold (128 KiB, raised dynamically up to 32 MiB) with a fresh mapping, so every
+// call would fault its pages in again: measured on a Zen 4 guest, 16-23 thousand faults and
+// ~40 ms of system time per T=512 backward, first-touch faults at 0.7-2 GB/s
+// (experiments/2026-12-02-zen4-native-bf16.md). Returned blocks are kept and reused, best fit
+// among blocks at most twice the request; blocks that would take the cache over `cap` bytes
+// (NPU_LORA_STREAM_POOL_MB, default 4096) are freed instead. So the cache holds what the calls
+// used at once (e.g. the saved pre-activations of every layer between forward and backward), as a
+// caching allocator does. `trim()` frees it all.
+class Pool {
+ public:
+  Pool() {
+    const char* mb = std::getenv("NPU_LORA_STREAM_POOL_MB");
+    cap_ = (mb && *mb ? static_cast<std::size_t>(std::strtoull(mb, nullptr, 10)) : 4096) << 20;
+  }
+  void* get(std::size_t bytes) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      std::size_t best = free_.size();
+      for (std::size_t i = 0; i < free_.size(); ++i) {
+        const std::size_t b = free_[i].first;
+        if (b >= bytes && b / 2 <= bytes && (best == free_.size() || b < free_[best].first))
+          best = i;
+      }
+      if (best != free_.size()) {
+        void* p = free_[best].second;
+        cached_ -= free_[best].first;
+        free_[best] = free_.back();
+        free_.pop_back();
+        return p;
+      }
+    }
+    void* p = std::aligned_alloc(64, bytes);
+    if (!p) throw std::bad_alloc();
+    return p;
+  }
+  void put(void* p, std::size_t bytes) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (cached_ + bytes <= cap_) {
+        free_.emplace_back(bytes, p);
+        cached_ += bytes;
+        return;
+      }
+    }
+    std::free(p);
+  }
+  std::size_t cached() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return cached_;
+  }
+  void trim() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& b : free_) std::free(b.second);
+    free_.clear();
+    cached_ = 0;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::pair<std::size_t, void*>> free_;
+  std::size_t cached_ = 0, cap_;
+};
+inline Pool& pool() {
+  static Pool* p = new Pool;  // never destroyed: tensors may return blocks until the very end
+  return *p;
+}
+inline std::size_t block_bytes(std::size_t bytes) { return (bytes + 63) / 64 * 64; }
+
+// 64-byte aligned scratch buffer of n elements from the pool (returned to it when it goes out of
+// scope); n == 0: no buffer (nullptr).
 template <class T>
 struct Buf {
   T* p = nullptr;
-  explicit Buf(i64 n) {
-    const std::size_t bytes = (static_cast<std::size_t>(n > 0 ? n : 1) * sizeof(T) + 63) / 64 * 64;
-    p = static_cast<T*>(std::aligned_alloc(64, bytes));
-    if (!p) throw std::bad_alloc();
+  std::size_t bytes;
+  explicit Buf(i64 n) : bytes(block_bytes(static_cast<std::size_t>(n > 0 ? n : 0) * sizeof(T))) {
+    if (bytes) p = static_cast<T*>(pool().get(bytes));
   }
-  ~Buf() { std::free(p); }
+  ~Buf() {
+    if (p) pool().put(p, bytes);
+  }
   Buf(const Buf&) = delete;
   Buf& operator=(const Buf&) = delete;
   T* get() const { return p; }
