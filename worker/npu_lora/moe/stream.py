@@ -50,7 +50,10 @@ Saved for backward: the input ``x`` [T, H] (referenced, not copied), the fp32 pr
 apart): forward the gathered ``x`` and ``a`` (S·H and S·I fp32, bf16-rounded for bf16 weights;
 bf16 words on ``avx512bf16``) and ``y`` [S, H] fp32; backward the gathered ``dout`` [S, H] fp32
 (bf16 on ``avx512bf16``, plus a bf16 copy of ``dh``), ``BWD_SPLITS`` partial sums of ``z`` and
-``dx`` (2·S·I and 2·S·H fp32) and ``dh`` [S, 2I].
+``dx`` (2·S·I and 2·S·H fp32) and ``dh`` [S, 2I]. The work buffers and the output tensors come
+from the extension's process-wide block cache (``NPU_LORA_STREAM_POOL_MB``, default 4096 MB;
+``kernels.load().trim_workspace()`` frees it): freshly mapped blocks would be page-faulted in on
+every call.
 
 Compute is the C++ extension (:mod:`npu_lora.moe.kernels`, the drivers in ``stream_core.h``):
 per phase a list of (hit expert, row block) tasks that depends only on the shapes and the routing
