@@ -12,3 +12,6 @@ python -m npu_lora.bench.kernels --tokens 128 512 --dtypes bfloat16 float32 --im
 for S in 128 512; do for D in bf16 fp32; do
   npu-lora bench --preset qwen3-30b-a3b --layers 2 --seq-len $S --host-dtype $D --backend cpu --threads 2 --rounds 3 --variants host-only+keep_graph@npu_lora_stream --peer-impls grouped_mm --out $R/engine-s$S-$D
 done; done
+# 5. after the block cache (final code): kernels against grouped_mm again
+python -m npu_lora.bench.kernels --tokens 128 512 --dtypes bfloat16 float32 --impls npu_lora_stream grouped_mm --threads 2 --rounds 3 --out $R/vs-grouped-final
+python -m npu_lora.bench.kernels --dtype-ab npu_lora_stream --tokens 128 512 --threads 2 --rounds 6 --out $R/dtype-ab-native-final
