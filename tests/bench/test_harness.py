@@ -91,6 +91,22 @@ def test_limits_small():
     assert effective_bandwidth(1.0, 0.0) == 0.0
 
 
+def test_copy_probe_reuses_its_buffers_and_stays_finite():
+    """A rotation's copy samples run on buffers allocated once (no per-sample allocation that
+    re-faults pages and slows the next kernel call), and many samples keep the values finite (the
+    triad a = b + 3c would overflow to inf after ~20 samples without the reset)."""
+    import torch
+    from npu_lora.bench.limits import CopyProbe
+
+    probe = CopyProbe(elems=1 << 16)
+    ptrs = (probe.a.data_ptr(), probe.b.data_ptr(), probe.c.data_ptr())
+    for _ in range(40):
+        bw = probe.measure(repeats=3)
+        assert bw.copy_gbs > 0 and bw.triad_gbs > 0 and len(bw.copy_samples_gbs) == 3
+    assert (probe.a.data_ptr(), probe.b.data_ptr(), probe.c.data_ptr()) == ptrs
+    assert all(torch.isfinite(t).all() for t in (probe.a, probe.b, probe.c))
+
+
 def test_stream_variant_runs_fp32_router_on_bf16_weights_without_native_bf16():
     """A bf16 bench whose engine was built for ``grouped_mm``: switching a variant to
     ``npu_lora_stream`` switches the blocks to that kernel's compute dtype (fp32 router and

@@ -809,13 +809,15 @@ def _rounds(
     ``on_round(rounds_done, records)`` after each round (progress reporting)."""
     cfg = runner.cfg
     records: list[dict] = []
+    probe = None
     for rnd in range(cfg.rounds):
         order = variants if rnd % 2 == 0 else variants[::-1]
         round_copy = math.nan
         if cfg.limits:  # a short copy-bandwidth sample per round: the machine drifts
-            from npu_lora.bench.limits import stream_bandwidth
+            from npu_lora.bench.limits import CopyProbe
 
-            bw_r = stream_bandwidth(repeats=3)
+            probe = probe or CopyProbe()  # buffers allocated once for all rounds
+            bw_r = probe.measure(repeats=3)
             round_copy = bw_r.copy_gbs
             emit({"kind": "limits", "when": f"round {rnd}", **bw_r.to_dict()})
         for pos, v in enumerate(order):

@@ -106,12 +106,15 @@ def _call_records(
 ) -> list[dict]:
     """The ``call`` records of one case (written to ``jf`` as measured)."""
     recs: list[dict] = []
-    from npu_lora.bench.limits import stream_bandwidth
+    from npu_lora.bench.limits import CopyProbe
 
-    elems = max(hit * per_expert // 8, 1 << 20)  # two fp32 buffers of half the hit bytes each
+    probe = None  # buffers of half the hit bytes each, allocated once per case (if sampled)
 
     def copy_bw():
-        return stream_bandwidth(elems=elems, repeats=3)
+        nonlocal probe
+        if probe is None:
+            probe = CopyProbe(max(hit * per_expert // 8, 1 << 20))
+        return probe.measure(repeats=3)
 
     for impl, rnd, fwd_s, bwd_s, cpu_s in _timed_calls(m, cfg, inputs, impls, rounds, copy_bw):
         if impl == COPY:
@@ -275,7 +278,7 @@ def bench_dtype_ab(
     bf16 for the bf16 module), with the copy bandwidth: ``[copy, float32, bfloat16]`` per round,
     order reversed on odd rounds; medians and the per-round paired bf16/fp32 ratio of wall and
     CPU time (CPU time is the steadier figure on a shared, oversubscribed machine)."""
-    from npu_lora.bench.limits import stream_bandwidth
+    from npu_lora.bench.limits import CopyProbe
     from npu_lora.machine import machine_facts
     from npu_lora.moe import stream
     from npu_lora.moe.experts import expert_bytes, register
@@ -292,14 +295,12 @@ def bench_dtype_ab(
     for T in tokens:
         x0, idx, w, gy, hit = _inputs(T, H, E, K, torch.float32, seed)
         recs: dict[str, list[dict]] = {"copy": [], "float32": [], "bfloat16": []}
+        probe = CopyProbe(hit * expert_bytes(m32.gate_up_proj, m32.down_proj) // 8)
         for rnd in range(rounds + 1):
             order = ["copy", "float32", "bfloat16"]
             for name in order if rnd % 2 == 0 else order[::-1]:
                 if name == "copy":
-                    bw = stream_bandwidth(
-                        elems=hit * expert_bytes(m32.gate_up_proj, m32.down_proj) // 8, repeats=3
-                    )
-                    rec = {"copy_gbs": bw.copy_gbs}
+                    rec = {"copy_gbs": probe.measure(repeats=3).copy_gbs}
                 else:
                     m, dt = (m32, torch.float32) if name == "float32" else (m16, torch.bfloat16)
                     x = x0.to(dt).requires_grad_(True)

@@ -44,34 +44,56 @@ class Bandwidth:
         return asdict(self)
 
 
+class CopyProbe:
+    """Copy and triad bandwidth on buffers allocated once and reused by every :meth:`measure`.
+
+    A rotation samples the bandwidth between kernel calls; allocating (and freeing) the buffers
+    per sample made the sample itself re-fault its pages and, on a VM guest whose freed pages are
+    handed back to the host, slowed the call right after it (measured on a Zen 4 KVM guest: the
+    forward after a per-sample allocation of 3 x 1.2 GB ran 180-208 ms against 109-114 ms,
+    experiments/2026-12-02-zen4-native-bf16.md). The buffers are faulted in once, here.
+    """
+
+    def __init__(self, elems: int = DEFAULT_ELEMS, dtype: torch.dtype = torch.float32) -> None:
+        self.a = torch.rand(elems, dtype=dtype)
+        self.b = torch.rand(elems, dtype=dtype)
+        self.c = torch.zeros(elems, dtype=dtype)
+        self.elems, self.dtype = elems, dtype
+
+    def measure(self, repeats: int = 7) -> Bandwidth:
+        """Copy (2·bytes / time) and triad (3·bytes / time), GB/s = 1e9 B/s, median of
+        ``repeats`` after one unmeasured pass."""
+        a, b, c, elems = self.a, self.b, self.c, self.elems
+        esz = a.element_size()
+        copy_s, triad_s = [], []
+        for i in range(repeats + 1):
+            t0 = time.perf_counter()
+            c.copy_(a)
+            t1 = time.perf_counter()
+            torch.add(b, c, alpha=3.0, out=a)
+            t2 = time.perf_counter()
+            if i:  # the first pass warms the caches and TLBs
+                copy_s.append(2 * elems * esz / (t1 - t0) / 1e9)
+                triad_s.append(3 * elems * esz / (t2 - t1) / 1e9)
+        a.copy_(b)  # keep the values bounded over many samples (a = b + 3c grows otherwise)
+        return Bandwidth(
+            copy_gbs=statistics.median(copy_s),
+            triad_gbs=statistics.median(triad_s),
+            copy_samples_gbs=copy_s,
+            triad_samples_gbs=triad_s,
+            threads=torch.get_num_threads(),
+            elems=elems,
+            dtype=str(self.dtype).removeprefix("torch."),
+            loadavg=os.getloadavg(),
+        )
+
+
 def stream_bandwidth(
     *, elems: int = DEFAULT_ELEMS, repeats: int = 7, dtype: torch.dtype = torch.float32
 ) -> Bandwidth:
-    """Copy and triad bandwidth (GB/s = 1e9 B/s), median of ``repeats``."""
-    a = torch.rand(elems, dtype=dtype)
-    b = torch.rand(elems, dtype=dtype)
-    c = torch.empty(elems, dtype=dtype)
-    esz = a.element_size()
-    copy_s, triad_s = [], []
-    for i in range(repeats + 1):
-        t0 = time.perf_counter()
-        c.copy_(a)
-        t1 = time.perf_counter()
-        torch.add(b, c, alpha=3.0, out=a)
-        t2 = time.perf_counter()
-        if i:  # the first pass faults pages in
-            copy_s.append(2 * elems * esz / (t1 - t0) / 1e9)
-            triad_s.append(3 * elems * esz / (t2 - t1) / 1e9)
-    return Bandwidth(
-        copy_gbs=statistics.median(copy_s),
-        triad_gbs=statistics.median(triad_s),
-        copy_samples_gbs=copy_s,
-        triad_samples_gbs=triad_s,
-        threads=torch.get_num_threads(),
-        elems=elems,
-        dtype=str(dtype).removeprefix("torch."),
-        loadavg=os.getloadavg(),
-    )
+    """Copy and triad bandwidth (GB/s = 1e9 B/s), median of ``repeats``, on fresh buffers (a
+    one-off sample; a rotation keeps one :class:`CopyProbe`)."""
+    return CopyProbe(elems, dtype).measure(repeats)
 
 
 def hit_bytes(counts_E: torch.Tensor, per_expert_bytes: int) -> int:
