@@ -33,7 +33,7 @@ SOURCES = (
     "stream_avx2.cpp",
     "stream_base.cpp",
 )
-HEADERS = ("stream_isa.h", "stream_core.h")
+HEADERS = ("stream_isa.h", "stream_core.h", "stream_avx512_v.h")
 ISA_CODES = {"base": 0, "avx2": 1, "avx512": 2, "avx512bf16": 3}
 #: ISAs whose bf16 path widens the weights and runs the fp32 tiles (avx512bf16 computes natively)
 WIDENING_ISAS = ("base", "avx2", "avx512")

@@ -1,7 +1,7 @@
 // AVX-512 + AVX512-BF16 instance (e.g. AMD Zen 4, Intel Sapphire Rapids and later): native bf16
 // dot products (`vdpbf16ps`: per fp32 lane, acc += a[2i] * b[2i] + a[2i+1] * b[2i+1], the bf16
 // products exact in fp32, fp32 accumulation, denormals flushed). fp32 weights run the AVX-512
-// tiles (same traits as stream_avx512.cpp, so fp32 results are bitwise that instance's).
+// kernels themselves (stream_core.h: ops_for), so fp32 results are bitwise that instance's.
 //
 // Native kernels (bf16 weights AND bf16 operands; the drivers in stream_core.h hand them the
 // gathered activations and gradients rounded to bf16):
@@ -21,28 +21,10 @@
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,avx2,bmi2")
 #include <immintrin.h>
 
-namespace {
-struct V {
-  using reg = __m512;
-  static constexpr int W = 16;
-  static constexpr int DOT_RB = 4, DOT_NB = 6;
-  static constexpr int AXPY_RR = 4, AXPY_NB = 6;
-  static constexpr int PF_TILES = 2;
-  static inline reg zero() { return _mm512_setzero_ps(); }
-  static inline reg load(const float* p) { return _mm512_loadu_ps(p); }
-  static inline reg load(const unsigned short* p) {  // 16 bf16 -> 16 fp32, natural order
-    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-  }
-  static inline reg set1(float v) { return _mm512_set1_ps(v); }
-  static inline reg fma(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
-  static inline void store(float* p, reg v) { _mm512_storeu_ps(p, v); }
-  static inline float hsum(reg v) { return _mm512_reduce_add_ps(v); }
-};
-}  // namespace
-
+#include "stream_avx512_v.h"
+// only the tile loops (token_tiles, with_width, row_token_tiles); fp32 and widened-bf16 weights
+// on this ISA run the avx512_* kernels of stream_avx512.cpp (stream_core.h: ops_for)
 #include "stream_isa.h"
-NPU_LORA_EXPORT(avx512bf16)
 
 namespace {
 

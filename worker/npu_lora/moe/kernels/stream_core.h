@@ -29,6 +29,7 @@
 #include <cstring>
 #include <mutex>
 #include <new>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -45,7 +46,6 @@ typedef unsigned short bf16_t;
 NPU_LORA_DECL(base)
 NPU_LORA_DECL(avx2)
 NPU_LORA_DECL(avx512)
-NPU_LORA_DECL(avx512bf16)
 #undef NPU_LORA_DECL
 // native bf16 x bf16 (AVX512-BF16 only): the operands x / coef are bf16 too
 void avx512bf16_dot_bf16n(const bf16_t*, i64, i64, i64, const bf16_t*, i64, i64, float*, i64);
@@ -65,7 +65,7 @@ struct Ops {
 
 inline Ops ops_for(int isa) {
   if (isa == kAvx512Bf16)
-    return {avx512bf16_dot_f32, avx512bf16_dot_bf16f, avx512bf16_axpy_f32, avx512bf16_axpy_bf16,
+    return {avx512_dot_f32,       avx512_dot_bf16f,     avx512_axpy_f32, avx512_axpy_bf16,
             avx512bf16_dot_bf16n, avx512bf16_axpy_bf16n};
   if (isa == kAvx512) return {avx512_dot_f32, avx512_dot_bf16f, avx512_axpy_f32, avx512_axpy_bf16};
   if (isa == kAvx2) return {avx2_dot_f32, avx2_dot_bf16f, avx2_axpy_f32, avx2_axpy_bf16};
@@ -97,14 +97,6 @@ inline bf16_t f32_to_bf16(float f) {
   std::memcpy(&u, &r, 4);
   return static_cast<bf16_t>(u >> 16);
 }
-template <class T>
-struct IsBf16Dst {
-  static constexpr bool value = false;
-};
-template <>
-struct IsBf16Dst<bf16_t> {
-  static constexpr bool value = true;
-};
 inline float sigmoid(float v) { return 1.f / (1.f + std::exp(-v)); }
 
 // Leading dimension for a row of `n` elements of `esz` bytes: a multiple of 64 bytes, plus one
@@ -295,7 +287,7 @@ void gather(const Par& par, const RoutedArgs& a, const void* src, bool src_bf16,
   for_range(par, a.off.back(), 16, [&](i64 s) {
     const i64 t = a.token_idx[s];
     DT* d = dst + s * ld;
-    if constexpr (IsBf16Dst<DT>::value) {
+    if constexpr (std::is_same_v<DT, bf16_t>) {
       if (src_bf16) std::memcpy(d, static_cast<const bf16_t*>(src) + t * H, H * sizeof(bf16_t));
       else {
         const float* x = static_cast<const float*>(src) + t * H;
