@@ -4,9 +4,9 @@
 // forward and backward timed separately, medians of --reps after one warm-up, OpenMP threads.
 //
 //   g++ -O3 -fno-math-errno -fopenmp -std=c++17 -I../../worker/npu_lora/moe/kernels \
-//       bench.cpp ../../worker/npu_lora/moe/kernels/stream_{avx2,avx512,avx512bf16,base}.cpp -o stream-bench
+//       bench.cpp ../../worker/npu_lora/moe/kernels/stream_{amx,avx2,avx512,avx512bf16,base}.cpp -o stream-bench
 //   ./stream-bench --T 128 --dtype bf16 --threads 2 --isa 1 --reps 7   (isa: 0 base, 1 avx2,
-//   2 avx512, 3 avx512bf16 = native bf16 dot products)
+//   2 avx512, 3 avx512bf16 = native bf16 dot products, 4 amx = AMX tiles)
 //
 // GB/s = hit experts' weight bytes / time (what the kernel must stream once per direction).
 #include <omp.h>
@@ -131,6 +131,7 @@ int main(int argc, char** argv) {
   ba.dx = dx.data();
   ba.dw = dw.data();
   ba.dh = dh.data();
+  if (isa == kAmx && !amx_request()) { fprintf(stderr, "no AMX here\n"); return 2; }
   const Ops o = ops_for(isa);
   const OmpPar par;
   i64 hit = 0;

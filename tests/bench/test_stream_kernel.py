@@ -181,14 +181,22 @@ def _raw_call(code, r, gu, dn, x, gy, T, K):
     return {"out": out, "h": h, "dx": dx, "dw": dw, "dh": dh}
 
 
+NATIVE_HERE = [i for i in kernels.NATIVE_ISAS if i in kernels.cpu_isas()]
+needs_native = pytest.mark.skipif(not NATIVE_HERE, reason="CPU without AVX512-BF16 or AMX")
+
+
 # odd widths: column tails of every length class, an odd number of rows per task (a row paired
-# with zeros), experts without tokens
+# with zeros), experts without tokens; (160, 2, 4, ...): 80 tokens per expert, five blocks of 16
+# (the AMX kernels' pairs of token blocks and a single one)
 @pytest.mark.parametrize(
-    ("T", "K", "E", "H", "inter"), [(40, 2, 8, 136, 72), (33, 3, 5, 71, 33), (96, 2, 8, 520, 200)]
+    ("T", "K", "E", "H", "inter"),
+    [(40, 2, 8, 136, 72), (33, 3, 5, 71, 33), (96, 2, 8, 520, 200), (160, 2, 4, 136, 72)],
 )
-@pytest.mark.skipif("avx512bf16" not in kernels.cpu_isas(), reason="CPU without AVX512-BF16")
-def test_native_bf16_matches_the_widening_path(T, K, E, H, inter):
-    """``avx512bf16`` (vdpbf16ps) against the widening AVX-512 path on the same bf16 inputs.
+@pytest.mark.parametrize("isa", NATIVE_HERE or ["avx512bf16"])
+@needs_native
+def test_native_bf16_matches_the_widening_path(isa, T, K, E, H, inter):
+    """``avx512bf16`` (vdpbf16ps) and ``amx`` (tdpbf16ps) against the widening AVX-512 path on the
+    same bf16 inputs.
     Forward pre-activations: fp32 sums of the same exact products in another order (≤ 1e-5 of the
     scale); ``out``: plus the bf16 rounding of a few activations that land on the other side of a
     rounding boundary; backward: ``dw`` and ``dh`` come from ``z`` whose coefficients (``dout``) are
@@ -196,7 +204,7 @@ def test_native_bf16_matches_the_widening_path(T, K, E, H, inter):
     error 2^-9 per coefficient): ≤ 1 % of the scale."""
     r, gu, dn, x, gy = _native_inputs(T, K, E, H, inter, seed=T)
     wide = _raw_call(kernels.ISA_CODES["avx512"], r, gu, dn, x, gy, T, K)
-    nat = _raw_call(kernels.ISA_CODES["avx512bf16"], r, gu, dn, x, gy, T, K)
+    nat = _raw_call(kernels.ISA_CODES[isa], r, gu, dn, x, gy, T, K)
     bounds = {"h": 1e-5, "out": 2e-3, "dw": 1e-5, "dh": 1e-5, "dx": 1e-2}
     for name, bound in bounds.items():
         a, b = nat[name], wide[name]
@@ -208,14 +216,16 @@ def test_native_bf16_matches_the_widening_path(T, K, E, H, inter):
     assert not torch.equal(nat["dx"], wide["dx"])
 
 
-@pytest.mark.skipif("avx512bf16" not in kernels.cpu_isas(), reason="CPU without AVX512-BF16")
-def test_native_bf16_runs_fp32_weights_on_the_avx512_tiles():
-    """fp32 weights on ``avx512bf16`` run the AVX-512 fp32 tiles: bitwise the ``avx512`` path."""
+@pytest.mark.parametrize("isa", NATIVE_HERE or ["avx512bf16"])
+@needs_native
+def test_native_bf16_runs_fp32_weights_on_the_avx512_tiles(isa):
+    """fp32 weights on ``avx512bf16`` and ``amx`` run the AVX-512 fp32 tiles: bitwise the
+    ``avx512`` path."""
     T, K, E, H, inter = 40, 2, 8, 136, 72
     r, gu, dn, x, gy = _native_inputs(T, K, E, H, inter, seed=9)
     args = (r, gu.float(), dn.float(), x.float(), gy.float(), T, K)
     wide = _raw_call(kernels.ISA_CODES["avx512"], *args)
-    nat = _raw_call(kernels.ISA_CODES["avx512bf16"], *args)
+    nat = _raw_call(kernels.ISA_CODES[isa], *args)
     for name in wide:
         assert torch.equal(nat[name], wide[name]), name
 
@@ -319,7 +329,7 @@ def test_host_dtype_auto_and_probe():
     assert {"isa", "native_bf16", "cores", "numa_nodes", "caches"} <= set(caps)
     choice = resolve_host_dtype("auto", stream.NAME, log_it=False)
     assert choice.dtype == "bfloat16" and choice.kernel_backend == stream.backend()
-    native_here = stream.backend() == "cpp:avx512bf16"
+    native_here = stream.backend().removeprefix("cpp:") in kernels.NATIVE_ISAS
     assert ("computes bf16 natively" in choice.reason) == native_here, choice.reason
     assert ("widens bf16 operands" in choice.reason) == (not native_here), choice.reason
     no_bf16 = {"native_bf16": False, "isa": ["avx2"]}

@@ -71,14 +71,15 @@ def resolve_host_dtype(
     native = bool(caps.get("native_bf16"))
     backend = None
     if kernel == STREAM:
-        from npu_lora.moe import stream
+        from npu_lora.moe import kernels, stream
 
         backend = stream.backend()
         bf16_ok = backend.startswith("cpp:")
         if not bf16_ok:
             why = f"{kernel} runs its torch fallback (extension unavailable)"
-        elif backend == "cpp:avx512bf16":
-            why = f"{kernel} ({backend}) computes bf16 natively (vdpbf16ps, fp32 accumulation)"
+        elif kernels.native_how(backend.removeprefix("cpp:")):
+            how = kernels.native_how(backend.removeprefix("cpp:"))
+            why = f"{kernel} ({backend}) computes bf16 natively ({how})"
         else:
             why = f"{kernel} ({backend}) widens bf16 operands to fp32 in registers"
     else:

@@ -5,13 +5,14 @@ into ``$NPU_LORA_KERNEL_CACHE/kernels`` (default ``$XDG_CACHE_HOME/npu-lora``, e
 ``~/.cache/npu-lora``), keyed by the sources'
 hash and torch's version, so a worker builds it once per image/host. It holds four instances of
 the micro-kernels, each compiled for one instruction set with ``#pragma GCC target``
-(AVX-512 + AVX512-BF16 with native bf16 dot products, AVX-512, AVX2+FMA, baseline); the one used is chosen at run time from what the CPU supports (the
+(AMX tiles, AVX-512 + AVX512-BF16 with native bf16 dot products, AVX-512, AVX2+FMA,
+baseline); the one used is chosen at run time from what the CPU supports (the
 extension's ``cpu_isas``), so one build runs on every x86-64 CPU and the slower paths can be tested
 on a fast CPU. ``-march=native`` is deliberately not used: it would let the compiler put AVX-512
 into the baseline and AVX2 instances.
 
 ``NPU_LORA_STREAM_EXT=0`` disables the extension (the kernel then uses its pure-torch fallback);
-``NPU_LORA_STREAM_ISA=base|avx2|avx512|avx512bf16`` forces a path (must be one the CPU runs).
+``NPU_LORA_STREAM_ISA=base|avx2|avx512|avx512bf16|amx`` forces a path (must be one the CPU runs).
 """
 
 from __future__ import annotations
@@ -28,15 +29,30 @@ log = logging.getLogger(__name__)
 _SRC_DIR = Path(__file__).parent
 SOURCES = (
     "stream.cpp",
+    "stream_amx.cpp",
     "stream_avx512bf16.cpp",
     "stream_avx512.cpp",
     "stream_avx2.cpp",
     "stream_base.cpp",
 )
 HEADERS = ("stream_isa.h", "stream_core.h", "stream_avx512_v.h")
-ISA_CODES = {"base": 0, "avx2": 1, "avx512": 2, "avx512bf16": 3}
-#: ISAs whose bf16 path widens the weights and runs the fp32 tiles (avx512bf16 computes natively)
+ISA_CODES = {"base": 0, "avx2": 1, "avx512": 2, "avx512bf16": 3, "amx": 4}
+#: ISAs whose bf16 path widens the weights and runs the fp32 tiles (avx512bf16 and amx compute
+#: natively)
 WIDENING_ISAS = ("base", "avx2", "avx512")
+#: ISAs that compute bf16 natively: ``vdpbf16ps`` (AVX512-BF16) or AMX tiles (``tdpbf16ps``)
+NATIVE_ISAS = ("avx512bf16", "amx")
+_NATIVE_HOW = {
+    "avx512bf16": "vdpbf16ps, fp32 accumulation",
+    "amx": "AMX tiles, tdpbf16ps, fp32 accumulation",
+}
+
+
+def native_how(isa: str | None) -> str | None:
+    """How ``isa`` computes bf16 natively (``None``: it widens bf16 to fp32, or no extension)."""
+    return _NATIVE_HOW.get(isa or "")
+
+
 #: Compiler and linker flags (part of the cache key).
 CFLAGS = ("-O3", "-fno-math-errno", "-fopenmp")
 LDFLAGS = ("-fopenmp",)

@@ -151,7 +151,8 @@ int64_t parallel_threads() {
   return static_cast<int64_t>(ids.size());
 }
 
-// Which ISAs this CPU runs (compiled ones are all three).
+// Which ISAs this CPU runs, slowest first (all are compiled); "amx" also needs the process to
+// be granted the tile state, which this requests.
 std::vector<std::string> cpu_isas() {
   std::vector<std::string> out{"base"};
 #if defined(__x86_64__) || defined(__i386__)
@@ -161,6 +162,7 @@ std::vector<std::string> cpu_isas() {
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
     out.push_back("avx512");
   if (out.back() == "avx512" && __builtin_cpu_supports("avx512bf16")) out.push_back("avx512bf16");
+  if (out.back() == "avx512bf16" && amx_request()) out.push_back("amx");
 #endif
   return out;
 }

@@ -33,6 +33,12 @@
 #include <utility>
 #include <vector>
 
+#if defined(__x86_64__) && defined(__linux__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 namespace npu_lora_stream {
 
 using i64 = long long;
@@ -50,8 +56,13 @@ NPU_LORA_DECL(avx512)
 // native bf16 x bf16 (AVX512-BF16 only): the operands x / coef are bf16 too
 void avx512bf16_dot_bf16n(const bf16_t*, i64, i64, i64, const bf16_t*, i64, i64, float*, i64);
 void avx512bf16_axpy_bf16n(const bf16_t*, i64, i64, i64, const bf16_t*, i64, i64, float*, i64);
+// AMX tiles (stream_amx.cpp): the dot takes its tokens packed (pack_tokens), the axpy reads 16
+// coefficient rows per token block (the drivers pad 16 rows past the end)
+void amx_dot_bf16n(const bf16_t*, i64, i64, i64, const bf16_t*, i64, i64, float*, i64);
+void amx_axpy_bf16n(const bf16_t*, i64, i64, i64, const bf16_t*, i64, i64, float*, i64);
+void amx_pack_tokens(const bf16_t*, i64, i64, i64, bf16_t*);
 
-enum Isa : int { kBase = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Bf16 = 3 };
+enum Isa : int { kBase = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Bf16 = 3, kAmx = 4 };
 
 struct Ops {
   void (*dot_f32)(const float*, i64, i64, i64, const float*, i64, i64, float*, i64);
@@ -61,15 +72,35 @@ struct Ops {
   // native bf16 operands (nullptr: bf16 weights are widened and run the fp32 tiles)
   void (*dot_bf16n)(const bf16_t*, i64, i64, i64, const bf16_t*, i64, i64, float*, i64) = nullptr;
   void (*axpy_bf16n)(const bf16_t*, i64, i64, i64, const bf16_t*, i64, i64, float*, i64) = nullptr;
+  // non-null: dot_bf16n takes the tokens in VNNI blocks of 16 made by this (pack_tokens; x = the
+  // expert's first block, ldx = the block stride) instead of rows (AMX)
+  void (*pack)(const bf16_t*, i64, i64, i64, bf16_t*) = nullptr;
 };
 
 inline Ops ops_for(int isa) {
+  if (isa == kAmx)
+    return {avx512_dot_f32, avx512_dot_bf16f, avx512_axpy_f32, avx512_axpy_bf16,
+            amx_dot_bf16n,  amx_axpy_bf16n,   amx_pack_tokens};
   if (isa == kAvx512Bf16)
     return {avx512_dot_f32,       avx512_dot_bf16f,     avx512_axpy_f32, avx512_axpy_bf16,
             avx512bf16_dot_bf16n, avx512bf16_axpy_bf16n};
   if (isa == kAvx512) return {avx512_dot_f32, avx512_dot_bf16f, avx512_axpy_f32, avx512_axpy_bf16};
   if (isa == kAvx2) return {avx2_dot_f32, avx2_dot_bf16f, avx2_axpy_f32, avx2_axpy_bf16};
   return {base_dot_f32, base_dot_bf16f, base_axpy_f32, base_axpy_bf16};
+}
+
+// True when the CPU has AMX-TILE and AMX-BF16 and Linux granted this process the tile data state
+// (arch_prctl ARCH_REQ_XCOMP_PERM, XTILEDATA; needed once per process before any thread uses a
+// tile; idempotent). Without the grant the first tile instruction would fault.
+inline bool amx_request() {
+#if defined(__x86_64__) && defined(__linux__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  if (!((d >> 22) & 1u) || !((d >> 24) & 1u)) return false;  // AMX-BF16, AMX-TILE
+  return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+#else
+  return false;
+#endif
 }
 
 // ---- small helpers -------------------------------------------------------------------------------
@@ -322,6 +353,27 @@ void combine(const Par& par, const float* part, i64 P, i64 pstride, i64 ld, i64 
   });
 }
 
+// VNNI token blocks for the AMX dot (Ops::packed): each expert's rows in blocks of 16 tokens
+// (`boff[e]`: the expert's first block); block k holds the 32-bit words
+// dst[k, q, t] = (x[t, 2q], x[t, 2q + 1]) for q < LP / 2 (LP = L rounded up to 32), t < 16, so
+// that 16 consecutive q are one B tile; tokens past the expert's count and columns past L are
+// zeros. `src` rows are in expert order, `lds` apart.
+inline i64 up32(i64 v) { return (v + 31) / 32 * 32; }
+inline std::vector<i64> token_blocks(const std::vector<i64>& off) {
+  std::vector<i64> boff(off.size(), 0);
+  for (std::size_t e = 0; e + 1 < off.size(); ++e) boff[e + 1] = boff[e] + (off[e + 1] - off[e] + 15) / 16;
+  return boff;
+}
+template <class Par>
+void pack_tokens(const Par& par, const Ops& o, const std::vector<i64>& off,
+                 const std::vector<i64>& boff, const bf16_t* src, i64 lds, i64 L, bf16_t* dst) {
+  for_range(par, boff.back(), 4, [&](i64 k) {
+    const i64 e = std::upper_bound(boff.begin(), boff.end(), k) - boff.begin() - 1;
+    const i64 s0 = off[e] + 16 * (k - boff[e]);
+    o.pack(src + s0 * lds, lds, std::min<i64>(16, off[e + 1] - s0), L, dst + k * 16 * up32(L));
+  });
+}
+
 template <class Par>
 void forward(const Par& par, const Ops& o, const ForwardArgs& a) {
   const i64 H = a.gu.C, I = a.gu.R / 2, S = a.T * a.K;
@@ -330,14 +382,20 @@ void forward(const Par& par, const Ops& o, const ForwardArgs& a) {
   // the fp32 tiles (same summation order as fp32); the native ISA holds them as bf16 words.
   const bool W16 = a.gu.bf16;  // the two weight tensors share the dtype
   const bool N16 = W16 && o.dot_bf16n;
+  // AMX: the tokens and the activations in VNNI blocks of 16 (pack_tokens)
+  const bool XP = N16 && o.pack;
   const i64 LX = padded_ld(H, 4), LI = padded_ld(I, 4), LY = padded_ld(H, 4);
   const i64 LXn = padded_ld(H, 2), LIn = padded_ld(I, 2);
+  const std::vector<i64> boff = XP ? token_blocks(a.off) : std::vector<i64>(a.off.size(), 0);
+  const i64 BX = 16 * up32(H), BA = 16 * up32(I), QA = up32(I) / 2;  // block strides, words
   Buf<float> xf(N16 ? 0 : S * LX), af(N16 ? 0 : S * LI), y(S * LY);
-  Buf<bf16_t> xn(N16 ? S * LXn : 0), an(N16 ? S * LIn : 0);
+  Buf<bf16_t> xn(N16 ? S * LXn : 0), an(N16 && !XP ? S * LIn : 0);
+  Buf<bf16_t> xp(XP ? boff.back() * BX : 0), ap(XP ? boff.back() * BA : 0);
   PhaseClock clock{a.phase_s};
   // the tokens, in expert order
   if (N16) gather(par, a, a.hs, a.hs_bf16, H, true, xn.get(), LXn);
   else gather(par, a, a.hs, a.hs_bf16, H, W16, xf.get(), LX);
+  if (XP) pack_tokens(par, o, a.off, boff, xn.get(), LXn, H, xp.get());
   if (valid < S) std::memset(a.h + valid * 2 * I, 0, (S - valid) * 2 * I * sizeof(float));
   clock.lap();
   // gate/up: gate rows [r0, r1) and up rows [I + r0, I + r1), then act = SiLU(gate) * up
@@ -345,9 +403,10 @@ void forward(const Par& par, const Ops& o, const ForwardArgs& a) {
     const i64 rows = t.r1 - t.r0;
     float* ht = a.h + t.s0 * 2 * I;
     if (N16) {
-      const bf16_t* x = xn.get() + t.s0 * LXn;
-      o.dot_bf16n(a.gu.h(t.e, t.r0), H, H, rows, x, LXn, t.n, ht + t.r0, 2 * I);
-      o.dot_bf16n(a.gu.h(t.e, I + t.r0), H, H, rows, x, LXn, t.n, ht + I + t.r0, 2 * I);
+      const bf16_t* x = XP ? xp.get() + boff[t.e] * BX : xn.get() + t.s0 * LXn;
+      const i64 ldx = XP ? BX : LXn;
+      o.dot_bf16n(a.gu.h(t.e, t.r0), H, H, rows, x, ldx, t.n, ht + t.r0, 2 * I);
+      o.dot_bf16n(a.gu.h(t.e, I + t.r0), H, H, rows, x, ldx, t.n, ht + I + t.r0, 2 * I);
     } else if (W16) {
       const float* x = xf.get() + t.s0 * LX;
       o.dot_bf16f(a.gu.h(t.e, t.r0), H, H, rows, x, LX, t.n, ht + t.r0, 2 * I);
@@ -361,16 +420,25 @@ void forward(const Par& par, const Ops& o, const ForwardArgs& a) {
       for (i64 j = t.r0; j < t.r1; ++j) {
         const float g = ht[s * 2 * I + j];
         const float v = g * sigmoid(g) * ht[s * 2 * I + I + j];
-        if (N16) an.get()[(t.s0 + s) * LIn + j] = f32_to_bf16(v);
+        if (XP) ap.get()[2 * ((boff[t.e] + s / 16) * BA / 2 + (j / 2) * 16 + s % 16) + (j & 1)] =
+            f32_to_bf16(v);
+        else if (N16) an.get()[(t.s0 + s) * LIn + j] = f32_to_bf16(v);
         else af.get()[(t.s0 + s) * LI + j] = W16 ? round_bf16(v) : v;
       }
+    if (XP) {  // zeros: the padding tokens of the last block, and the columns past I
+      const i64 n16 = (t.n + 15) / 16 * 16, j1 = t.r1 == I ? 2 * QA : t.r1;
+      for (i64 s = 0; s < n16; ++s)
+        for (i64 j = s < t.n ? I : t.r0; j < j1; ++j)
+          ap.get()[2 * ((boff[t.e] + s / 16) * BA / 2 + (j / 2) * 16 + s % 16) + (j & 1)] = 0;
+    }
   });
   clock.lap();
   // down: y[s, d] = wr[s] * act[s, :] . Wd[e, d, :]
   for_tasks(par, make_tasks(a.off, H, a.down_block), [&](const Task& t) {
     float* yt = y.get() + t.s0 * LY;
     const i64 rows = t.r1 - t.r0;
-    if (N16)
+    if (XP) o.dot_bf16n(a.dn.h(t.e, t.r0), I, I, rows, ap.get() + boff[t.e] * BA, BA, t.n, yt + t.r0, LY);
+    else if (N16)
       o.dot_bf16n(a.dn.h(t.e, t.r0), I, I, rows, an.get() + t.s0 * LIn, LIn, t.n, yt + t.r0, LY);
     else if (W16)
       o.dot_bf16f(a.dn.h(t.e, t.r0), I, I, rows, af.get() + t.s0 * LI, LI, t.n, yt + t.r0, LY);
@@ -408,7 +476,9 @@ void backward(const Par& par, const Ops& o, const BackwardArgs& a) {
   const i64 P1 = (H + a.down_split - 1) / a.down_split;
   const i64 P2 = (2 * I + a.gu_split - 1) / a.gu_split;
   Buf<float> gg(N16 ? 0 : S * LG), zpart(P1 * S * LZ), dxpart(P2 * S * LX);
-  Buf<bf16_t> gn(N16 ? S * LGn : 0), dhn(N16 ? S * LDn : 0);
+  // (16 rows of slack: the AMX axpy reads whole 16-row token blocks; the extra rows only reach
+  // outputs that are never stored)
+  Buf<bf16_t> gn(N16 ? (S + 16) * LGn : 0), dhn(N16 ? (S + 16) * LDn : 0);
   PhaseClock clock{a.phase_s};
   if (N16) gather(par, a, a.g, a.g_bf16, H, true, gn.get(), LGn);
   else gather(par, a, a.g, a.g_bf16, H, false, gg.get(), LG);
