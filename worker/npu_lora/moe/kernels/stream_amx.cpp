@@ -11,14 +11,16 @@
 //        (loaded straight from the weights, row stride ldw), B the tokens packed in VNNI blocks
 //        of 16 by the driver (stream_core.h: pack_tokens): word (q, t) = (x[t, 2q], x[t, 2q+1]).
 //        Row groups of 64 rows (4 C tiles, one token block) or 2 x 2 (32 rows x 32 tokens) when an
-//        expert has more than 16 tokens; the next row group is prefetched a line per row per
-//        k-step, as the AVX kernels do.
+//        expert has more than 16 tokens. No software prefetch: prefetching the next row group a
+//        line per row per k-step (as the AVX kernels do) was even on gate/up and slower on down
+//        (21 vs 17.6 ms at T=128); groups of 32 rows: gate/up 38 vs 34 ms.
 //   axpy (backward)  out[t, c] = sum_r coef[t, r] * w[r, c]
 //        C[t, c] (16 tokens x 16 columns) += A[t, r] * B[r, c]: A is 16 rows of the coefficients
 //        as gathered (bf16, the driver pads 16 rows past the end), B two weight rows interleaved
 //        into (w[r, c], w[r+1, c]) pairs (`vpermt2w`, as the AVX512-BF16 axpy does) into an L1
-//        buffer, a k-group of 64 weight rows x 32 columns at a time; the partial C of each
-//        (16 tokens, 32 columns) lives in a padded fp32 buffer between k-groups.
+//        buffer, 32 weight rows x 32 columns at a time (whole rows in order, the next 32 rows
+//        prefetched); the partial C of each (16 tokens, 32 columns) lives in a padded fp32
+//        buffer between k-steps.
 //
 // Tails: columns past L and rows past R enter as zeros (weights copied into a zero-padded
 // buffer when L % 32 or R % 16 is not 0 in the dot; masked loads and a padded coefficient tile in
@@ -36,18 +38,6 @@
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,fma,avx2,bmi2")
 #include <immintrin.h>
 
-#ifndef AMX_KG
-#define AMX_KG 1
-#endif
-#ifndef AMX_PFD
-#define AMX_PFD 1
-#endif
-#ifndef AMX_DOT_RB
-#define AMX_DOT_RB 4
-#endif
-#ifndef AMX_DOT_PF
-#define AMX_DOT_PF 0
-#endif
 namespace {
 
 using i64 = long long;
@@ -95,7 +85,7 @@ inline i64 up(i64 v, i64 m) { return (v + m - 1) / m * m; }
 // is rb * NB + tb; the C tiles are stored to cs (16 x 16 fp32 each, row = weight row).
 template <int RB, int NB>
 inline void dot_sub(const bf16_t* w, i64 ldw, i64 Lp, const bf16_t* xb, i64 bstride,
-                    const bf16_t* pf, float* cs) {
+                    float* cs) {
   static_assert(RB * NB <= 4 && NB <= 2, "4 accumulator tiles");
   _tile_zero(0);
   if constexpr (RB * NB > 1) _tile_zero(1);
@@ -103,8 +93,6 @@ inline void dot_sub(const bf16_t* w, i64 ldw, i64 Lp, const bf16_t* xb, i64 bstr
   if constexpr (RB * NB > 3) _tile_zero(3);
   const i64 sw = ldw * 2;
   for (i64 k = 0; k < Lp; k += 32) {
-    if (pf)
-      for (int r = 0; r < RB * 16; ++r) __builtin_prefetch(pf + r * ldw + k, 0, 2);
     _tile_loadd(6, xb + k * 16, 64);  // word rows q = k/2 .. k/2 + 15 of the token block
     if constexpr (NB == 2) _tile_loadd(7, xb + bstride + k * 16, 64);
     _tile_loadd(4, w + k, sw);
@@ -162,35 +150,32 @@ void dot_rows(const bf16_t* w, i64 ldw, i64 L, i64 R, const bf16_t* xp, i64 bstr
   Tiles tiles;
   alignas(64) float cs[4 * 256];
   const i64 nbk = (n + 15) / 16;
-  for (i64 r0 = 0; r0 < Rp; r0 += 16 * AMX_DOT_RB) {
-    const i64 rb = (Rp - r0) / 16 < AMX_DOT_RB ? (Rp - r0) / 16 : AMX_DOT_RB;
+  for (i64 r0 = 0; r0 < Rp; r0 += 64) {
+    const i64 rb = (Rp - r0) / 16 < 4 ? (Rp - r0) / 16 : 4;
     const bf16_t* wr = w + r0 * ldw;
-    const bf16_t* pf = AMX_DOT_PF && r0 + 16 * AMX_DOT_RB < Rp ? w + (r0 + 16 * AMX_DOT_RB) * ldw : nullptr;
     for (i64 tb = 0; tb < nbk; tb += 2) {
       const bf16_t* xb = xp + tb * bstride;
-      const bf16_t* p = tb == 0 ? pf : nullptr;
       if (tb + 1 < nbk) {  // two token blocks: row blocks in pairs
         for (i64 j = 0; j < rb; j += 2) {
-          const bf16_t* pj = p ? p + j * 16 * ldw : nullptr;
           if (j + 1 < rb) {
-            dot_sub<2, 2>(wr + j * 16 * ldw, ldw, Lp, xb, bstride, pj, cs);
+            dot_sub<2, 2>(wr + j * 16 * ldw, ldw, Lp, xb, bstride, cs);
             dot_store<2, 2>(cs, r0 + j * 16, R, tb * 16, n, out, ldo);
           } else {
-            dot_sub<1, 2>(wr + j * 16 * ldw, ldw, Lp, xb, bstride, pj, cs);
+            dot_sub<1, 2>(wr + j * 16 * ldw, ldw, Lp, xb, bstride, cs);
             dot_store<1, 2>(cs, r0 + j * 16, R, tb * 16, n, out, ldo);
           }
         }
       } else if (rb == 4) {
-        dot_sub<4, 1>(wr, ldw, Lp, xb, bstride, p, cs);
+        dot_sub<4, 1>(wr, ldw, Lp, xb, bstride, cs);
         dot_store<4, 1>(cs, r0, R, tb * 16, n, out, ldo);
       } else if (rb == 3) {
-        dot_sub<3, 1>(wr, ldw, Lp, xb, bstride, p, cs);
+        dot_sub<3, 1>(wr, ldw, Lp, xb, bstride, cs);
         dot_store<3, 1>(cs, r0, R, tb * 16, n, out, ldo);
       } else if (rb == 2) {
-        dot_sub<2, 1>(wr, ldw, Lp, xb, bstride, p, cs);
+        dot_sub<2, 1>(wr, ldw, Lp, xb, bstride, cs);
         dot_store<2, 1>(cs, r0, R, tb * 16, n, out, ldo);
       } else {
-        dot_sub<1, 1>(wr, ldw, Lp, xb, bstride, p, cs);
+        dot_sub<1, 1>(wr, ldw, Lp, xb, bstride, cs);
         dot_store<1, 1>(cs, r0, R, tb * 16, n, out, ldo);
       }
     }
@@ -198,7 +183,14 @@ void dot_rows(const bf16_t* w, i64 ldw, i64 L, i64 R, const bf16_t* xp, i64 bstr
 }
 
 // ---- axpy ------------------------------------------------------------------------------------------
-constexpr int KG = AMX_KG;  // k-steps (of 32 weight rows) per k-group
+// k-steps (of 32 weight rows) per k-group, and the prefetch distance in k-groups. Measured (Xeon
+// with AMX, 2 threads, T=128 bf16, core alone; experiments/2026-12-02-xeon-amx.md): KG 1 / 2 /
+// 4 / 8: dx pass 36 / 78 / 87 / 88 ms (more rows streamed at once cost more than the partial
+// sums they save); prefetch distance 0 / 1 / 2: 36 / 36 / 38 ms dx, 20-22 / 19 / 20 ms z. A
+// column-strip order (accumulators in tiles over all rows, 64 bytes per row per visit) took
+// 90-105 ms, column blocks of 256 / 512 / 1024 columns 65 / 56 / 53 ms: whole rows read in order
+// are what the memory system streams best.
+constexpr int KG = 1, PFD = 1;
 
 static inline __mmask32 cols_mask(i64 n) {  // n >= 32: all
   return n >= 32 ? ~__mmask32(0) : static_cast<__mmask32>((1u << n) - 1u);
@@ -286,7 +278,7 @@ void axpy_rows(const bf16_t* w, i64 ldw, i64 L, i64 R, const bf16_t* coef, i64 l
   for (i64 r = 0; r < R; r += 32 * KG) {
     const int nks = static_cast<int>((R - r + 31) / 32 < KG ? (R - r + 31) / 32 : KG);
     const bool tail = rtail && r + 32 * nks > R;
-    const bf16_t* pf = AMX_PFD && r + 32 * KG * AMX_PFD < R ? w + (r + 32 * KG * AMX_PFD) * ldw : nullptr;
+    const bf16_t* pf = r + 32 * KG * PFD < R ? w + (r + 32 * KG * PFD) * ldw : nullptr;
     for (i64 c = 0; c < Lp; c += 32) {
       pack_b(w, ldw, r, R, c, L, nks, bs, pf);
       for (i64 tb = 0; tb < nbk; tb += 2) {
