@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import warnings
 
 import pytest
@@ -249,6 +250,26 @@ def test_kernels_bench_tiny(tmp_path):
     assert "| 16 | float32 | frozen | npu_lora_sorted |" in (tmp_path / "kernels.md").read_text()
     head = json.loads((tmp_path / "kernels.jsonl").read_text().splitlines()[0])
     assert head["kind"] == "machine" and "isa" in head["cpu_capabilities"]
+
+
+def test_kernels_bench_runs_a_forced_isa_per_impl(tmp_path, monkeypatch):
+    """``npu_lora_stream@<isa>`` runs that instruction-set path for its calls only: the forced
+    path reaches the kernel (one the CPU cannot run is refused by name), rows are kept apart by
+    the full name, and the environment is restored afterwards."""
+    from npu_lora.bench.kernels import bench_kernels
+    from npu_lora.moe import kernels
+
+    monkeypatch.delenv("NPU_LORA_STREAM_ISA", raising=False)
+    if kernels.load() is None:
+        pytest.skip("stream extension unavailable here")
+    args = dict(tokens=[16], dtypes=["bfloat16"], rounds=1, H=32, inter=16, E=8, K=2,
+                out=tmp_path, log=lambda s: None, bw_elems=1 << 18)  # fmt: skip
+    rows = bench_kernels(impls=["npu_lora_stream", "npu_lora_stream@base"], **args)
+    assert {r["impl"] for r in rows} == {"npu_lora_stream", "npu_lora_stream@base"}
+    assert "NPU_LORA_STREAM_ISA" not in os.environ
+    with pytest.raises(ValueError, match="NPU_LORA_STREAM_ISA='neon'"):
+        bench_kernels(impls=["npu_lora_stream@neon"], **args)
+    assert "NPU_LORA_STREAM_ISA" not in os.environ
 
 
 def test_kernels_dtype_ab_tiny(tmp_path):

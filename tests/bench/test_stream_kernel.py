@@ -319,6 +319,17 @@ def test_forced_isa_must_run_here(monkeypatch):
         kernels.isa()
 
 
+def test_the_extension_refuses_an_isa_code_the_cpu_cannot_run():
+    """A raw call with an instruction-set code this CPU cannot run (or an unknown code) is an
+    error naming the path, not an illegal-instruction crash of the process."""
+    assert kernels.load() is not None
+    r, gu, dn, x, gy = _native_inputs(16, 2, 4, 64, 32, seed=3)
+    missing = [c for n, c in kernels.ISA_CODES.items() if n not in kernels.cpu_isas()]
+    for code in [*missing, 99]:
+        with pytest.raises(RuntimeError, match=r"npu_lora_stream: (ISA|unknown ISA)"):
+            _raw_call(code, r, gu, dn, x, gy, 16, 2)
+
+
 def test_host_dtype_auto_and_probe():
     """The probe lands in machine_facts; auto picks bf16 with the stream kernel where the
     extension runs (here), float32 for a torch kernel on a CPU without native bf16."""

@@ -16,6 +16,7 @@ the forward's effective bandwidth (hit experts' bytes / forward time).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -62,6 +63,24 @@ def _inputs(T: int, H: int, E: int, K: int, dtype: torch.dtype, seed: int) -> tu
     return x0, idx, w, gy, hit
 
 
+@contextlib.contextmanager
+def _forced_isa(isa: str) -> Iterator[None]:
+    """``npu_lora_stream@<isa>``: the call runs that instruction-set path of the stream kernel
+    (``NPU_LORA_STREAM_ISA`` for its duration), so paths are compared in one rotation."""
+    if not isa:
+        yield
+        return
+    old = os.environ.get("NPU_LORA_STREAM_ISA")
+    os.environ["NPU_LORA_STREAM_ISA"] = isa
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("NPU_LORA_STREAM_ISA", None)
+        else:
+            os.environ["NPU_LORA_STREAM_ISA"] = old
+
+
 def _timed_calls(
     m: torch.nn.Module, cfg: Any, inputs: tuple, impls: list[str], rounds: int, copy_bw: Any = None
 ) -> Iterator[tuple[str, int, float, float, float]]:
@@ -77,17 +96,19 @@ def _timed_calls(
                 if rnd > 0:
                     yield impl, rnd, bw.copy_gbs, bw.triad_gbs, 0.0
                 continue
-            cfg._experts_implementation = impl
+            name, _, isa = impl.partition("@")
+            cfg._experts_implementation = name
             x = x0.clone().requires_grad_(True)
             ww = w.clone().requires_grad_(True)
             m.zero_grad(set_to_none=True)
-            c0 = time.process_time()
-            t0 = time.perf_counter()
-            y = m(x, idx, ww)
-            t1 = time.perf_counter()
-            y.backward(gy)
-            t2 = time.perf_counter()
-            cpu_s = time.process_time() - c0
+            with _forced_isa(isa):
+                c0 = time.process_time()
+                t0 = time.perf_counter()
+                y = m(x, idx, ww)
+                t1 = time.perf_counter()
+                y.backward(gy)
+                t2 = time.perf_counter()
+                cpu_s = time.process_time() - c0
             del y
             if rnd > 0:
                 yield impl, rnd, t1 - t0, t2 - t1, cpu_s
@@ -358,7 +379,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--tokens", type=int, nargs="+", default=[128, 512])
     p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
-    p.add_argument("--impls", nargs="+", default=list(DEFAULT_IMPLS))
+    p.add_argument(
+        "--impls",
+        nargs="+",
+        default=list(DEFAULT_IMPLS),
+        help="kernels (moe.expertsKernel names) and copy; npu_lora_stream@<isa> runs that "
+        "instruction-set path of the stream kernel (e.g. npu_lora_stream@avx512bf16)",
+    )
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--intermediate", type=int, default=768)

@@ -5,6 +5,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <mutex>
 #include <set>
 #include <string>
@@ -71,6 +72,23 @@ void set_routed(RoutedArgs& a, const torch::Tensor& w_gu, const torch::Tensor& w
   a.K = K;
 }
 
+}  // namespace
+std::vector<std::string> cpu_isas();
+namespace {
+
+// The instruction set of a call, checked against what this CPU runs (an instance for another
+// ISA would die on an illegal instruction; AMX tiles also need the process to be granted the
+// tile state, which cpu_isas() requests).
+Ops checked_ops(int64_t isa) {
+  static const char* const names[] = {"base", "avx2", "avx512", "avx512bf16", "amx"};
+  TORCH_CHECK(isa >= kBase && isa <= kAmx, "npu_lora_stream: unknown ISA code ", isa);
+  static const std::vector<std::string> runs = cpu_isas();
+  TORCH_CHECK(std::find(runs.begin(), runs.end(), names[isa]) != runs.end(),
+              "npu_lora_stream: ISA ", names[isa], " requested, this CPU runs ", runs.size(),
+              " paths up to ", runs.back());
+  return ops_for(static_cast<int>(isa));
+}
+
 // An uninitialised fp32 tensor whose memory comes from the block cache (stream_core.h: Pool) and
 // goes back to it when the tensor is freed, on whatever thread that happens.
 torch::Tensor pooled(std::vector<int64_t> sizes) {
@@ -105,7 +123,7 @@ std::vector<torch::Tensor> stream_forward(torch::Tensor hidden, torch::Tensor to
   auto h = pooled({T * K, 2 * I});
   a.out = out.data_ptr<float>();
   a.h = h.data_ptr<float>();
-  npu_lora_stream::forward(TorchPar{}, ops_for(isa), a);
+  npu_lora_stream::forward(TorchPar{}, checked_ops(isa), a);
   return {out, h};
 }
 
@@ -135,7 +153,7 @@ std::vector<torch::Tensor> stream_backward(torch::Tensor g, torch::Tensor token_
   a.dx = dx.data_ptr<float>();
   a.dw = dw.data_ptr<float>();
   a.dh = dh.data_ptr<float>();
-  npu_lora_stream::backward(TorchPar{}, ops_for(isa), a);
+  npu_lora_stream::backward(TorchPar{}, checked_ops(isa), a);
   return {dx, dw, dh};
 }
 

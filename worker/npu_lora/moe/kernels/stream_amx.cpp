@@ -11,9 +11,13 @@
 //        (loaded straight from the weights, row stride ldw), B the tokens packed in VNNI blocks
 //        of 16 by the driver (stream_core.h: pack_tokens): word (q, t) = (x[t, 2q], x[t, 2q+1]).
 //        Row groups of 64 rows (4 C tiles, one token block) or 2 x 2 (32 rows x 32 tokens) when an
-//        expert has more than 16 tokens. No software prefetch: prefetching the next row group a
-//        line per row per k-step (as the AVX kernels do) was even on gate/up and slower on down
-//        (21 vs 17.6 ms at T=128); groups of 32 rows: gate/up 38 vs 34 ms.
+//        expert has more than 16 tokens. Each k-step prefetches the next 64 bytes of its rows into
+//        L1: with rows 4 KiB apart (gate/up at H=2048) and 64-byte aligned (as torch allocates),
+//        the forward took 72 ms at T=128 without it, 57-58 ms with it, as with rows 16 bytes off
+//        alignment (prefetch 128 bytes ahead: 72, into L2: 73-80; measured through the extension
+//        on a 2-core Xeon with AMX, experiments/2026-12-02-xeon-amx.md). Prefetching the next row
+//        group instead (as the AVX kernels do) was even on gate/up and slower on down (21 vs 17.6
+//        ms); groups of 32 rows: gate/up 38 vs 34 ms.
 //   axpy (backward)  out[t, c] = sum_r coef[t, r] * w[r, c]
 //        C[t, c] (16 tokens x 16 columns) += A[t, r] * B[r, c]: A is 16 rows of the coefficients
 //        as gathered (bf16, the driver pads 16 rows past the end), B two weight rows interleaved
@@ -93,6 +97,8 @@ inline void dot_sub(const bf16_t* w, i64 ldw, i64 Lp, const bf16_t* xb, i64 bstr
   if constexpr (RB * NB > 3) _tile_zero(3);
   const i64 sw = ldw * 2;
   for (i64 k = 0; k < Lp; k += 32) {
+    if (k + 32 < Lp)  // the next k-step of the same rows, into L1 (see the legend)
+      for (int r = 0; r < RB * 16; ++r) __builtin_prefetch(w + r * ldw + k + 32, 0, 3);
     _tile_loadd(6, xb + k * 16, 64);  // word rows q = k/2 .. k/2 + 15 of the token block
     if constexpr (NB == 2) _tile_loadd(7, xb + bstride + k * 16, 64);
     _tile_loadd(4, w + k, sw);
