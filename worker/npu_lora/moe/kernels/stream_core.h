@@ -61,6 +61,7 @@ void avx512bf16_axpy_bf16n(const bf16_t*, i64, i64, i64, const bf16_t*, i64, i64
 void amx_dot_bf16n(const bf16_t*, i64, i64, i64, const bf16_t*, i64, i64, float*, i64);
 void amx_axpy_bf16n(const bf16_t*, i64, i64, i64, const bf16_t*, i64, i64, float*, i64);
 void amx_pack_tokens(const bf16_t*, i64, i64, i64, bf16_t*);
+void amx_act_packed(const float*, i64, i64, i64, i64, i64, bf16_t*, i64);
 
 enum Isa : int { kBase = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Bf16 = 3, kAmx = 4 };
 
@@ -75,12 +76,15 @@ struct Ops {
   // non-null: dot_bf16n takes the tokens in VNNI blocks of 16 made by this (pack_tokens; x = the
   // expert's first block, ldx = the block stride) instead of rows (AMX)
   void (*pack)(const bf16_t*, i64, i64, i64, bf16_t*) = nullptr;
+  // with `pack`: SiLU(gate) * up of one gate/up task straight into the VNNI blocks (vectorised;
+  // nullptr: the scalar loop below)
+  void (*act_packed)(const float*, i64, i64, i64, i64, i64, bf16_t*, i64) = nullptr;
 };
 
 inline Ops ops_for(int isa) {
   if (isa == kAmx)
     return {avx512_dot_f32, avx512_dot_bf16f, avx512_axpy_f32, avx512_axpy_bf16,
-            amx_dot_bf16n,  amx_axpy_bf16n,   amx_pack_tokens};
+            amx_dot_bf16n,  amx_axpy_bf16n,   amx_pack_tokens, amx_act_packed};
   if (isa == kAvx512Bf16)
     return {avx512_dot_f32,       avx512_dot_bf16f,     avx512_axpy_f32, avx512_axpy_bf16,
             avx512bf16_dot_bf16n, avx512bf16_axpy_bf16n};
@@ -415,6 +419,10 @@ void forward(const Par& par, const Ops& o, const ForwardArgs& a) {
       const float* x = xf.get() + t.s0 * LX;
       o.dot_f32(a.gu.f(t.e, t.r0), H, H, rows, x, LX, t.n, ht + t.r0, 2 * I);
       o.dot_f32(a.gu.f(t.e, I + t.r0), H, H, rows, x, LX, t.n, ht + I + t.r0, 2 * I);
+    }
+    if (XP && o.act_packed && t.r0 % 2 == 0 && (t.r1 % 2 == 0 || t.r1 == I)) {
+      o.act_packed(ht, 2 * I, I, t.r0, t.r1, t.n, ap.get() + boff[t.e] * BA, BA);
+      return;
     }
     for (i64 s = 0; s < t.n; ++s)
       for (i64 j = t.r0; j < t.r1; ++j) {
