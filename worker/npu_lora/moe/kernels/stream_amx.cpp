@@ -415,9 +415,41 @@ void act_rows(const float* h, i64 ldh, i64 I, i64 r0, i64 r1, i64 n, bf16_t* ap,
   }
 }
 
+// One row s of the backward's elementwise part (stream_core.h: backward): z = sum of the P
+// partials (in partial order), then dh = [w z u SiLU'(g), w z SiLU(g)] (fp32, and as bf16 into
+// `dhn`: vcvtneps2bf16, round to nearest even) and dw = sum_i SiLU(g) u z, 16 lanes summed in a
+// fixed order. Returns dw.
+float dh_row(const float* h, const float* zp, i64 pstride, i64 P, i64 I, float wr, float* ds,
+             bf16_t* dhn) {
+  const __m512 one = _mm512_set1_ps(1.f), w = _mm512_set1_ps(wr);
+  __m512 acc = _mm512_setzero_ps();
+  for (i64 i = 0; i < I; i += 16) {
+    const __mmask16 m = I - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (I - i)) - 1u);
+    __m512 z = _mm512_maskz_loadu_ps(m, zp + i);
+    for (i64 p = 1; p < P; ++p) z = _mm512_add_ps(z, _mm512_maskz_loadu_ps(m, zp + p * pstride + i));
+    const __m512 g = _mm512_maskz_loadu_ps(m, h + i), u = _mm512_maskz_loadu_ps(m, h + I + i);
+    const __m512 sg = _mm512_div_ps(one, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+    const __m512 silu = _mm512_mul_ps(g, sg);
+    acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_mul_ps(silu, u), z));
+    const __m512 da = _mm512_mul_ps(z, w);
+    // sg * (1 + g * (1 - sg))
+    const __m512 dsg = _mm512_mul_ps(sg, _mm512_fmadd_ps(g, _mm512_sub_ps(one, sg), one));
+    const __m512 d0 = _mm512_mul_ps(_mm512_mul_ps(da, u), dsg), d1 = _mm512_mul_ps(da, silu);
+    _mm512_mask_storeu_ps(ds + i, m, d0);
+    _mm512_mask_storeu_ps(ds + I + i, m, d1);
+    _mm256_mask_storeu_epi16(dhn + i, m, (__m256i)_mm512_cvtneps_pbh(d0));
+    _mm256_mask_storeu_epi16(dhn + I + i, m, (__m256i)_mm512_cvtneps_pbh(d1));
+  }
+  return _mm512_reduce_add_ps(acc);
+}
+
 }  // namespace
 
 namespace npu_lora_stream {
+float amx_dh_row(const float* h, const float* zp, i64 pstride, i64 P, i64 I, float wr, float* ds,
+                 unsigned short* dhn) {
+  return dh_row(h, zp, pstride, P, I, wr, ds, dhn);
+}
 void amx_act_packed(const float* h, i64 ldh, i64 I, i64 r0, i64 r1, i64 n, unsigned short* ap,
                     i64 BA) {
   act_rows(h, ldh, I, r0, r1, n, ap, BA);

@@ -62,6 +62,7 @@ void amx_dot_bf16n(const bf16_t*, i64, i64, i64, const bf16_t*, i64, i64, float*
 void amx_axpy_bf16n(const bf16_t*, i64, i64, i64, const bf16_t*, i64, i64, float*, i64);
 void amx_pack_tokens(const bf16_t*, i64, i64, i64, bf16_t*);
 void amx_act_packed(const float*, i64, i64, i64, i64, i64, bf16_t*, i64);
+float amx_dh_row(const float*, const float*, i64, i64, i64, float, float*, bf16_t*);
 
 enum Isa : int { kBase = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Bf16 = 3, kAmx = 4 };
 
@@ -79,12 +80,15 @@ struct Ops {
   // with `pack`: SiLU(gate) * up of one gate/up task straight into the VNNI blocks (vectorised;
   // nullptr: the scalar loop below)
   void (*act_packed)(const float*, i64, i64, i64, i64, i64, bf16_t*, i64) = nullptr;
+  // native path: one row of the backward's elementwise part (dh, its bf16 copy, returns dw),
+  // vectorised (nullptr: the scalar loop in backward)
+  float (*dh_row)(const float*, const float*, i64, i64, i64, float, float*, bf16_t*) = nullptr;
 };
 
 inline Ops ops_for(int isa) {
   if (isa == kAmx)
     return {avx512_dot_f32, avx512_dot_bf16f, avx512_axpy_f32, avx512_axpy_bf16,
-            amx_dot_bf16n,  amx_axpy_bf16n,   amx_pack_tokens, amx_act_packed};
+            amx_dot_bf16n,  amx_axpy_bf16n,   amx_pack_tokens, amx_act_packed,  amx_dh_row};
   if (isa == kAvx512Bf16)
     return {avx512_dot_f32,       avx512_dot_bf16f,     avx512_axpy_f32, avx512_axpy_bf16,
             avx512bf16_dot_bf16n, avx512bf16_axpy_bf16n};
@@ -513,6 +517,10 @@ void backward(const Par& par, const Ops& o, const BackwardArgs& a) {
   for_range(par, valid, 16, [&](i64 s) {
     const float* hs = a.h + s * 2 * I;
     float* ds = a.dh + s * 2 * I;
+    if (N16 && o.dh_row) {
+      a.dw[s] = o.dh_row(hs, zpart.get() + s * LZ, S * LZ, P1, I, a.wr[s], ds, dhn.get() + s * LDn);
+      return;
+    }
     float acc = 0.f;
     for (i64 i = 0; i < I; ++i) {
       float z = 0.f;
