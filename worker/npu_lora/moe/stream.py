@@ -36,10 +36,15 @@ reduction are fp32. Two bf16 paths:
 - widening ISAs (AVX2, AVX-512 without BF16, baseline): the weights are widened in registers and
   run the fp32 tiles in the fp32 order, so given bf16-valued inputs ``h`` and the whole backward
   are bitwise those of the fp32 path on the widened weights (tested);
-- ``avx512bf16`` (AVX512-BF16, e.g. Zen 4, Sapphire Rapids): native ``vdpbf16ps`` dot products on
-  bf16 words; in the backward the coefficients of the two weight passes (``dout`` and ``dh``) are
-  rounded to bf16 as a bf16 model's backward holds them (``dh`` itself, ``z``, ``dw``, ``dx``
-  stay fp32): ``dx`` differs from the widening path by ~2^-9 of its scale (tested bound 1 %).
+- native ISAs: ``avx512bf16`` (AVX512-BF16, e.g. Zen 4): ``vdpbf16ps`` dot products on bf16
+  words; ``amx`` (AMX-BF16 tiles, Sapphire Rapids and later; chosen over ``avx512bf16`` where
+  Linux grants the tile state): ``tdpbf16ps`` on 16 x 32 bf16 tiles, the tokens packed in VNNI
+  blocks of 16, the weights read as stored (forward) or interleaved row pairs in an L1 buffer
+  (backward), SiLU·mul and the backward's elementwise part vectorised (a polynomial ``exp``,
+  relative error ≤ 2e-7). In the backward the coefficients of the two weight passes (``dout``
+  and ``dh``) are rounded to bf16 as a bf16 model's backward holds them (``dh`` itself, ``z``,
+  ``dw``, ``dx`` stay fp32): ``dx`` differs from the widening path by ~2^-9 of its scale (tested
+  bound 1 %).
 
 Against the fp32 reference of the same weights every path is within 2 % of each tensor's scale
 (tested).
@@ -48,8 +53,9 @@ Saved for backward: the input ``x`` [T, H] (referenced, not copied), the fp32 pr
 ``h`` [S, 2I] (= 4·T·K·2I bytes: 50 MB at T=1024, K=8, I=768), the routing. Work buffers per call
 (64-byte aligned, rows padded by one cache line so that no two rows sit a multiple of 4 KiB
 apart): forward the gathered ``x`` and ``a`` (S·H and S·I fp32, bf16-rounded for bf16 weights;
-bf16 words on ``avx512bf16``) and ``y`` [S, H] fp32; backward the gathered ``dout`` [S, H] fp32
-(bf16 on ``avx512bf16``, plus a bf16 copy of ``dh``), ``BWD_SPLITS`` partial sums of ``z`` and
+bf16 words on the native ISAs, plus on ``amx`` both again in VNNI blocks of 16 tokens) and ``y``
+[S, H] fp32; backward the gathered ``dout`` [S, H] fp32 (bf16 on the native ISAs, plus a bf16
+copy of ``dh``), ``BWD_SPLITS`` partial sums of ``z`` and
 ``dx`` (2·S·I and 2·S·H fp32) and ``dh`` [S, 2I]. The work buffers and the output tensors come
 from the extension's process-wide block cache (``NPU_LORA_STREAM_POOL_MB``, default 4096 MB;
 ``kernels.load().trim_workspace()`` frees it): freshly mapped blocks would be page-faulted in on
