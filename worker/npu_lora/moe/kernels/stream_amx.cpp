@@ -12,10 +12,12 @@
 //        of 16 by the driver (stream_core.h: pack_tokens): word (q, t) = (x[t, 2q], x[t, 2q+1]).
 //        Row groups of 64 rows (4 C tiles, one token block) or 2 x 2 (32 rows x 32 tokens) when an
 //        expert has more than 16 tokens. Each k-step prefetches the next 64 bytes of its rows into
-//        L1: with rows 4 KiB apart (gate/up at H=2048) and 64-byte aligned (as torch allocates),
-//        the forward took 72 ms at T=128 without it, 57-58 ms with it, as with rows 16 bytes off
-//        alignment (prefetch 128 bytes ahead: 72, into L2: 73-80; measured through the extension
-//        on a 2-core Xeon with AMX, experiments/2026-12-02-xeon-amx.md). Prefetching the next row
+//        L1, and the next 128 when the rows start on a cache line (torch's large tensors sit 64
+//        bytes past a page start): with rows 4 KiB apart (gate/up at H=2048) the T=128 forward
+//        took 65-72 ms with line-aligned rows and no or one line of prefetch, 56-61 ms with two,
+//        while rows 16 bytes off a line ran 57-58 ms with one (two: 67). Into L2 instead: 73-80
+//        ms. Measured through the extension on a 2-core Xeon with AMX, weights placed at page
+//        offsets 0/16/32/64/128 (experiments/2026-12-02-xeon-amx.md). Prefetching the next row
 //        group instead (as the AVX kernels do) was even on gate/up and slower on down (21 vs 17.6
 //        ms); groups of 32 rows: gate/up 38 vs 34 ms.
 //   axpy (backward)  out[t, c] = sum_r coef[t, r] * w[r, c]
@@ -88,7 +90,7 @@ inline i64 up(i64 v, i64 m) { return (v + m - 1) / m * m; }
 // RB row blocks (16 rows each) x NB token blocks (NB = 2 only with RB <= 2); C tile of (rb, tb)
 // is rb * NB + tb; the C tiles are stored to cs (16 x 16 fp32 each, row = weight row).
 template <int RB, int NB>
-inline void dot_sub(const bf16_t* w, i64 ldw, i64 Lp, const bf16_t* xb, i64 bstride,
+inline void dot_sub(const bf16_t* w, i64 ldw, i64 Lp, const bf16_t* xb, i64 bstride, bool two,
                     float* cs) {
   static_assert(RB * NB <= 4 && NB <= 2, "4 accumulator tiles");
   _tile_zero(0);
@@ -97,8 +99,16 @@ inline void dot_sub(const bf16_t* w, i64 ldw, i64 Lp, const bf16_t* xb, i64 bstr
   if constexpr (RB * NB > 3) _tile_zero(3);
   const i64 sw = ldw * 2;
   for (i64 k = 0; k < Lp; k += 32) {
-    if (k + 32 < Lp)  // the next k-step of the same rows, into L1 (see the legend)
+    // the next k-step of the same rows into L1, and the one after when rows are line-aligned
+    // (see the legend)
+    if (two && k + 64 < Lp) {
+      for (int r = 0; r < RB * 16; ++r) {
+        __builtin_prefetch(w + r * ldw + k + 32, 0, 3);
+        __builtin_prefetch(w + r * ldw + k + 64, 0, 3);
+      }
+    } else if (k + 32 < Lp) {
       for (int r = 0; r < RB * 16; ++r) __builtin_prefetch(w + r * ldw + k + 32, 0, 3);
+    }
     _tile_loadd(6, xb + k * 16, 64);  // word rows q = k/2 .. k/2 + 15 of the token block
     if constexpr (NB == 2) _tile_loadd(7, xb + bstride + k * 16, 64);
     _tile_loadd(4, w + k, sw);
@@ -156,6 +166,7 @@ void dot_rows(const bf16_t* w, i64 ldw, i64 L, i64 R, const bf16_t* xp, i64 bstr
   Tiles tiles;
   alignas(64) float cs[4 * 256];
   const i64 nbk = (n + 15) / 16;
+  const bool two = (reinterpret_cast<unsigned long long>(w) % 64 == 0) && (ldw * 2) % 64 == 0;
   for (i64 r0 = 0; r0 < Rp; r0 += 64) {
     const i64 rb = (Rp - r0) / 16 < 4 ? (Rp - r0) / 16 : 4;
     const bf16_t* wr = w + r0 * ldw;
@@ -164,24 +175,24 @@ void dot_rows(const bf16_t* w, i64 ldw, i64 L, i64 R, const bf16_t* xp, i64 bstr
       if (tb + 1 < nbk) {  // two token blocks: row blocks in pairs
         for (i64 j = 0; j < rb; j += 2) {
           if (j + 1 < rb) {
-            dot_sub<2, 2>(wr + j * 16 * ldw, ldw, Lp, xb, bstride, cs);
+            dot_sub<2, 2>(wr + j * 16 * ldw, ldw, Lp, xb, bstride, two, cs);
             dot_store<2, 2>(cs, r0 + j * 16, R, tb * 16, n, out, ldo);
           } else {
-            dot_sub<1, 2>(wr + j * 16 * ldw, ldw, Lp, xb, bstride, cs);
+            dot_sub<1, 2>(wr + j * 16 * ldw, ldw, Lp, xb, bstride, two, cs);
             dot_store<1, 2>(cs, r0 + j * 16, R, tb * 16, n, out, ldo);
           }
         }
       } else if (rb == 4) {
-        dot_sub<4, 1>(wr, ldw, Lp, xb, bstride, cs);
+        dot_sub<4, 1>(wr, ldw, Lp, xb, bstride, two, cs);
         dot_store<4, 1>(cs, r0, R, tb * 16, n, out, ldo);
       } else if (rb == 3) {
-        dot_sub<3, 1>(wr, ldw, Lp, xb, bstride, cs);
+        dot_sub<3, 1>(wr, ldw, Lp, xb, bstride, two, cs);
         dot_store<3, 1>(cs, r0, R, tb * 16, n, out, ldo);
       } else if (rb == 2) {
-        dot_sub<2, 1>(wr, ldw, Lp, xb, bstride, cs);
+        dot_sub<2, 1>(wr, ldw, Lp, xb, bstride, two, cs);
         dot_store<2, 1>(cs, r0, R, tb * 16, n, out, ldo);
       } else {
-        dot_sub<1, 1>(wr, ldw, Lp, xb, bstride, cs);
+        dot_sub<1, 1>(wr, ldw, Lp, xb, bstride, two, cs);
         dot_store<1, 1>(cs, r0, R, tb * 16, n, out, ldo);
       }
     }
