@@ -65,9 +65,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from npu_lora.bench.kernels import COPY
 
 KT = "kt_amx"
-COPY = "copy"
 DEFAULT_IMPLS = (COPY, KT, "npu_lora_stream", "grouped_mm")
 
 
@@ -203,35 +203,6 @@ def _check(m, cfg, impls: list[str], T: int, seed: int, log) -> list[dict]:
     return recs
 
 
-def _rotation(m, cfg, inputs, impls, rounds, copy_bw, gap_s):
-    """``bench.kernels._timed_calls`` with a sleep of ``gap_s`` before every timed call."""
-    x0, idx, w, gy = inputs
-    for rnd in range(rounds + 1):  # round 0 is warm-up
-        order = impls if rnd % 2 == 0 else impls[::-1]
-        for impl in order:
-            if gap_s:
-                time.sleep(gap_s)
-            if impl == COPY:
-                bw = copy_bw()
-                if rnd > 0:
-                    yield impl, rnd, bw.copy_gbs, bw.triad_gbs, 0.0
-                continue
-            cfg._experts_implementation = impl
-            x = x0.clone().requires_grad_(True)
-            ww = w.clone().requires_grad_(True)
-            m.zero_grad(set_to_none=True)
-            c0 = time.process_time()
-            t0 = time.perf_counter()
-            y = m(x, idx, ww)
-            t1 = time.perf_counter()
-            y.backward(gy)
-            t2 = time.perf_counter()
-            cpu_s = time.process_time() - c0
-            del y
-            if rnd > 0:
-                yield impl, rnd, t1 - t0, t2 - t1, cpu_s
-
-
 def _git_facts() -> dict:
     def run(*cmd):
         try:
@@ -272,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(a.threads)
     kt_kernel, AMXSFTMoEWrapper, KTMoEFunction = _import_kt(a.kt_path)
-    from npu_lora.bench.kernels import _inputs, _median_row, _module
+    from npu_lora.bench.kernels import _inputs, _median_row, _module, _timed_calls
     from npu_lora.bench.limits import CopyProbe, stream_bandwidth
     from npu_lora.machine import machine_facts
     from npu_lora.moe import kernels as ext
@@ -349,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
             return probe.measure(repeats=3)
 
         recs = []
-        for impl, rnd, f, b, cpu_s in _rotation(
+        for impl, rnd, f, b, cpu_s in _timed_calls(
             m, cfg, (x0, idx, w, gy), a.impls, a.rounds, copy_bw, a.gap_ms / 1e3
         ):
             if impl == COPY:

@@ -218,6 +218,22 @@ def test_native_bf16_matches_the_widening_path(isa, T, K, E, H, inter):
 
 @pytest.mark.parametrize("isa", NATIVE_HERE or ["avx512bf16"])
 @needs_native
+def test_row_blocks_per_task_do_not_change_native_results(isa):
+    """Rows are independent, so the forward's row blocks per task (odd ones included: the packed
+    AMX activations take even blocks) leave ``out`` and ``h`` bitwise unchanged."""
+    mod = kernels.load()
+    T, K, E, H, inter = 40, 2, 8, 136, 72
+    r, gu, dn, x, _ = _native_inputs(T, K, E, H, inter, seed=13)
+    args = (x, r["token_idx"], r["wr"], r["offsets"], gu, dn, r["inv_perm"], T, K)
+    ref = mod.forward(*args, kernels.ISA_CODES[isa], 16, 32)
+    for gu_block in (15, 7, 72):
+        got = mod.forward(*args, kernels.ISA_CODES[isa], gu_block, 32)
+        for a, b in zip(got, ref, strict=True):
+            assert torch.equal(a, b), gu_block
+
+
+@pytest.mark.parametrize("isa", NATIVE_HERE or ["avx512bf16"])
+@needs_native
 def test_native_bf16_runs_fp32_weights_on_the_avx512_tiles(isa):
     """fp32 weights on ``avx512bf16`` and ``amx`` run the AVX-512 fp32 tiles: bitwise the
     ``avx512`` path."""

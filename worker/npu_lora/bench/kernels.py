@@ -82,15 +82,24 @@ def _forced_isa(isa: str) -> Iterator[None]:
 
 
 def _timed_calls(
-    m: torch.nn.Module, cfg: Any, inputs: tuple, impls: list[str], rounds: int, copy_bw: Any = None
+    m: torch.nn.Module,
+    cfg: Any,
+    inputs: tuple,
+    impls: list[str],
+    rounds: int,
+    copy_bw: Any = None,
+    gap_s: float = 0.0,
 ) -> Iterator[tuple[str, int, float, float, float]]:
     """Forward + backward per kernel, ``rounds`` rounds (alternating order) after one warm-up
     round; yields ``(impl, round, fwd_s, bwd_s, cpu_s)`` right after each measured call (for
-    ``copy``: ``(copy, round, copy_gbs, triad_gbs, 0)``, ``copy_bw()`` the measurement)."""
+    ``copy``: ``(copy, round, copy_gbs, triad_gbs, 0)``, ``copy_bw()`` the measurement).
+    ``gap_s``: a sleep before every call (e.g. KTransformers' workers spin after each task)."""
     x0, idx, w, gy = inputs
     for rnd in range(rounds + 1):  # round 0 is warm-up
         order = impls if rnd % 2 == 0 else impls[::-1]
         for impl in order:
+            if gap_s:  # for kernels whose worker threads keep spinning after a call
+                time.sleep(gap_s)
             if impl == COPY:
                 bw = copy_bw()
                 if rnd > 0:

@@ -120,10 +120,9 @@ def error() -> str | None:
 
 def isa() -> str | None:
     """The instruction-set path the kernel uses on this CPU (``None`` without the extension)."""
-    mod = load()
-    if mod is None:
+    if load() is None:
         return None
-    runs = list(mod.cpu_isas())
+    runs = cpu_isas()
     forced = os.environ.get("NPU_LORA_STREAM_ISA")
     if forced:
         if forced not in ISA_CODES or forced not in runs:
@@ -135,5 +134,9 @@ def isa() -> str | None:
 
 
 def cpu_isas() -> list[str]:
-    mod = load()
-    return list(mod.cpu_isas()) if mod is not None else []
+    """The paths this CPU runs, slowest first (asked of the extension once: it also requests the
+    AMX tile state; :func:`isa` runs on every experts call)."""
+    if "isas" not in _state:
+        mod = load()
+        _state["isas"] = list(mod.cpu_isas()) if mod is not None else []
+    return list(_state["isas"])

@@ -77,8 +77,8 @@ struct Ops {
   // non-null: dot_bf16n takes the tokens in VNNI blocks of 16 made by this (pack_tokens; x = the
   // expert's first block, ldx = the block stride) instead of rows (AMX)
   void (*pack)(const bf16_t*, i64, i64, i64, bf16_t*) = nullptr;
-  // with `pack`: SiLU(gate) * up of one gate/up task straight into the VNNI blocks (vectorised;
-  // nullptr: the scalar loop below)
+  // with `pack` (required with it): SiLU(gate) * up of one gate/up task (even rows r0, r1 or
+  // r1 = I) straight into the VNNI blocks, padding zeros included
   void (*act_packed)(const float*, i64, i64, i64, i64, i64, bf16_t*, i64) = nullptr;
   // native path: one row of the backward's elementwise part (dh, its bf16 copy, returns dw),
   // vectorised (nullptr: the scalar loop in backward)
@@ -395,7 +395,7 @@ void forward(const Par& par, const Ops& o, const ForwardArgs& a) {
   const i64 LX = padded_ld(H, 4), LI = padded_ld(I, 4), LY = padded_ld(H, 4);
   const i64 LXn = padded_ld(H, 2), LIn = padded_ld(I, 2);
   const std::vector<i64> boff = XP ? token_blocks(a.off) : std::vector<i64>(a.off.size(), 0);
-  const i64 BX = 16 * up32(H), BA = 16 * up32(I), QA = up32(I) / 2;  // block strides, words
+  const i64 BX = 16 * up32(H), BA = 16 * up32(I);  // block strides (elements)
   Buf<float> xf(N16 ? 0 : S * LX), af(N16 ? 0 : S * LI), y(S * LY);
   Buf<bf16_t> xn(N16 ? S * LXn : 0), an(N16 && !XP ? S * LIn : 0);
   Buf<bf16_t> xp(XP ? boff.back() * BX : 0), ap(XP ? boff.back() * BA : 0);
@@ -407,7 +407,9 @@ void forward(const Par& par, const Ops& o, const ForwardArgs& a) {
   if (valid < S) std::memset(a.h + valid * 2 * I, 0, (S - valid) * 2 * I * sizeof(float));
   clock.lap();
   // gate/up: gate rows [r0, r1) and up rows [I + r0, I + r1), then act = SiLU(gate) * up
-  for_tasks(par, make_tasks(a.off, I, a.gu_block), [&](const Task& t) {
+  // packed activations: even row blocks, so no bf16 pair of a VNNI word spans two tasks
+  const i64 gu_block = XP ? (a.gu_block + 1) / 2 * 2 : a.gu_block;
+  for_tasks(par, make_tasks(a.off, I, gu_block), [&](const Task& t) {
     const i64 rows = t.r1 - t.r0;
     float* ht = a.h + t.s0 * 2 * I;
     if (N16) {
@@ -424,7 +426,7 @@ void forward(const Par& par, const Ops& o, const ForwardArgs& a) {
       o.dot_f32(a.gu.f(t.e, t.r0), H, H, rows, x, LX, t.n, ht + t.r0, 2 * I);
       o.dot_f32(a.gu.f(t.e, I + t.r0), H, H, rows, x, LX, t.n, ht + I + t.r0, 2 * I);
     }
-    if (XP && o.act_packed && t.r0 % 2 == 0 && (t.r1 % 2 == 0 || t.r1 == I)) {
+    if (XP) {  // straight into the VNNI blocks, padding included
       o.act_packed(ht, 2 * I, I, t.r0, t.r1, t.n, ap.get() + boff[t.e] * BA, BA);
       return;
     }
@@ -432,17 +434,9 @@ void forward(const Par& par, const Ops& o, const ForwardArgs& a) {
       for (i64 j = t.r0; j < t.r1; ++j) {
         const float g = ht[s * 2 * I + j];
         const float v = g * sigmoid(g) * ht[s * 2 * I + I + j];
-        if (XP) ap.get()[2 * ((boff[t.e] + s / 16) * BA / 2 + (j / 2) * 16 + s % 16) + (j & 1)] =
-            f32_to_bf16(v);
-        else if (N16) an.get()[(t.s0 + s) * LIn + j] = f32_to_bf16(v);
+        if (N16) an.get()[(t.s0 + s) * LIn + j] = f32_to_bf16(v);
         else af.get()[(t.s0 + s) * LI + j] = W16 ? round_bf16(v) : v;
       }
-    if (XP) {  // zeros: the padding tokens of the last block, and the columns past I
-      const i64 n16 = (t.n + 15) / 16 * 16, j1 = t.r1 == I ? 2 * QA : t.r1;
-      for (i64 s = 0; s < n16; ++s)
-        for (i64 j = s < t.n ? I : t.r0; j < j1; ++j)
-          ap.get()[2 * ((boff[t.e] + s / 16) * BA / 2 + (j / 2) * 16 + s % 16) + (j & 1)] = 0;
-    }
   });
   clock.lap();
   // down: y[s, d] = wr[s] * act[s, :] . Wd[e, d, :]
