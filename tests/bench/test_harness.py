@@ -29,6 +29,8 @@ def test_variant_parse():
     assert not h.Variant.parse("hot+keep_graph").sequential
     assert h.Variant.parse("hot+padmax").padmax and not h.Variant.parse("hot").padmax
     assert h.Variant.parse("hot+overlap").overlap and not h.Variant.parse("hot").overlap
+    assert h.Variant.parse("host-only+torch_head").torch_head
+    assert not h.Variant.parse("host-only").torch_head
     for bad in (
         "hot+overlap+sequential",
         "device",
@@ -36,6 +38,7 @@ def test_variant_parse():
         "peer+keep_graph",
         "host-only+sequential",
         "host-only+padmax",
+        "peer+torch_head",
     ):
         with pytest.raises(ValueError):
             h.Variant.parse(bad)
@@ -131,6 +134,25 @@ def test_stream_variant_runs_fp32_router_on_bf16_weights_without_native_bf16():
     batch = {"input_ids": torch.randint(0, 100, (1, 16)), "labels": torch.randint(0, 100, (1, 16))}
     runner.apply(h.Variant.parse("host-only+keep_graph@npu_lora_stream"))
     assert runner.step(h.Variant.parse("host-only+keep_graph@npu_lora_stream"), batch)["step_s"] > 0
+
+
+def test_torch_head_variant_switches_the_cpu_head_off_the_stream_kernel():
+    """``+torch_head`` computes the LM head with ``lm_head`` (torch's mm), the other variants with
+    the backend's streaming kernel: same loss up to the summation order."""
+    from npu_lora.moe import stream_linear
+
+    cfg = h.BenchConfig(preset="tiny-qwen3-moe", seq_len=16, limits=False, answer_tokens=4)
+    engine = h._build_engine(cfg, False, lambda s: None)
+    runner = h.VariantRunner(engine, cfg, None)
+    (batch,) = h.make_batches(1, batch=1, seq_len=16, vocab=100, answer_tokens=4, seed=0)
+    losses = {}
+    for name in ("host-only", "host-only+torch_head", "host-only"):
+        v = h.Variant.parse(name)
+        runner.apply(v)
+        want = None if v.torch_head else stream_linear.frozen_linear
+        assert engine.head.linear is want
+        losses[name] = runner.step(v, batch)["loss"]
+    assert abs(losses["host-only"] - losses["host-only+torch_head"]) < 1e-5
 
 
 def test_bench_tiny_end_to_end(tmp_path, monkeypatch):

@@ -35,6 +35,32 @@ def test_engine_equals_plain_peft(tiny, placement):
     assert n == 4 * len(decoder_layers(plain))  # q_proj, v_proj × lora_A, lora_B
 
 
+def test_cpu_backend_head_streams_its_weight_and_equals_plain_peft(tiny, monkeypatch):
+    """On the ``cpu`` backend the frozen LM head at the label positions (2 rows x 8 labels) runs
+    the streaming kernel (``Backend.frozen_linear``); loss and LoRA grads still equal plain
+    peft's (stock ``lm_head`` over full logits)."""
+    from npu_lora.moe import stream_linear
+
+    used = []
+    usable = stream_linear.usable
+    monkeypatch.setattr(stream_linear, "usable", lambda x, w: used.append(usable(x, w)) or used[-1])
+    spec = tiny.spec()
+    eng = build_engine(spec)
+    tiny.randomize_lora(eng.model)
+    plain, _ = build_model(spec.model, spec.lora, seed=spec.training.seed)
+    plain.load_state_dict(eng.model.state_dict())
+    batch = tiny.batch(answer=8)
+    prof = eng.forward_backward(batch)
+    assert used == [True]
+    plain.train()
+    out = plain(**batch)
+    out.loss.backward()
+    assert abs(prof.loss - out.loss.item()) < 1e-5
+    ref = dict(plain.named_parameters())
+    for name, p in eng.named_trainable_parameters():
+        torch.testing.assert_close(p.grad, ref[name].grad, rtol=1e-4, atol=1e-6)
+
+
 def test_loss_scale_and_accumulation(tiny):
     eng = build_engine(tiny.spec())
     tiny.randomize_lora(eng.model)

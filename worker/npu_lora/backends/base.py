@@ -235,5 +235,10 @@ class Backend:
         """Compile a device module for this backend (identity by default)."""
         return module
 
+    def frozen_linear(self) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
+        """``F.linear(x, W)`` for a frozen ``W`` and a few rows, as this backend does it best
+        (the LM head at the label positions); ``None``: the module's own forward."""
+        return None
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(device={self.device})"

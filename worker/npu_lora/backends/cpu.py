@@ -3,6 +3,8 @@ would move are still counted (``Backend`` traffic)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from npu_lora.backends.base import Backend
@@ -19,6 +21,13 @@ class CpuBackend(Backend):
 
     def _copy_to_host(self, t: torch.Tensor) -> torch.Tensor:
         return t.view_as(t)
+
+    def frozen_linear(self) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
+        """The streaming kernel (``npu_lora.moe.stream_linear``): the head's weight read once per
+        direction at close to memory bandwidth; ``F.linear`` where it does not apply."""
+        from npu_lora.moe.stream_linear import frozen_linear
+
+        return frozen_linear
 
     @staticmethod
     def available() -> bool:

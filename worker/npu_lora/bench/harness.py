@@ -62,7 +62,9 @@ class Variant:
     ``+padmax``: hot groups padded to
     the largest group (``HotLayer.capacity="max"``, no host overflow) instead of the cost rule.
     ``+legacy``: the copies and gathers as before issue 13 (zero-row concatenation gather,
-    separate cast, the first layer's zero input copied to the device), for A/B."""
+    separate cast, the first layer's zero input copied to the device), for A/B.
+    ``+torch_head``: the LM head computed by ``lm_head`` itself (torch's ``mm``) instead of the
+    backend's ``frozen_linear`` (the streaming kernel on ``cpu``), for A/B."""
 
     name: str
     placement: str  # host-only | hot | peer
@@ -72,6 +74,7 @@ class Variant:
     padmax: bool = False
     overlap: bool = False
     legacy: bool = False
+    torch_head: bool = False
 
     @property
     def is_peer(self) -> bool:
@@ -85,7 +88,7 @@ class Variant:
         placement, flags = parts[0], set(parts[1:])
         if placement not in ("host-only", "hot", "peer"):
             raise ValueError(f"variant {name!r}: placement must be host-only, hot or peer")
-        unknown = flags - {"keep_graph", "sequential", "padmax", "overlap", "legacy"}
+        unknown = flags - {"keep_graph", "sequential", "padmax", "overlap", "legacy", "torch_head"}
         if unknown or (placement == "peer" and flags):
             raise ValueError(f"variant {name!r}: unknown modifiers {sorted(flags)}")
         hot_only = flags & {"sequential", "padmax", "overlap"}
@@ -102,6 +105,7 @@ class Variant:
             "padmax" in flags,
             "overlap" in flags,
             "legacy" in flags,
+            "torch_head" in flags,
         )
 
 
@@ -241,6 +245,8 @@ class VariantRunner:
             raise RuntimeError(f"variant {v.name}: no hot set was selected")
         eng.set_mode(EngineMode(v.placement, v.keep_graph, v.overlap))  # type: ignore[arg-type]
         eng.legacy_traffic = v.legacy
+        if hasattr(eng.head, "linear"):  # the DeviceHead module (eager backends)
+            eng.head.linear = None if v.torch_head else eng.backend.frozen_linear()
         for m in eng.mlps:
             if m.hot is not None:
                 m.hot.capacity = "max" if v.padmax else "cost"

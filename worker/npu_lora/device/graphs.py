@@ -35,6 +35,7 @@ so the residual add of the MoE output happens on the device, inside the next com
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -288,13 +289,23 @@ class DeviceHead(nn.Module):
         ce_BN  = logsumexp(z) - zl                 # ops.cross_entropy_int32, logsumexp written
                                                    # out (ops.logsumexp_rngd)
         loss   = sum(w_BN * ce_BN)                 # w = 1/#labels (0 on padding) → mean CE
+
+    ``linear(x, W)``: how the frozen plain head computes ``x Wᵀ`` (``Backend.frozen_linear``;
+    ``None``: ``lm_head(x)``). The ``cpu`` backend passes the streaming kernel.
     """
 
-    def __init__(self, norm: nn.Module, lm_head: nn.Module, vocab_size: int) -> None:
+    def __init__(
+        self,
+        norm: nn.Module,
+        lm_head: nn.Module,
+        vocab_size: int,
+        linear: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    ) -> None:
         super().__init__()
         self.norm = norm
         self.lm_head = lm_head
         self.vocab_size = vocab_size
+        self.linear = linear
 
     def logits(
         self, h_BSD: torch.Tensor, moe_BSD: torch.Tensor, sel_BNS: torch.Tensor
@@ -317,7 +328,7 @@ class DeviceHead(nn.Module):
             return cross_entropy_int32(self.logits(h_BSD, moe_BSD, sel_BNS), labels_BN, w_BN)
         h = h_BSD + moe_BSD
         hn_BND = self.norm(torch.bmm(sel_BNS.to(h.dtype), h))
-        z_BNV = lm(hn_BND).float()
+        z_BNV = (lm(hn_BND) if self.linear is None else self.linear(hn_BND, lm.weight)).float()
         picked_BN = head_label_logits(hn_BND, lm.weight, labels_BN)
         return cross_entropy_int32(z_BNV, labels_BN, w_BN, label_logits=picked_BN)
 

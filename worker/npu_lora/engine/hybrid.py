@@ -154,9 +154,12 @@ class HybridEngine:
             for layer in self.layers
         ]
         self.head = backend.compile(
-            DeviceHead(inner.norm, self.lm.lm_head, int(self.lm.lm_head.weight.shape[0])).to(
-                backend.device
-            )
+            DeviceHead(
+                inner.norm,
+                self.lm.lm_head,
+                int(self.lm.lm_head.weight.shape[0]),
+                linear=backend.frozen_linear(),
+            ).to(backend.device)
         )
         self.bucket_sizes = tuple(sorted(bucket_sizes)) if bucket_sizes else None
         self.tokens_per_batch = tokens_per_batch

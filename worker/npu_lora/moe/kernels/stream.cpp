@@ -157,6 +157,41 @@ std::vector<torch::Tensor> stream_backward(torch::Tensor g, torch::Tensor token_
   return {dx, dw, dh};
 }
 
+// Dense forward of one frozen weight [R, C] (fp32 or bf16) on a few rows x [N, C] (fp32 or
+// bf16): y [N, R] f32, rows of W in tasks of `block`.
+torch::Tensor stream_dense_forward(torch::Tensor x, torch::Tensor w, int64_t isa, int64_t block) {
+  TORCH_CHECK(w.dim() == 2, "npu_lora_stream: dense weight must be [R, C]");
+  DenseArgs a;
+  a.w = weights(w.unsqueeze(0));
+  a.x_bf16 = activations_bf16(x, "x");
+  TORCH_CHECK(x.size(1) == a.w.C, "npu_lora_stream: x columns != weight columns");
+  TORCH_CHECK(block > 0, "npu_lora_stream: block must be positive");
+  a.x = x.data_ptr();
+  a.N = x.size(0);
+  a.block = block;
+  auto y = torch::empty({a.N, a.w.R}, torch::TensorOptions().dtype(at::kFloat));
+  a.out = y.data_ptr<float>();
+  npu_lora_stream::dense_forward(TorchPar{}, checked_ops(isa), a);
+  return y;
+}
+
+// Its backward: dx [N, C] f32 = g [N, R] . W, one partial per `block` rows of W, summed in order.
+torch::Tensor stream_dense_backward(torch::Tensor g, torch::Tensor w, int64_t isa, int64_t block) {
+  TORCH_CHECK(w.dim() == 2, "npu_lora_stream: dense weight must be [R, C]");
+  DenseArgs a;
+  a.w = weights(w.unsqueeze(0));
+  a.x_bf16 = activations_bf16(g, "grad_out");
+  TORCH_CHECK(g.size(1) == a.w.R, "npu_lora_stream: grad_out columns != weight rows");
+  TORCH_CHECK(block > 0, "npu_lora_stream: block must be positive");
+  a.x = g.data_ptr();
+  a.N = g.size(0);
+  a.block = block;
+  auto dx = torch::empty({a.N, a.w.C}, torch::TensorOptions().dtype(at::kFloat));
+  a.out = dx.data_ptr<float>();
+  npu_lora_stream::dense_backward(TorchPar{}, checked_ops(isa), a);
+  return dx;
+}
+
 // How many distinct threads one parallel phase runs on (torch's intra-op thread count, unless
 // the extension was built without OpenMP, where at::parallel_for silently runs serially).
 int64_t parallel_threads() {
@@ -188,6 +223,8 @@ std::vector<std::string> cpu_isas() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &stream_forward, "streaming experts forward");
   m.def("backward", &stream_backward, "streaming experts backward (dX, routing-weight grad, dh)");
+  m.def("dense_forward", &stream_dense_forward, "one frozen weight on a few rows: y = x W^T");
+  m.def("dense_backward", &stream_dense_backward, "its backward: dx = g W (partials summed in order)");
   m.def("cpu_isas", &cpu_isas, "instruction-set paths this CPU can run");
   m.def("parallel_threads", &parallel_threads, "threads one parallel phase runs on");
   m.def("workspace_bytes", [] { return static_cast<int64_t>(npu_lora_stream::pool().cached()); },

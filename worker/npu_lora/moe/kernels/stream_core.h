@@ -317,29 +317,35 @@ struct ForwardArgs : RoutedArgs {
   double* phase_s = nullptr;  // [4]: gather, gate/up, down, combine (benchmark only)
 };
 
+// One row of H elements from `src` (fp32 or bf16) to `d`: widened from bf16 or, with `round`,
+// rounded to bf16 values; into a bf16 `d` (native bf16 path) fp32 sources are rounded to bf16.
+template <class DT>
+inline void copy_row(const void* src, bool src_bf16, i64 H, bool round, DT* d) {
+  if constexpr (std::is_same_v<DT, bf16_t>) {
+    if (src_bf16) std::memcpy(d, src, H * sizeof(bf16_t));
+    else {
+      const float* x = static_cast<const float*>(src);
+      for (i64 c = 0; c < H; ++c) d[c] = f32_to_bf16(x[c]);
+    }
+  } else if (src_bf16) {
+    const bf16_t* x = static_cast<const bf16_t*>(src);
+    for (i64 c = 0; c < H; ++c) d[c] = bf16_to_f32(x[c]);
+  } else {
+    const float* x = static_cast<const float*>(src);
+    if (round) for (i64 c = 0; c < H; ++c) d[c] = round_bf16(x[c]);
+    else std::memcpy(d, x, H * sizeof(float));
+  }
+}
+
 // dst[s, :] = src[token_idx[s], :] for the valid rows s (rows of H elements, dst rows ld apart),
-// widened from bf16 or, with `round`, rounded to bf16 values; into a bf16 `dst` (native bf16
-// path) fp32 sources are rounded to bf16. Rows >= valid are never read.
+// converted as copy_row does. Rows >= valid are never read.
 template <class Par, class DT>
 void gather(const Par& par, const RoutedArgs& a, const void* src, bool src_bf16, i64 H,
             bool round, DT* dst, i64 ld) {
+  const i64 esz = src_bf16 ? 2 : 4;
   for_range(par, a.off.back(), 16, [&](i64 s) {
-    const i64 t = a.token_idx[s];
-    DT* d = dst + s * ld;
-    if constexpr (std::is_same_v<DT, bf16_t>) {
-      if (src_bf16) std::memcpy(d, static_cast<const bf16_t*>(src) + t * H, H * sizeof(bf16_t));
-      else {
-        const float* x = static_cast<const float*>(src) + t * H;
-        for (i64 c = 0; c < H; ++c) d[c] = f32_to_bf16(x[c]);
-      }
-    } else if (src_bf16) {
-      const bf16_t* x = static_cast<const bf16_t*>(src) + t * H;
-      for (i64 c = 0; c < H; ++c) d[c] = bf16_to_f32(x[c]);
-    } else {
-      const float* x = static_cast<const float*>(src) + t * H;
-      if (round) for (i64 c = 0; c < H; ++c) d[c] = round_bf16(x[c]);
-      else std::memcpy(d, x, H * sizeof(float));
-    }
+    copy_row(static_cast<const char*>(src) + a.token_idx[s] * H * esz, src_bf16, H, round,
+             dst + s * ld);
   });
 }
 
@@ -546,6 +552,87 @@ void backward(const Par& par, const Ops& o, const BackwardArgs& a) {
   clock.lap();
   combine(par, dxpart.get(), P2, S * LX, LX, H, a.inv, a.T, a.K, valid, a.dx);
   clock.lap();
+}
+
+// ---- dense: one frozen weight, a few token rows (the LM head at the label positions) ----------
+//
+//   dense_forward:  y[n, r]  = sum_c x[n, c] * W[r, c]    row blocks of W as tasks, y written once
+//   dense_backward: dx[n, c] = sum_r g[n, r] * W[r, c]    row blocks of W into one partial each,
+//                                                         summed in block order
+// The same micro-kernels and numerics as the experts (bf16 weights: operands rounded to bf16,
+// fp32 accumulation); a block count fixed by the caller, so results do not depend on threads.
+
+struct DenseArgs {
+  Weights w;         // [1, R, C]
+  const void* x;     // forward x [N, C], backward g [N, R]; fp32 or bf16 (x_bf16)
+  bool x_bf16;
+  i64 N;
+  i64 block;         // rows of W per task (forward) / per partial (backward)
+  float* out;        // forward y [N, R], backward dx [N, C]
+};
+
+template <class Par>
+void dense_forward(const Par& par, const Ops& o, const DenseArgs& a) {
+  const i64 R = a.w.R, C = a.w.C, N = a.N;
+  const bool W16 = a.w.bf16, N16 = W16 && o.dot_bf16n, XP = N16 && o.pack;
+  const i64 LX = padded_ld(C, 4), LXn = padded_ld(C, 2), BX = 16 * up32(C);
+  const std::vector<i64> off{0, N}, boff = token_blocks(off);
+  Buf<float> xf(N16 ? 0 : N * LX);
+  Buf<bf16_t> xn(N16 ? N * LXn : 0), xp(XP ? boff.back() * BX : 0);
+  const i64 esz = a.x_bf16 ? 2 : 4;
+  for_range(par, N, 1, [&](i64 t) {
+    const void* src = static_cast<const char*>(a.x) + t * C * esz;
+    if (N16) copy_row(src, a.x_bf16, C, true, xn.get() + t * LXn);
+    else copy_row(src, a.x_bf16, C, W16, xf.get() + t * LX);
+  });
+  if (XP) pack_tokens(par, o, off, boff, xn.get(), LXn, C, xp.get());
+  for_range(par, (R + a.block - 1) / a.block, 1, [&](i64 k) {
+    const i64 r0 = k * a.block, rows = std::min(a.block, R - r0);
+    float* y = a.out + r0;
+    if (XP) o.dot_bf16n(a.w.h(0, r0), C, C, rows, xp.get(), BX, N, y, R);
+    else if (N16) o.dot_bf16n(a.w.h(0, r0), C, C, rows, xn.get(), LXn, N, y, R);
+    else if (W16) o.dot_bf16f(a.w.h(0, r0), C, C, rows, xf.get(), LX, N, y, R);
+    else o.dot_f32(a.w.f(0, r0), C, C, rows, xf.get(), LX, N, y, R);
+  });
+}
+
+template <class Par>
+void dense_backward(const Par& par, const Ops& o, const DenseArgs& a) {
+  const i64 R = a.w.R, C = a.w.C, N = a.N;
+  const bool N16 = a.w.bf16 && o.axpy_bf16n;
+  // the coefficients: fp32 g is used in place; bf16 g is widened, or rounded to bf16 words for
+  // the native path (16 rows of slack: the AMX axpy reads whole 16-row token blocks)
+  const bool widen = !N16 && a.x_bf16;
+  const i64 LG = widen ? padded_ld(R, 4) : R, LGn = padded_ld(R, 2), LX = padded_ld(C, 4);
+  const i64 P = (R + a.block - 1) / a.block;
+  Buf<float> gf(widen ? N * LG : 0), part(P * N * LX);
+  Buf<bf16_t> gn(N16 ? (N + 16) * LGn : 0);
+  const i64 esz = a.x_bf16 ? 2 : 4;
+  if (N16 || widen)
+    for_range(par, N, 1, [&](i64 t) {
+      const void* src = static_cast<const char*>(a.x) + t * R * esz;
+      if (N16) copy_row(src, a.x_bf16, R, true, gn.get() + t * LGn);
+      else copy_row(src, true, R, false, gf.get() + t * LG);
+    });
+  const float* gp = widen ? gf.get() : static_cast<const float*>(a.x);
+  for_range(par, P, 1, [&](i64 p) {
+    const i64 r0 = p * a.block, rows = std::min(a.block, R - r0);
+    float* dx = part.get() + p * N * LX;
+    if (N16) o.axpy_bf16n(a.w.h(0, r0), C, C, rows, gn.get() + r0, LGn, N, dx, LX);
+    else if (a.w.bf16) o.axpy_bf16(a.w.h(0, r0), C, C, rows, gp + r0, LG, N, dx, LX);
+    else o.axpy_f32(a.w.f(0, r0), C, C, rows, gp + r0, LG, N, dx, LX);
+  });
+  // dx[n, c] = sum_p part[p][n, c], in p order; column chunks so a few rows still split
+  const i64 CH = 256, nch = (C + CH - 1) / CH;
+  for_range(par, N * nch, 1, [&](i64 q) {
+    const i64 t = q / nch, c0 = (q % nch) * CH, c1 = std::min(C, c0 + CH);
+    float* d = a.out + t * C;
+    for (i64 c = c0; c < c1; ++c) d[c] = 0.f;
+    for (i64 p = 0; p < P; ++p) {
+      const float* src = part.get() + (p * N + t) * LX;
+      for (i64 c = c0; c < c1; ++c) d[c] += src[c];
+    }
+  });
 }
 
 }  // namespace npu_lora_stream
