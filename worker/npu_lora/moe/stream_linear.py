@@ -5,7 +5,7 @@ widths that is ``x_ND @ W_VDᵀ`` with N = the answer tokens of a micro-batch (8
 bench``) against a 151936 x 2048 weight, 1.24 GB in fp32. That is the experts' problem again, a
 skinny GEMM bound by how fast the weight streams, and torch's ``mm`` reads it at 9 GB/s forward
 and 15 GB/s backward on a 2-core Xeon where the stream kernel's micro-kernels read it at 20 GB/s
-(experiments/2026-12-02-xeon-amx.md, §8). On an accelerator backend the head stays on the device;
+(experiments/2026-12-02-stream-head.md). On an accelerator backend the head stays on the device;
 only the ``cpu`` backend (the host standing in for the device) uses this.
 
 Legend: N rows (label positions), D = C columns (hidden), V = R rows of the weight (vocabulary).

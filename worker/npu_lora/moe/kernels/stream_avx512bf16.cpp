@@ -81,10 +81,15 @@ static inline void dotn_tile(const bf16_t* w, i64 ldw, i64 L, const bf16_t* x, i
 constexpr int DOTN_RB = 4, DOTN_NB = 6;
 static void dotn_rows(const bf16_t* w, i64 ldw, i64 L, i64 R, const bf16_t* x, i64 ldx, i64 n,
                       float* out, i64 ldo) {
-  row_token_tiles<DOTN_RB, DOTN_NB>(w, ldw, R, n, [&](auto rb, auto nb, i64 r0, i64 t0,
-                                                          const bf16_t* pf) {
+  // the prefetch of the rows ahead by the first token tile only (pc0 == 0), whole rows: spreading
+  // it over the token tiles as the fp32 tiles do was even at T=512 and 0-5 % slower at T=128 here
+  // (Xeon with AMX, experiments/2026-12-02-stream-head.md); it is the default path on Zen 4,
+  // where it was tuned
+  row_token_tiles<DOTN_RB, DOTN_NB>(w, ldw, L, R, n, [&](auto rb, auto nb, i64 r0, i64 t0,
+                                                             const bf16_t* pf, i64 pc0, i64) {
     dotn_tile<decltype(rb)::value, decltype(nb)::value>(w + r0 * ldw, ldw, L, x + t0 * ldx, ldx,
-                                                        out + t0 * ldo + r0, ldo, pf);
+                                                        out + t0 * ldo + r0, ldo,
+                                                        pc0 == 0 ? pf : nullptr);
   });
 }
 
