@@ -4,7 +4,7 @@ The engine computes the LM head only at the label positions (``DeviceHead``): at
 widths that is ``x_ND @ W_VDᵀ`` with N = the answer tokens of a micro-batch (8 in ``npu-lora
 bench``) against a 151936 x 2048 weight, 1.24 GB in fp32. That is the experts' problem again, a
 skinny GEMM bound by how fast the weight streams, and torch's ``mm`` reads it at 9 GB/s forward
-and 15 GB/s backward on a 2-core Xeon where the stream kernel's micro-kernels read it at 20 GB/s
+and 14 GB/s backward on a 2-core Xeon where the stream kernel's micro-kernels read it at 21-23 GB/s
 (experiments/2026-12-02-stream-head.md). On an accelerator backend the head stays on the device;
 only the ``cpu`` backend (the host standing in for the device) uses this.
 
@@ -39,8 +39,9 @@ import torch.nn.functional as F
 from npu_lora.moe import kernels
 
 #: Most rows (N) the kernel takes: measured on the 2-core AMX Xeon against torch's ``mm`` at the
-#: head's shape, fp32 weights: N=8 fwd 61 vs 138 ms, bwd 63 vs 84 ms; N=16 74 vs 145, 84 vs 98;
-#: N=32 114 vs 160 but bwd 140 vs 133 (the FMA bound of fp32 at 2 cores approaches).
+#: head's shape, fp32 weights: N=8 fwd 54 vs 135 ms, bwd 58 vs 88 ms; N=16 71 vs 129, 81 vs 105;
+#: N=32 112 vs 154 but bwd 135 vs 136 (two cores' fp32 FMAs become the bound;
+#: experiments/2026-12-02-stream-head.md §3).
 MAX_ROWS = 16
 FWD_BLOCK = 256  # forward: weight rows per task
 SPLITS = 64  # backward: the weight's rows in this many blocks (partials, fixed order)
