@@ -6,7 +6,9 @@
 //   g++ -O3 -fno-math-errno -fopenmp -std=c++17 -I../../worker/npu_lora/moe/kernels \
 //       bench.cpp ../../worker/npu_lora/moe/kernels/stream_{amx,avx2,avx512,avx512bf16,base}.cpp -o stream-bench
 //   ./stream-bench --T 128 --dtype bf16 --threads 2 --isa 1 --reps 7   (isa: 0 base, 1 avx2,
-//   2 avx512, 3 avx512bf16 = native bf16 dot products, 4 amx = AMX tiles)
+//   2 avx512, 3 avx512bf16 = native bf16 dot products, 4 amx = AMX tiles; --woff 64 places the
+//   weights 64 bytes past a 4 KiB boundary as torch's large tensors sit, default: std::vector,
+//   16 bytes off a cache line here)
 //
 // GB/s = hit experts' weight bytes / time (what the kernel must stream once per direction).
 #include <omp.h>
@@ -40,6 +42,7 @@ int main(int argc, char** argv) {
   int reps = 5, threads = 0, isa = kAvx2;
   i64 gu_block = 64, down_block = 256, splits = 2;  // as stream.py: GU_BLOCK, DOWN_BLOCK, BWD_SPLITS
   std::string dt = "fp32";
+  long woff = -1;  // --woff B: weights B bytes past a 4 KiB boundary (torch: 64); default: std::vector
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--T") T = atoll(v.c_str());
@@ -54,6 +57,7 @@ int main(int argc, char** argv) {
     else if (k == "--gu-block") gu_block = atoll(v.c_str());
     else if (k == "--down-block") down_block = atoll(v.c_str());
     else if (k == "--bwd-splits") splits = atoll(v.c_str());
+    else if (k == "--woff") woff = atol(v.c_str());
     else { fprintf(stderr, "unknown option %s\n", k.c_str()); return 2; }
   }
   if (threads) omp_set_num_threads(threads);
@@ -80,8 +84,15 @@ int main(int argc, char** argv) {
     }
   }
   const size_t ngu = E * 2 * I * H, nd = E * H * I;
-  std::vector<float> gu32(B ? 0 : ngu), d32(B ? 0 : nd);
-  std::vector<bf16_t> gu16(B ? ngu : 0), d16(B ? nd : 0);
+  std::vector<float> gu32v(B || woff >= 0 ? 0 : ngu), d32v(B || woff >= 0 ? 0 : nd);
+  std::vector<bf16_t> gu16v(!B || woff >= 0 ? 0 : ngu), d16v(!B || woff >= 0 ? 0 : nd);
+  auto placed = [&](size_t bytes) {  // woff bytes past a 4 KiB boundary
+    return static_cast<char*>(std::aligned_alloc(4096, (bytes + woff + 4095) / 4096 * 4096)) + woff;
+  };
+  float* gu32 = B ? nullptr : woff >= 0 ? reinterpret_cast<float*>(placed(ngu * 4)) : gu32v.data();
+  float* d32 = B ? nullptr : woff >= 0 ? reinterpret_cast<float*>(placed(nd * 4)) : d32v.data();
+  bf16_t* gu16 = !B ? nullptr : woff >= 0 ? reinterpret_cast<bf16_t*>(placed(ngu * 2)) : gu16v.data();
+  bf16_t* d16 = !B ? nullptr : woff >= 0 ? reinterpret_cast<bf16_t*>(placed(nd * 2)) : d16v.data();
   std::normal_distribution<float> nd01(0, 0.02f);
   for (size_t i = 0; i < ngu; i++) {
     const float v = nd01(rng);
@@ -102,8 +113,8 @@ int main(int argc, char** argv) {
     xs16[i] = f32_to_bf16(xs[i]);
     gs16[i] = f32_to_bf16(gs[i]);
   }
-  const Weights gu{B ? (const void*)gu16.data() : (const void*)gu32.data(), B, 2 * I, H};
-  const Weights dn{B ? (const void*)d16.data() : (const void*)d32.data(), B, H, I};
+  const Weights gu{B ? (const void*)gu16 : (const void*)gu32, B, 2 * I, H};
+  const Weights dn{B ? (const void*)d16 : (const void*)d32, B, H, I};
   RoutedArgs routed;
   routed.token_idx = tok.data();
   routed.wr = wr.data();
