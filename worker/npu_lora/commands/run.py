@@ -347,13 +347,14 @@ def _train(args: argparse.Namespace, manifest: Any, ctx: Any, callbacks: Any) ->
     trainer = Trainer(
         ctx, engine, dataset, plan=plan, callbacks=callbacks, plot=not args.no_plot, dist=dp
     )
+    result = None
     try:
         result = trainer.run()
     finally:
         if dp is not None:
             from npu_lora.distributed.group import destroy_group
 
-            destroy_group()
+            destroy_group(synchronize=result is not None and result.exit_code == 0)
     if not info.is_rank0:
         return result.exit_code
     if result.exit_code != 0:

@@ -25,6 +25,7 @@ broadcast from rank 0, so the other ranks need no access to the run directory.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import socket
 import time
@@ -109,11 +110,20 @@ def init_group(info: RankInfo) -> None:
         ) from e
 
 
-def destroy_group() -> None:
+def destroy_group(*, synchronize: bool = False) -> None:
+    """Tear the process group down. ``synchronize`` (every rank finished its run): a barrier
+    first, so that no rank closes its gloo pairs while a peer is still in its last collective
+    or its own teardown (a CI run once saw a rank abort at exit with "terminate called without an
+    active exception", the symptom of gloo threads torn down under it); a failing barrier (a peer
+    already gone) is ignored."""
     import torch.distributed as dist
 
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    if not dist.is_initialized():
+        return
+    if synchronize:
+        with contextlib.suppress(Exception):  # the peer left first: nothing to wait for
+            dist.barrier()
+    dist.destroy_process_group()
 
 
 @dataclass
