@@ -12,8 +12,9 @@ One micro-batch (``forward_backward``)::
     backward of loss * loss_scale through all of it (HostMLP nodes run on the host).
 
 The decomposition is exact: it computes what the stock ``PeftModel(input_ids, attention_mask,
-labels).loss`` computes (tested), apart from GEMM reduction order in the hot bmm and the
-summation order of the mean (``sum(w * ce)`` with ``w = 1/#labels``).
+labels).loss`` computes (tested), apart from GEMM reduction order in the hot bmm and, on the
+``cpu`` backend, in the LM head's streaming kernel (``Backend.frozen_linear``), and the summation
+order of the mean (``sum(w * ce)`` with ``w = 1/#labels``).
 """
 
 from __future__ import annotations
