@@ -157,18 +157,26 @@ std::vector<torch::Tensor> stream_backward(torch::Tensor g, torch::Tensor token_
   return {dx, dw, dh};
 }
 
-// Dense forward of one frozen weight [R, C] (fp32 or bf16) on a few rows x [N, C] (fp32 or
-// bf16): y [N, R] f32, rows of W in tasks of `block`.
-torch::Tensor stream_dense_forward(torch::Tensor x, torch::Tensor w, int64_t isa, int64_t block) {
+// The arguments of both dense directions: a frozen weight w [R, C] (fp32 or bf16), rows x [N, K]
+// (fp32 or bf16; K = C forward, R backward), `block` rows of W per task / partial.
+DenseArgs dense_args(const torch::Tensor& x, const char* what, const torch::Tensor& w,
+                     bool backward, int64_t block) {
   TORCH_CHECK(w.dim() == 2, "npu_lora_stream: dense weight must be [R, C]");
   DenseArgs a;
   a.w = weights(w.unsqueeze(0));
-  a.x_bf16 = activations_bf16(x, "x");
-  TORCH_CHECK(x.size(1) == a.w.C, "npu_lora_stream: x columns != weight columns");
+  a.x_bf16 = activations_bf16(x, what);
+  TORCH_CHECK(x.size(1) == (backward ? a.w.R : a.w.C), "npu_lora_stream: ", what,
+              backward ? " columns != weight rows" : " columns != weight columns");
   TORCH_CHECK(block > 0, "npu_lora_stream: block must be positive");
   a.x = x.data_ptr();
   a.N = x.size(0);
   a.block = block;
+  return a;
+}
+
+// Dense forward: y [N, R] f32 = x W^T, rows of W in tasks of `block`.
+torch::Tensor stream_dense_forward(torch::Tensor x, torch::Tensor w, int64_t isa, int64_t block) {
+  DenseArgs a = dense_args(x, "x", w, false, block);
   auto y = torch::empty({a.N, a.w.R}, torch::TensorOptions().dtype(at::kFloat));
   a.out = y.data_ptr<float>();
   npu_lora_stream::dense_forward(TorchPar{}, checked_ops(isa), a);
@@ -177,15 +185,7 @@ torch::Tensor stream_dense_forward(torch::Tensor x, torch::Tensor w, int64_t isa
 
 // Its backward: dx [N, C] f32 = g [N, R] . W, one partial per `block` rows of W, summed in order.
 torch::Tensor stream_dense_backward(torch::Tensor g, torch::Tensor w, int64_t isa, int64_t block) {
-  TORCH_CHECK(w.dim() == 2, "npu_lora_stream: dense weight must be [R, C]");
-  DenseArgs a;
-  a.w = weights(w.unsqueeze(0));
-  a.x_bf16 = activations_bf16(g, "grad_out");
-  TORCH_CHECK(g.size(1) == a.w.R, "npu_lora_stream: grad_out columns != weight rows");
-  TORCH_CHECK(block > 0, "npu_lora_stream: block must be positive");
-  a.x = g.data_ptr();
-  a.N = g.size(0);
-  a.block = block;
+  DenseArgs a = dense_args(g, "grad_out", w, true, block);
   auto dx = torch::empty({a.N, a.w.C}, torch::TensorOptions().dtype(at::kFloat));
   a.out = dx.data_ptr<float>();
   npu_lora_stream::dense_backward(TorchPar{}, checked_ops(isa), a);

@@ -242,6 +242,34 @@ struct Weights {
   const bf16_t* h(i64 e, i64 r) const { return static_cast<const bf16_t*>(p) + (e * R + r) * C; }
 };
 
+// The other operand of a weight pass (tokens of a dot, coefficients of an axpy), in the form
+// the ISA's kernel takes: bf16 words `n` (native bf16 weights: rows, or VNNI token blocks on
+// AMX) or fp32 values `f` (fp32 weights and the widening ISAs), rows / blocks `ld` apart.
+struct Operand {
+  const float* f;
+  const bf16_t* n;
+  i64 ld;
+};
+
+// out[t, j] = sum_c x[t, c] * w[e, r0 + j, c] for j < rows, t < n: the dot kernel of the weights'
+// dtype and the operand's form (whole rows, L = w.C).
+inline void dot(const Ops& o, const Weights& w, i64 e, i64 r0, i64 rows, const Operand& x, i64 n,
+                float* out, i64 ldo) {
+  const i64 L = w.C;
+  if (x.n) o.dot_bf16n(w.h(e, r0), L, L, rows, x.n, x.ld, n, out, ldo);
+  else if (w.bf16) o.dot_bf16f(w.h(e, r0), L, L, rows, x.f, x.ld, n, out, ldo);
+  else o.dot_f32(w.f(e, r0), L, L, rows, x.f, x.ld, n, out, ldo);
+}
+
+// out[t, c] = sum_j c[t, j] * w[e, r0 + j, c] for j < rows, t < n: the axpy kernel likewise.
+inline void axpy(const Ops& o, const Weights& w, i64 e, i64 r0, i64 rows, const Operand& c,
+                 i64 n, float* out, i64 ldo) {
+  const i64 L = w.C;
+  if (c.n) o.axpy_bf16n(w.h(e, r0), L, L, rows, c.n, c.ld, n, out, ldo);
+  else if (w.bf16) o.axpy_bf16(w.h(e, r0), L, L, rows, c.f, c.ld, n, out, ldo);
+  else o.axpy_f32(w.f(e, r0), L, L, rows, c.f, c.ld, n, out, ldo);
+}
+
 struct Task {
   i64 e, s0, n, r0, r1, part;
 };
@@ -418,20 +446,11 @@ void forward(const Par& par, const Ops& o, const ForwardArgs& a) {
   for_tasks(par, make_tasks(a.off, I, gu_block), [&](const Task& t) {
     const i64 rows = t.r1 - t.r0;
     float* ht = a.h + t.s0 * 2 * I;
-    if (N16) {
-      const bf16_t* x = XP ? xp.get() + boff[t.e] * BX : xn.get() + t.s0 * LXn;
-      const i64 ldx = XP ? BX : LXn;
-      o.dot_bf16n(a.gu.h(t.e, t.r0), H, H, rows, x, ldx, t.n, ht + t.r0, 2 * I);
-      o.dot_bf16n(a.gu.h(t.e, I + t.r0), H, H, rows, x, ldx, t.n, ht + I + t.r0, 2 * I);
-    } else if (W16) {
-      const float* x = xf.get() + t.s0 * LX;
-      o.dot_bf16f(a.gu.h(t.e, t.r0), H, H, rows, x, LX, t.n, ht + t.r0, 2 * I);
-      o.dot_bf16f(a.gu.h(t.e, I + t.r0), H, H, rows, x, LX, t.n, ht + I + t.r0, 2 * I);
-    } else {
-      const float* x = xf.get() + t.s0 * LX;
-      o.dot_f32(a.gu.f(t.e, t.r0), H, H, rows, x, LX, t.n, ht + t.r0, 2 * I);
-      o.dot_f32(a.gu.f(t.e, I + t.r0), H, H, rows, x, LX, t.n, ht + I + t.r0, 2 * I);
-    }
+    const Operand x = XP    ? Operand{nullptr, xp.get() + boff[t.e] * BX, BX}
+                      : N16 ? Operand{nullptr, xn.get() + t.s0 * LXn, LXn}
+                            : Operand{xf.get() + t.s0 * LX, nullptr, LX};
+    dot(o, a.gu, t.e, t.r0, rows, x, t.n, ht + t.r0, 2 * I);
+    dot(o, a.gu, t.e, I + t.r0, rows, x, t.n, ht + I + t.r0, 2 * I);
     if (XP) {  // straight into the VNNI blocks, padding included
       o.act_packed(ht, 2 * I, I, t.r0, t.r1, t.n, ap.get() + boff[t.e] * BA, BA);
       return;
@@ -449,12 +468,10 @@ void forward(const Par& par, const Ops& o, const ForwardArgs& a) {
   for_tasks(par, make_tasks(a.off, H, a.down_block), [&](const Task& t) {
     float* yt = y.get() + t.s0 * LY;
     const i64 rows = t.r1 - t.r0;
-    if (XP) o.dot_bf16n(a.dn.h(t.e, t.r0), I, I, rows, ap.get() + boff[t.e] * BA, BA, t.n, yt + t.r0, LY);
-    else if (N16)
-      o.dot_bf16n(a.dn.h(t.e, t.r0), I, I, rows, an.get() + t.s0 * LIn, LIn, t.n, yt + t.r0, LY);
-    else if (W16)
-      o.dot_bf16f(a.dn.h(t.e, t.r0), I, I, rows, af.get() + t.s0 * LI, LI, t.n, yt + t.r0, LY);
-    else o.dot_f32(a.dn.f(t.e, t.r0), I, I, rows, af.get() + t.s0 * LI, LI, t.n, yt + t.r0, LY);
+    const Operand act = XP    ? Operand{nullptr, ap.get() + boff[t.e] * BA, BA}
+                        : N16 ? Operand{nullptr, an.get() + t.s0 * LIn, LIn}
+                              : Operand{af.get() + t.s0 * LI, nullptr, LI};
+    dot(o, a.dn, t.e, t.r0, rows, act, t.n, yt + t.r0, LY);
     for (i64 s = 0; s < t.n; ++s)
       for (i64 d = t.r0; d < t.r1; ++d) yt[s * LY + d] *= a.wr[t.s0 + s];
   });
@@ -499,14 +516,9 @@ void backward(const Par& par, const Ops& o, const BackwardArgs& a) {
   for_tasks(par, make_tasks(a.off, H, a.down_split), [&](const Task& t) {
     float* z = zpart.get() + (t.part * S + t.s0) * LZ;
     const i64 rows = t.r1 - t.r0;
-    if (N16) {
-      const bf16_t* coef = gn.get() + t.s0 * LGn + t.r0;
-      o.axpy_bf16n(a.dn.h(t.e, t.r0), I, I, rows, coef, LGn, t.n, z, LZ);
-    } else {
-      const float* coef = gg.get() + t.s0 * LG + t.r0;
-      if (a.dn.bf16) o.axpy_bf16(a.dn.h(t.e, t.r0), I, I, rows, coef, LG, t.n, z, LZ);
-      else o.axpy_f32(a.dn.f(t.e, t.r0), I, I, rows, coef, LG, t.n, z, LZ);
-    }
+    const Operand coef = N16 ? Operand{nullptr, gn.get() + t.s0 * LGn + t.r0, LGn}
+                             : Operand{gg.get() + t.s0 * LG + t.r0, nullptr, LG};
+    axpy(o, a.dn, t.e, t.r0, rows, coef, t.n, z, LZ);
   });
   clock.lap();
   // dw = <act, z>; dh = [w z u SiLU'(gate), w z SiLU(gate)]
@@ -540,14 +552,9 @@ void backward(const Par& par, const Ops& o, const BackwardArgs& a) {
   for_tasks(par, make_tasks(a.off, 2 * I, a.gu_split), [&](const Task& t) {
     float* dx = dxpart.get() + (t.part * S + t.s0) * LX;
     const i64 rows = t.r1 - t.r0;
-    if (N16) {
-      const bf16_t* coef = dhn.get() + t.s0 * LDn + t.r0;
-      o.axpy_bf16n(a.gu.h(t.e, t.r0), H, H, rows, coef, LDn, t.n, dx, LX);
-    } else {
-      const float* coef = a.dh + t.s0 * 2 * I + t.r0;
-      if (a.gu.bf16) o.axpy_bf16(a.gu.h(t.e, t.r0), H, H, rows, coef, 2 * I, t.n, dx, LX);
-      else o.axpy_f32(a.gu.f(t.e, t.r0), H, H, rows, coef, 2 * I, t.n, dx, LX);
-    }
+    const Operand coef = N16 ? Operand{nullptr, dhn.get() + t.s0 * LDn + t.r0, LDn}
+                             : Operand{a.dh + t.s0 * 2 * I + t.r0, nullptr, 2 * I};
+    axpy(o, a.gu, t.e, t.r0, rows, coef, t.n, dx, LX);
   });
   clock.lap();
   combine(par, dxpart.get(), P2, S * LX, LX, H, a.inv, a.T, a.K, valid, a.dx);
@@ -586,13 +593,12 @@ void dense_forward(const Par& par, const Ops& o, const DenseArgs& a) {
     else copy_row(src, a.x_bf16, C, W16, xf.get() + t * LX);
   });
   if (XP) pack_tokens(par, o, off, boff, xn.get(), LXn, C, xp.get());
+  const Operand x = XP    ? Operand{nullptr, xp.get(), BX}
+                    : N16 ? Operand{nullptr, xn.get(), LXn}
+                          : Operand{xf.get(), nullptr, LX};
   for_range(par, (R + a.block - 1) / a.block, 1, [&](i64 k) {
     const i64 r0 = k * a.block, rows = std::min(a.block, R - r0);
-    float* y = a.out + r0;
-    if (XP) o.dot_bf16n(a.w.h(0, r0), C, C, rows, xp.get(), BX, N, y, R);
-    else if (N16) o.dot_bf16n(a.w.h(0, r0), C, C, rows, xn.get(), LXn, N, y, R);
-    else if (W16) o.dot_bf16f(a.w.h(0, r0), C, C, rows, xf.get(), LX, N, y, R);
-    else o.dot_f32(a.w.f(0, r0), C, C, rows, xf.get(), LX, N, y, R);
+    dot(o, a.w, 0, r0, rows, x, N, a.out + r0, R);
   });
 }
 
@@ -617,10 +623,8 @@ void dense_backward(const Par& par, const Ops& o, const DenseArgs& a) {
   const float* gp = widen ? gf.get() : static_cast<const float*>(a.x);
   for_range(par, P, 1, [&](i64 p) {
     const i64 r0 = p * a.block, rows = std::min(a.block, R - r0);
-    float* dx = part.get() + p * N * LX;
-    if (N16) o.axpy_bf16n(a.w.h(0, r0), C, C, rows, gn.get() + r0, LGn, N, dx, LX);
-    else if (a.w.bf16) o.axpy_bf16(a.w.h(0, r0), C, C, rows, gp + r0, LG, N, dx, LX);
-    else o.axpy_f32(a.w.f(0, r0), C, C, rows, gp + r0, LG, N, dx, LX);
+    const Operand coef = N16 ? Operand{nullptr, gn.get() + r0, LGn} : Operand{gp + r0, nullptr, LG};
+    axpy(o, a.w, 0, r0, rows, coef, N, part.get() + p * N * LX, LX);
   });
   // dx[n, c] = sum_p part[p][n, c], in p order; column chunks so a few rows still split
   const i64 CH = 256, nch = (C + CH - 1) / CH;
