@@ -31,6 +31,8 @@ def test_variant_parse():
     assert h.Variant.parse("hot+overlap").overlap and not h.Variant.parse("hot").overlap
     assert h.Variant.parse("host-only+torch_head").torch_head
     assert not h.Variant.parse("host-only").torch_head
+    assert h.Variant.parse("peer+fp32@grouped_mm").fp32 and h.Variant.parse("peer+fp32").is_peer
+    assert not h.Variant.parse("peer@grouped_mm").fp32
     for bad in (
         "hot+overlap+sequential",
         "device",
@@ -39,6 +41,7 @@ def test_variant_parse():
         "host-only+sequential",
         "host-only+padmax",
         "peer+torch_head",
+        "host-only+fp32",
     ):
         with pytest.raises(ValueError):
             h.Variant.parse(bad)
@@ -153,6 +156,34 @@ def test_torch_head_variant_switches_the_cpu_head_off_the_stream_kernel():
         assert engine.head.linear is want
         losses[name] = runner.step(v, batch)["loss"]
     assert abs(losses["host-only"] - losses["host-only+torch_head"]) < 1e-5
+
+
+def test_fp32_peer_runs_stock_blocks_with_fp32_experts_on_a_bf16_engine():
+    """``peer+fp32`` on a bf16 engine: the stock blocks run on an fp32 copy of the experts (the
+    engine's bf16 weights untouched, the copy made once), the kernel named by the variant is the
+    one that runs, and the loss is the stock bf16 peer's up to bf16 rounding of the experts."""
+    cfg = h.BenchConfig(preset="tiny-qwen3-moe", seq_len=16, host_dtype="bfloat16", limits=False)
+    engine = h._build_engine(cfg, False, lambda s: None)
+    runner = h.VariantRunner(engine, cfg, None)
+    (batch,) = h.make_batches(1, batch=1, seq_len=16, vocab=100, answer_tokens=4, seed=0)
+    before = [m.experts.gate_up_proj.detach().clone() for m in engine.mlps]
+    losses = {}
+    for name in ("peer+fp32@grouped_mm", "peer@grouped_mm", "peer+fp32@eager"):
+        v = h.Variant.parse(name)
+        runner.apply(v)
+        losses[name] = runner.step(v, batch)["loss"]
+    copies = runner.fp32_blocks()
+    assert runner.fp32_blocks() is copies  # made once
+    for m, c, w in zip(engine.mlps, copies, before, strict=True):
+        assert m.experts.gate_up_proj.dtype == torch.bfloat16
+        assert torch.equal(m.experts.gate_up_proj.detach(), w)  # the engine's weights untouched
+        assert c.experts.gate_up_proj.dtype == torch.float32
+        assert torch.equal(c.experts.gate_up_proj.detach(), w.float())  # the same values
+        assert c.experts.config is m.experts.config  # follows the variant's experts kernel
+        assert c.experts.config._experts_implementation == "eager"
+    # fp32 experts: grouped_mm and eager agree closely; the bf16 peer differs by bf16 rounding
+    assert abs(losses["peer+fp32@grouped_mm"] - losses["peer+fp32@eager"]) < 1e-4
+    assert abs(losses["peer+fp32@grouped_mm"] - losses["peer@grouped_mm"]) < 5e-2
 
 
 def test_bench_tiny_end_to_end(tmp_path, monkeypatch):

@@ -55,7 +55,7 @@ PROFILE_COLUMNS = step_record.BENCH_COLUMNS
 
 @dataclass(frozen=True)
 class Variant:
-    """``<placement>[+keep_graph][+sequential][@<experts_impl>]`` or ``peer[@<experts_impl>]``.
+    """``<placement>[+keep_graph][+sequential][@<experts_impl>]`` or ``peer[+fp32][@<experts_impl>]``.
 
     ``+overlap``: hot placement with the overlapped device call (``HostMLP.overlap``; only
     differs on a non-CPU device); ``+sequential``: without it (the default, named explicitly).
@@ -64,7 +64,11 @@ class Variant:
     ``+legacy``: the copies and gathers as before issue 13 (zero-row concatenation gather,
     separate cast, the first layer's zero input copied to the device), for A/B.
     ``+torch_head``: the LM head computed by ``lm_head`` itself (torch's ``mm``) instead of the
-    backend's ``frozen_linear`` (the streaming kernel on ``cpu``), for A/B."""
+    backend's ``frozen_linear`` (the streaming kernel on ``cpu``), for A/B.
+    ``peer+fp32``: the stock peer with fp32 expert weights whatever ``hostDtype`` the engine
+    holds (an fp32 copy of each MoE block, made once and kept for the run: 2x the bf16 experts'
+    bytes). On a CPU without native bf16 (AVX2) torch's bf16 matmuls are the cliff of issue 10,
+    so a user of stock transformers + peft there runs fp32: that is the fair peer for our bf16."""
 
     name: str
     placement: str  # host-only | hot | peer
@@ -75,6 +79,7 @@ class Variant:
     overlap: bool = False
     legacy: bool = False
     torch_head: bool = False
+    fp32: bool = False  # peers only: fp32 expert weights
 
     @property
     def is_peer(self) -> bool:
@@ -88,9 +93,16 @@ class Variant:
         placement, flags = parts[0], set(parts[1:])
         if placement not in ("host-only", "hot", "peer"):
             raise ValueError(f"variant {name!r}: placement must be host-only, hot or peer")
-        unknown = flags - {"keep_graph", "sequential", "padmax", "overlap", "legacy", "torch_head"}
-        if unknown or (placement == "peer" and flags):
-            raise ValueError(f"variant {name!r}: unknown modifiers {sorted(flags)}")
+        allowed = (
+            {"fp32"}
+            if placement == "peer"
+            else {"keep_graph", "sequential", "padmax", "overlap", "legacy", "torch_head"}
+        )
+        if flags - allowed:
+            raise ValueError(
+                f"variant {name!r}: unknown modifiers {sorted(flags - allowed)} "
+                f"(allowed with {placement}: {sorted(allowed)})"
+            )
         hot_only = flags & {"sequential", "padmax", "overlap"}
         if {"sequential", "overlap"} <= flags:
             raise ValueError(f"variant {name!r}: +sequential and +overlap exclude each other")
@@ -106,6 +118,7 @@ class Variant:
             "overlap" in flags,
             "legacy" in flags,
             "torch_head" in flags,
+            "fp32" in flags,
         )
 
 
@@ -230,6 +243,22 @@ class VariantRunner:
         self.params = engine.trainable_parameters()
         experts = engine.mlps[0].experts
         self.expert_bytes = expert_bytes(experts.gate_up_proj, experts.down_proj)
+        self._fp32_blocks: list[torch.nn.Module] | None = None
+
+    def fp32_blocks(self) -> list[torch.nn.Module]:
+        """Per layer, an fp32 copy of the stock MoE block (``peer+fp32``), made on first use."""
+        if self._fp32_blocks is None:
+            import copy
+
+            blocks = []
+            for m in self.engine.mlps:
+                # the copy shares the model config, so the peer's experts kernel still follows
+                # ``_set_experts_impl``
+                cfg = getattr(m.experts, "config", None)
+                memo = {id(cfg): cfg} if cfg is not None else {}
+                blocks.append(copy.deepcopy(m._block, memo).float())
+            self._fp32_blocks = blocks
+        return self._fp32_blocks
 
     def apply(self, v: Variant) -> None:
         eng = self.engine
@@ -310,9 +339,14 @@ class VariantRunner:
         tgt[:, :-1] = labels[:, 1:]
         first = int((tgt != -100).int().argmax(dim=1).min())  # earliest position with a target
         keep = ids.shape[1] - first
+        blocks = (
+            [(b, torch.float32) for b in self.fp32_blocks()]
+            if v.fp32
+            else [(m._block, m.host_dtype) for m in saved]
+        )
         try:
-            for layer, m in zip(layers, saved, strict=True):
-                layer.mlp = _CastBlock(m._block, m.host_dtype)
+            for layer, (block, dtype) in zip(layers, blocks, strict=True):
+                layer.mlp = _CastBlock(block, dtype)
             c0 = time.process_time()
             t0 = time.perf_counter()
             out = eng.model(
