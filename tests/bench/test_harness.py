@@ -33,6 +33,7 @@ def test_variant_parse():
     assert not h.Variant.parse("host-only").torch_head
     assert h.Variant.parse("peer+fp32@grouped_mm").fp32 and h.Variant.parse("peer+fp32").is_peer
     assert not h.Variant.parse("peer@grouped_mm").fp32
+    assert h.Variant.parse("host-only+keep_graph+fp32@npu_lora_stream").fp32
     for bad in (
         "hot+overlap+sequential",
         "device",
@@ -41,7 +42,7 @@ def test_variant_parse():
         "host-only+sequential",
         "host-only+padmax",
         "peer+torch_head",
-        "host-only+fp32",
+        "hot+fp32",
     ):
         with pytest.raises(ValueError):
             h.Variant.parse(bad)
@@ -184,6 +185,38 @@ def test_fp32_peer_runs_stock_blocks_with_fp32_experts_on_a_bf16_engine():
     # fp32 experts: grouped_mm and eager agree closely; the bf16 peer differs by bf16 rounding
     assert abs(losses["peer+fp32@grouped_mm"] - losses["peer+fp32@eager"]) < 1e-4
     assert abs(losses["peer+fp32@grouped_mm"] - losses["peer@grouped_mm"]) < 5e-2
+
+
+def test_fp32_variant_runs_our_engine_on_fp32_experts_in_the_same_process():
+    """``host-only+fp32`` on a bf16 engine: that variant's steps run on the fp32 copy of the
+    experts (twice the bytes counted, the fp32 peer's loss), the next variant on the engine's own
+    bf16 tensors again (same storage, same loss as before)."""
+    cfg = h.BenchConfig(preset="tiny-qwen3-moe", seq_len=16, host_dtype="bfloat16", limits=False)
+    engine = h._build_engine(cfg, False, lambda s: None)
+    runner = h.VariantRunner(engine, cfg, None)
+    (batch,) = h.make_batches(1, batch=1, seq_len=16, vocab=100, answer_tokens=4, seed=0)
+    own = [m.experts.gate_up_proj.data.data_ptr() for m in engine.mlps]
+    recs = {}
+    for name in (
+        "host-only+keep_graph@npu_lora_stream",
+        "host-only+keep_graph+fp32@npu_lora_stream",
+        "peer+fp32@grouped_mm",
+        "host-only+keep_graph@npu_lora_stream",
+    ):
+        v = h.Variant.parse(name)
+        runner.apply(v)
+        want = torch.float32 if v.fp32 and not v.is_peer else torch.bfloat16
+        assert all(m.experts.gate_up_proj.dtype == want for m in engine.mlps)
+        assert all(m.experts.down_proj.dtype == want for m in engine.mlps)
+        recs.setdefault(name, []).append(runner.step(v, batch))
+    bf16, fp32 = recs["host-only+keep_graph@npu_lora_stream"], recs[
+        "host-only+keep_graph+fp32@npu_lora_stream"
+    ]
+    assert [m.experts.gate_up_proj.data.data_ptr() for m in engine.mlps] == own
+    assert bf16[0]["loss"] == bf16[1]["loss"]  # back on the same bf16 weights
+    assert fp32[0]["host_hit_bytes"] == 2 * bf16[0]["host_hit_bytes"] > 0
+    assert abs(fp32[0]["loss"] - recs["peer+fp32@grouped_mm"][0]["loss"]) < 1e-4
+    assert fp32[0]["loss"] != bf16[0]["loss"]
 
 
 def test_bench_tiny_end_to_end(tmp_path, monkeypatch):

@@ -55,7 +55,7 @@ PROFILE_COLUMNS = step_record.BENCH_COLUMNS
 
 @dataclass(frozen=True)
 class Variant:
-    """``<placement>[+keep_graph][+sequential][@<experts_impl>]`` or ``peer[+fp32][@<experts_impl>]``.
+    """``<placement>[+keep_graph][+sequential][+fp32][@<experts_impl>]`` or ``peer[+fp32][@...]``.
 
     ``+overlap``: hot placement with the overlapped device call (``HostMLP.overlap``; only
     differs on a non-CPU device); ``+sequential``: without it (the default, named explicitly).
@@ -65,10 +65,14 @@ class Variant:
     separate cast, the first layer's zero input copied to the device), for A/B.
     ``+torch_head``: the LM head computed by ``lm_head`` itself (torch's ``mm``) instead of the
     backend's ``frozen_linear`` (the streaming kernel on ``cpu``), for A/B.
-    ``peer+fp32``: the stock peer with fp32 expert weights whatever ``hostDtype`` the engine
-    holds (an fp32 copy of each MoE block, made once and kept for the run: 2x the bf16 experts'
-    bytes). On a CPU without native bf16 (AVX2) torch's bf16 matmuls are the cliff of issue 10,
-    so a user of stock transformers + peft there runs fp32: that is the fair peer for our bf16."""
+    ``+fp32``: the variant with fp32 expert weights whatever ``hostDtype`` the engine holds (an
+    fp32 copy of each MoE block, made once and kept for the run: 2x the bf16 experts' bytes).
+    ``peer+fp32``: on a CPU without native bf16 (AVX2) torch's bf16 matmuls are the cliff of
+    issue 10, so a user of stock transformers + peft there runs fp32: the fair peer for our bf16.
+    ``host-only+fp32``: our engine with fp32 instead of bf16 expert storage in the same run (the
+    engine's expert tensors are pointed at the fp32 copy for that variant's steps), so bf16 vs
+    fp32 storage is an A/B in one process; host-only placement only (the hot set's device copy
+    was made from the stored weights)."""
 
     name: str
     placement: str  # host-only | hot | peer
@@ -79,7 +83,7 @@ class Variant:
     overlap: bool = False
     legacy: bool = False
     torch_head: bool = False
-    fp32: bool = False  # peers only: fp32 expert weights
+    fp32: bool = False  # fp32 expert weights (an fp32 copy when hostDtype is bf16)
 
     @property
     def is_peer(self) -> bool:
@@ -96,7 +100,7 @@ class Variant:
         allowed = (
             {"fp32"}
             if placement == "peer"
-            else {"keep_graph", "sequential", "padmax", "overlap", "legacy", "torch_head"}
+            else {"keep_graph", "sequential", "padmax", "overlap", "legacy", "torch_head", "fp32"}
         )
         if flags - allowed:
             raise ValueError(
@@ -108,6 +112,8 @@ class Variant:
             raise ValueError(f"variant {name!r}: +sequential and +overlap exclude each other")
         if hot_only and placement != "hot":
             raise ValueError(f"variant {name!r}: +{min(hot_only)} applies to hot placement only")
+        if "fp32" in flags and placement == "hot":
+            raise ValueError(f"variant {name!r}: +fp32 applies to host-only placement and peers")
         return cls(
             name,
             placement,
@@ -242,8 +248,11 @@ class VariantRunner:
         self.hot_layers = hot_layers
         self.params = engine.trainable_parameters()
         experts = engine.mlps[0].experts
-        self.expert_bytes = expert_bytes(experts.gate_up_proj, experts.down_proj)
         self._fp32_blocks: list[torch.nn.Module] | None = None
+        # the engine's own expert tensors, restored after a +fp32 variant
+        self._stored = [
+            (m.experts.gate_up_proj.data, m.experts.down_proj.data) for m in engine.mlps
+        ]
 
     def fp32_blocks(self) -> list[torch.nn.Module]:
         """Per layer, an fp32 copy of the stock MoE block (``peer+fp32``), made on first use."""
@@ -260,11 +269,22 @@ class VariantRunner:
             self._fp32_blocks = blocks
         return self._fp32_blocks
 
+    def _point_experts(self, fp32: bool) -> None:
+        """The engine's expert parameters on the fp32 copies (``+fp32``) or on their own data."""
+        blocks = self.fp32_blocks() if fp32 else [None] * len(self.engine.mlps)
+        for m, (gu, dn), b in zip(self.engine.mlps, self._stored, blocks, strict=True):
+            want_gu = b.experts.gate_up_proj.data if b is not None else gu
+            want_dn = b.experts.down_proj.data if b is not None else dn
+            if m.experts.gate_up_proj.data is not want_gu:
+                m.experts.gate_up_proj.data = want_gu
+                m.experts.down_proj.data = want_dn
+
     def apply(self, v: Variant) -> None:
         eng = self.engine
         impl = v.experts_impl or self.cfg.experts_impl
         _set_experts_impl(eng, impl)
-        host_dtype = eng.mlps[0].host_dtype  # one dtype for every block
+        self._point_experts(v.fp32 and not v.is_peer)
+        host_dtype = eng.mlps[0].experts.gate_up_proj.dtype  # one dtype for every block
         compute = stream_compute_dtype(host_dtype) if impl == STREAM else host_dtype
         for m in eng.mlps:  # fp32 activations with bf16 weights: the stream kernel only
             m.set_compute_dtype(compute)
@@ -314,7 +334,10 @@ class VariantRunner:
             d = [b - a for a, b in zip(hot_stats0, self._hot_stats(), strict=True)]
             rec["hot_pairs_device"], rec["hot_pairs_overflow"], rec["hot_rows_padded"] = d
         rec["host_hit_experts"] = int(hits.sum())
-        rec["host_hit_bytes"] = int(hits.sum()) * self.expert_bytes
+        experts = eng.mlps[0].experts  # the stored dtype of this variant (+fp32)
+        rec["host_hit_bytes"] = int(hits.sum()) * expert_bytes(
+            experts.gate_up_proj, experts.down_proj
+        )
         return rec
 
     def _hot_stats(self) -> tuple[int, int, int]:

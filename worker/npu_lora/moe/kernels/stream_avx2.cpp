@@ -2,7 +2,8 @@
 // Tiles (accumulators/coefficients + operand registers <= 16): dot 3 rows x 4 tokens
 // (12 + 3 + 1; fp32 and bf16 weights), axpy 3 rows x 4 tokens (12 coefficients + 3 weights + 1
 // accumulator). Chosen by interleaved measurements on an AVX2 EPYC
-// (experiments/2026-12-02-stream-kernel-v2.md).
+// (experiments/2026-12-02-stream-kernel-v2.md). The bf16 axpy writes its out rows in unpack
+// order (NPU_LORA_AXPY_U16; experiments/2026-12-02-avx2-epyc.md).
 #pragma GCC target("avx2,fma,bmi2")
 #include <immintrin.h>
 
@@ -13,6 +14,15 @@ struct V {
   static constexpr int DOT_RB = 3, DOT_NB = 4;
   static constexpr int AXPY_RR = 3, AXPY_NB = 4;
   static constexpr int PF_TILES = 2;  // prefetch distance (row tiles)
+  // bf16 axpy in unpack order (NPU_LORA_AXPY_U16, stream_isa.h): 16 bf16 -> two fp32 vectors
+  static inline reg lo16(const unsigned short* p) {  // columns 0-3, 8-11 of the 16
+    return _mm256_castsi256_ps(_mm256_unpacklo_epi16(
+        _mm256_setzero_si256(), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
+  }
+  static inline reg hi16(const unsigned short* p) {  // columns 4-7, 12-15
+    return _mm256_castsi256_ps(_mm256_unpackhi_epi16(
+        _mm256_setzero_si256(), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
+  }
   static inline reg zero() { return _mm256_setzero_ps(); }
   static inline reg load(const float* p) { return _mm256_loadu_ps(p); }
   static inline reg load(const unsigned short* p) {  // 8 bf16 -> 8 fp32, natural order
@@ -31,5 +41,6 @@ struct V {
 };
 }  // namespace
 
+#define NPU_LORA_AXPY_U16 1
 #include "stream_isa.h"
 NPU_LORA_EXPORT(avx2)

@@ -83,6 +83,8 @@ struct Ops {
   // native path: one row of the backward's elementwise part (dh, its bf16 copy, returns dw),
   // vectorised (nullptr: the scalar loop in backward)
   float (*dh_row)(const float*, const float*, i64, i64, i64, float, float*, bf16_t*) = nullptr;
+  // axpy_bf16 writes its out rows in unpack order (u16_pos; AVX2): the drivers read them so
+  bool axpy_u16 = false;
 };
 
 inline Ops ops_for(int isa) {
@@ -93,7 +95,11 @@ inline Ops ops_for(int isa) {
     return {avx512_dot_f32,       avx512_dot_bf16f,     avx512_axpy_f32, avx512_axpy_bf16,
             avx512bf16_dot_bf16n, avx512bf16_axpy_bf16n};
   if (isa == kAvx512) return {avx512_dot_f32, avx512_dot_bf16f, avx512_axpy_f32, avx512_axpy_bf16};
-  if (isa == kAvx2) return {avx2_dot_f32, avx2_dot_bf16f, avx2_axpy_f32, avx2_axpy_bf16};
+  if (isa == kAvx2) {
+    Ops o{avx2_dot_f32, avx2_dot_bf16f, avx2_axpy_f32, avx2_axpy_bf16};
+    o.axpy_u16 = true;
+    return o;
+  }
   return {base_dot_f32, base_dot_bf16f, base_axpy_f32, base_axpy_bf16};
 }
 
@@ -112,6 +118,24 @@ inline bool amx_request() {
 }
 
 // ---- small helpers -------------------------------------------------------------------------------
+
+// Unpack order (Ops::axpy_u16): where natural column c of a row of L columns is stored. Within
+// each whole block of 16 columns bits 2 and 3 of the offset swap (0-3 stay, 4-7 -> 8-11, 8-11 ->
+// 4-7, 12-15 stay), the order in which one AVX2 unpack pair widens 16 bf16 words; columns past the
+// last whole block stay. The swap is its own inverse.
+inline i64 u16_pos(i64 c, i64 L) {
+  return c >= (L & ~15LL) ? c : (c & ~15LL) | (c & 3) | ((c & 4) << 1) | ((c & 8) >> 1);
+}
+// dst[c] += src[u16_pos(c, L)] (u16) or src[c], for c in [c0, c1) (c0 a multiple of 16)
+inline void add_row(const float* src, bool u16, i64 L, i64 c0, i64 c1, float* dst) {
+  i64 c = c0;
+  if (u16) {
+    static constexpr int kPos[16] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15};
+    for (const i64 whole = std::min(c1, L & ~15LL); c + 16 <= whole; c += 16)
+      for (int j = 0; j < 16; ++j) dst[c + j] += src[c + kPos[j]];
+  }
+  for (; c < c1; ++c) dst[c] += src[c];
+}
 
 inline float bf16_to_f32(bf16_t v) {
   unsigned int u = static_cast<unsigned int>(v) << 16;
@@ -377,20 +401,18 @@ void gather(const Par& par, const RoutedArgs& a, const void* src, bool src_bf16,
   });
 }
 
-// out[t, :] = sum_k sum_p part[p][inv[t*K + k], :] (rows >= valid are skipped), fixed order.
+// out[t, :] = sum_k sum_p part[p][inv[t*K + k], :] (rows >= valid are skipped), fixed order;
+// `u16`: the partial rows are in unpack order (u16_pos).
 template <class Par>
 void combine(const Par& par, const float* part, i64 P, i64 pstride, i64 ld, i64 D,
-             const int64_t* inv, i64 T, i64 K, i64 valid, float* out) {
+             const int64_t* inv, i64 T, i64 K, i64 valid, float* out, bool u16 = false) {
   for_range(par, T, 8, [&](i64 t) {
     float* o = out + t * D;
     for (i64 d = 0; d < D; ++d) o[d] = 0.f;
     for (i64 k = 0; k < K; ++k) {
       const i64 s = inv[t * K + k];
       if (s >= valid) continue;
-      for (i64 p = 0; p < P; ++p) {
-        const float* src = part + p * pstride + s * ld;
-        for (i64 d = 0; d < D; ++d) o[d] += src[d];
-      }
+      for (i64 p = 0; p < P; ++p) add_row(part + p * pstride + s * ld, u16, D, 0, D, o);
     }
   });
 }
@@ -500,6 +522,7 @@ void backward(const Par& par, const Ops& o, const BackwardArgs& a) {
   // native bf16 ISA with bf16 weights: the coefficients (dout, dh) are rounded to bf16 for the
   // two weight passes, as a bf16 model's backward holds them; z, dh, dx and every sum stay fp32
   const bool N16 = a.gu.bf16 && o.axpy_bf16n;
+  const bool U16 = a.gu.bf16 && !N16 && o.axpy_u16;  // z and dx partials in unpack order
   const i64 LG = padded_ld(H, 4), LZ = padded_ld(I, 4), LX = padded_ld(H, 4);
   const i64 LGn = padded_ld(H, 2), LDn = padded_ld(2 * I, 2);
   const i64 P1 = (H + a.down_split - 1) / a.down_split;
@@ -536,7 +559,8 @@ void backward(const Par& par, const Ops& o, const BackwardArgs& a) {
     float acc = 0.f;
     for (i64 i = 0; i < I; ++i) {
       float z = 0.f;
-      for (i64 p = 0; p < P1; ++p) z += zpart.get()[(p * S + s) * LZ + i];
+      const i64 zi = U16 ? u16_pos(i, I) : i;
+      for (i64 p = 0; p < P1; ++p) z += zpart.get()[(p * S + s) * LZ + zi];
       const float g = hs[i], u = hs[I + i], sg = sigmoid(g), silu = g * sg;
       acc += silu * u * z;
       const float da = z * a.wr[s];
@@ -557,7 +581,7 @@ void backward(const Par& par, const Ops& o, const BackwardArgs& a) {
     axpy(o, a.gu, t.e, t.r0, rows, coef, t.n, dx, LX);
   });
   clock.lap();
-  combine(par, dxpart.get(), P2, S * LX, LX, H, a.inv, a.T, a.K, valid, a.dx);
+  combine(par, dxpart.get(), P2, S * LX, LX, H, a.inv, a.T, a.K, valid, a.dx, U16);
   clock.lap();
 }
 
@@ -606,6 +630,7 @@ template <class Par>
 void dense_backward(const Par& par, const Ops& o, const DenseArgs& a) {
   const i64 R = a.w.R, C = a.w.C, N = a.N;
   const bool N16 = a.w.bf16 && o.axpy_bf16n;
+  const bool U16 = a.w.bf16 && !N16 && o.axpy_u16;  // partials in unpack order
   // the coefficients: fp32 g is used in place; bf16 g is widened, or rounded to bf16 words for
   // the native path (16 rows of slack: the AMX axpy reads whole 16-row token blocks)
   const bool widen = !N16 && a.x_bf16;
@@ -632,10 +657,7 @@ void dense_backward(const Par& par, const Ops& o, const DenseArgs& a) {
     const i64 t = q / nch, c0 = (q % nch) * CH, c1 = std::min(C, c0 + CH);
     float* d = a.out + t * C;
     for (i64 c = c0; c < c1; ++c) d[c] = 0.f;
-    for (i64 p = 0; p < P; ++p) {
-      const float* src = part.get() + (p * N + t) * LX;
-      for (i64 c = c0; c < c1; ++c) d[c] += src[c];
-    }
+    for (i64 p = 0; p < P; ++p) add_row(part.get() + (p * N + t) * LX, U16, C, c0, c1, d);
   });
 }
 
