@@ -209,9 +209,10 @@ def test_fp32_variant_runs_our_engine_on_fp32_experts_in_the_same_process():
         assert all(m.experts.gate_up_proj.dtype == want for m in engine.mlps)
         assert all(m.experts.down_proj.dtype == want for m in engine.mlps)
         recs.setdefault(name, []).append(runner.step(v, batch))
-    bf16, fp32 = recs["host-only+keep_graph@npu_lora_stream"], recs[
-        "host-only+keep_graph+fp32@npu_lora_stream"
-    ]
+    bf16, fp32 = (
+        recs["host-only+keep_graph@npu_lora_stream"],
+        recs["host-only+keep_graph+fp32@npu_lora_stream"],
+    )
     assert [m.experts.gate_up_proj.data.data_ptr() for m in engine.mlps] == own
     assert bf16[0]["loss"] == bf16[1]["loss"]  # back on the same bf16 weights
     assert fp32[0]["host_hit_bytes"] == 2 * bf16[0]["host_hit_bytes"] > 0

@@ -247,7 +247,6 @@ class VariantRunner:
         self.cfg = cfg
         self.hot_layers = hot_layers
         self.params = engine.trainable_parameters()
-        experts = engine.mlps[0].experts
         self._fp32_blocks: list[torch.nn.Module] | None = None
         # the engine's own expert tensors, restored after a +fp32 variant
         self._stored = [
