@@ -13,3 +13,7 @@ done
 python -m npu_lora.bench.kernels --dtype-ab npu_lora_stream --tokens 128 512 --threads 1 --rounds 4 --out $R/dtype-ab-1thread   # -> dtype-ab-1thread.log
 python -m npu_lora.bench.kernels --tokens 128 512 --dtypes float32 --impls copy grouped_mm npu_lora_stream --threads 2 --rounds 4 --out $R/fp32-vs-grouped-2threads  # -> fp32-vs-grouped.log
 TAG=a bash $R/engine-dtype-ab.sh > $R/engine-dtype-ab-a.log 2>&1
+# at fceedcf (bf16 axpy in unpack order):
+#   ab.sh 128 bf16 4 sb0 sb_u16 (REPS=7) > u16-bf16-t128.txt; ab.sh 512 bf16 2 sb0 sb_u16 (REPS=3) > u16-bf16-t512.txt
+python -m npu_lora.bench.kernels --dtype-ab npu_lora_stream --tokens 128 512 --threads 2 --rounds 6 --out $R/dtype-ab-2threads-u16  # -> dtype-ab-u16.log
+TAG=u16 bash $R/engine-dtype-ab.sh > $R/engine-dtype-ab-u16.log 2>&1
