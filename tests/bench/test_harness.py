@@ -305,6 +305,28 @@ def test_cli_bench(tmp_path):
     )
 
 
+def test_engine_is_built_for_the_first_variants_kernel(tmp_path, monkeypatch):
+    """The bench builds its engine for the kernel its (first) own variant runs, not the bench
+    default, so the build's hostDtype resolution and warnings are those of what is measured."""
+    built = []
+    real = h._build_engine
+    monkeypatch.setattr(
+        h,
+        "_build_engine",
+        lambda cfg, hot, log, impl=None: built.append(impl) or real(cfg, hot, log, impl),
+    )
+    for variants, want in (
+        (["host-only+keep_graph@npu_lora_stream", "peer+fp32@grouped_mm"], "npu_lora_stream"),
+        (["peer@eager", "host-only"], "grouped_mm"),
+    ):
+        cfg = h.BenchConfig(
+            seq_len=16, rounds=1, variants=variants, peers=False, limits=False, memory=False,
+            out=str(tmp_path / want),
+        )  # fmt: skip
+        h.run_bench(cfg, log=lambda s: None)
+        assert built.pop() == want
+
+
 def test_cli_bad_variant(tmp_path, capsys):
     from npu_lora.cli import main
 

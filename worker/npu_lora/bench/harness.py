@@ -781,12 +781,16 @@ def _bandwidth_after(limits: dict[str, Any], emit: _Emitter) -> None:
     limits["copy_gbs"] = max(limits["copy_gbs"], bw2.copy_gbs)
 
 
-def _build_engine(cfg: BenchConfig, any_hot: bool, log: Callable[[str], None]) -> Any:
+def _build_engine(
+    cfg: BenchConfig, any_hot: bool, log: Callable[[str], None], experts_impl: str | None = None
+) -> Any:
+    """The engine, built for ``experts_impl`` (default: the bench default); variants switch the
+    kernel later, but the build resolves ``hostDtype`` (and warns) for this one."""
     from npu_lora.engine import build_engine
 
     spec = build_spec(cfg, placement="hot" if any_hot else "host-only")
     t0 = time.perf_counter()
-    engine = build_engine(spec, experts_implementation=cfg.experts_impl)
+    engine = build_engine(spec, experts_implementation=experts_impl or cfg.experts_impl)
     log(
         f"engine built in {time.perf_counter() - t0:.1f} s ({engine.num_layers} layers, backend {engine.backend.name})"
     )
@@ -958,7 +962,10 @@ def run_bench(
     )
     limits = _bandwidth_before(emit, log) if cfg.limits else None
     if engine is None:
-        engine = _build_engine(cfg, any_hot, log)
+        # built for the first variant's kernel, so that the build's hostDtype resolution and its
+        # warnings are those of what runs (e.g. no grouped_mm bf16 warning for stream variants)
+        ours = [v.experts_impl or cfg.experts_impl for v in variants if not v.is_peer]
+        engine = _build_engine(cfg, any_hot, log, ours[0] if ours else None)
     if engine.backend.device.type != "cpu" and any(v.is_peer for v in variants):
         # the stock peer runs the whole model on one device; here the MoE blocks are on the host
         log("peers need the cpu backend (the whole stock model on the host): peers dropped")
