@@ -274,7 +274,7 @@ class VariantRunner:
         for m, (gu, dn), b in zip(self.engine.mlps, self._stored, blocks, strict=True):
             want_gu = b.experts.gate_up_proj.data if b is not None else gu
             want_dn = b.experts.down_proj.data if b is not None else dn
-            if m.experts.gate_up_proj.data is not want_gu:
+            if m.experts.gate_up_proj.data_ptr() != want_gu.data_ptr():
                 m.experts.gate_up_proj.data = want_gu
                 m.experts.down_proj.data = want_dn
 

@@ -203,8 +203,8 @@ static inline void axpy_tile(const WT* w, i64 ldw, i64 L, const float* coef, i64
 // 12-15) instead of two zero-extends and two shifts, and the out rows hold each block in that
 // order (u16_pos); columns past the last whole block stay in natural order. The rows are still
 // added in row order, so every out element is the natural-order kernel's value, only stored
-// elsewhere. Measured on an AVX2 EPYC (experiments/2026-12-02-avx2-epyc.md): backward at T=128
-// 0.92x the natural-order tile, in cache 1.06-1.29x the throughput.
+// elsewhere. Measured on an AVX2 EPYC (experiments/2026-12-02-avx2-epyc.md): backward 0.91-0.94x
+// the natural-order tile's time (T=128 and 512), in cache 1.06-1.29x its throughput.
 template <int RR, int NB>
 static inline void axpy_tile_u16(const bf16_t* w, i64 ldw, i64 L, const float* coef, i64 ldc,
                                  float* out, i64 ldo, bool first, const bf16_t* pf, i64 pc0,
