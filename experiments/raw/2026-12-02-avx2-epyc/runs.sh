@@ -17,3 +17,4 @@ TAG=a bash $R/engine-dtype-ab.sh > $R/engine-dtype-ab-a.log 2>&1
 #   ab.sh 128 bf16 4 sb0 sb_u16 (REPS=7) > u16-bf16-t128.txt; ab.sh 512 bf16 2 sb0 sb_u16 (REPS=3) > u16-bf16-t512.txt
 python -m npu_lora.bench.kernels --dtype-ab npu_lora_stream --tokens 128 512 --threads 2 --rounds 6 --out $R/dtype-ab-2threads-u16  # -> dtype-ab-u16.log
 TAG=u16 bash $R/engine-dtype-ab.sh > $R/engine-dtype-ab-u16.log 2>&1
+# prefetch variants (bench.cpp builds from edited copies of the kernels): ab.sh 128 bf16 4 sb_u16 sb_pft0 sb_pfd1 sb_pfd3 (REPS=5)
