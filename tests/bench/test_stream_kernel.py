@@ -45,6 +45,26 @@ def test_extension_builds_here():
     assert "base" in kernels.cpu_isas()
 
 
+@pytest.mark.parametrize("unit", ["stream_avx2.cpp", "stream_avx512.cpp"])
+def test_widening_tiles_keep_their_software_prefetches(unit, tmp_path):
+    """The weight tiles prefetch the row tile two ahead (worth ~8 % on an AVX2 EPYC). A refactor
+    that moved those lines into a helper made g++ 12 drop every prefetch of the unit, silently
+    (experiments/2026-12-02-avx2-epyc.md §5): the compiled unit must still hold them."""
+    import shutil
+    from pathlib import Path
+
+    cxx = shutil.which("g++")
+    if cxx is None or not sys.platform.startswith("linux"):
+        pytest.skip("needs g++ on Linux x86-64")
+    src = Path(kernels.__file__).parent / unit
+    asm = tmp_path / "unit.s"
+    subprocess.run(
+        [cxx, *kernels.CFLAGS, "-std=c++17", f"-I{src.parent}", "-S", str(src), "-o", str(asm)],
+        check=True,
+    )
+    assert asm.read_text().count("prefetcht1") >= 8  # every tile shape of dot and axpy
+
+
 def test_phases_run_on_torch_threads():
     """Each phase runs on torch's intra-op threads (``torch.set_num_threads``): the extension is
     built with OpenMP; without it at::parallel_for silently ran every phase on one thread."""
