@@ -373,7 +373,7 @@ def test_host_dtype_auto_and_probe():
     from npu_lora.moe.host_dtype import resolve_host_dtype
 
     caps = machine_facts()["cpu_capabilities"]
-    assert {"isa", "native_bf16", "cores", "numa_nodes", "caches"} <= set(caps)
+    assert {"isa", "native_bf16", "cores", "numa_nodes", "caches", "thp"} <= set(caps)
     choice = resolve_host_dtype("auto", stream.NAME, log_it=False)
     assert choice.dtype == "bfloat16" and choice.kernel_backend == stream.backend()
     native_here = stream.backend().removeprefix("cpp:") in kernels.NATIVE_ISAS

@@ -15,7 +15,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-__all__ = ["cpu_capabilities", "machine_facts"]
+__all__ = ["cpu_capabilities", "huge_page_bytes", "machine_facts", "thp_mode"]
 
 #: Instruction-set flags worth recording (``/proc/cpuinfo`` names): what the host kernels use.
 _ISA_PREFIXES = ("avx2", "avx512f", "avx512_bf16", "amx")
@@ -78,6 +78,26 @@ def _numa_nodes() -> int | None:
     return None
 
 
+_THP = "/sys/kernel/mm/transparent_hugepage"
+
+
+def thp_mode(root: str = _THP) -> str | None:
+    """Linux's transparent huge page mode (``always``, ``madvise`` or ``never``); None where
+    there is none (not Linux, or a kernel without THP)."""
+    with contextlib.suppress(OSError):
+        text = Path(root, "enabled").read_text(encoding="utf-8")
+        if "[" in text:
+            return text.split("[", 1)[1].split("]", 1)[0]
+    return None
+
+
+def huge_page_bytes(root: str = _THP) -> int:
+    """The PMD huge page size (2 MiB on x86-64)."""
+    with contextlib.suppress(OSError, ValueError):
+        return int(Path(root, "hpage_pmd_size").read_text(encoding="utf-8"))
+    return 2 << 20
+
+
 def cpu_capabilities() -> dict[str, Any]:
     """The host capability probe (one place): instruction sets, cores, NUMA nodes, caches.
 
@@ -95,6 +115,7 @@ def cpu_capabilities() -> dict[str, Any]:
         "cores": cores,
         "numa_nodes": _numa_nodes(),
         "caches": _cache_sizes(),
+        "thp": thp_mode(),  # transparent huge pages (npu_lora.moe.pages)
     }
 
 
@@ -131,6 +152,9 @@ def machine_facts(engine: Any = None) -> dict[str, Any]:
     host = getattr(engine, "host_choice", None)
     if host is not None:  # moe.hostDtype as resolved (npu_lora.moe.host_dtype)
         facts["host"] = host.to_dict()
+    pages = getattr(engine, "experts_pages", None)
+    if pages is not None:  # expert weights in huge pages (npu_lora.moe.pages)
+        facts["experts_pages"] = pages
     backend = getattr(engine, "backend", None)
     if backend is not None:
         facts["backend"] = getattr(backend, "name", type(backend).__name__)

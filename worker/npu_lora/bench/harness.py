@@ -265,6 +265,9 @@ class VariantRunner:
                 cfg = getattr(m.experts, "config", None)
                 memo = {id(cfg): cfg} if cfg is not None else {}
                 blocks.append(copy.deepcopy(m._block, memo).float())
+            from npu_lora.moe.pages import place_experts
+
+            place_experts(blocks)  # the same kind of pages as the engine's own weights
             self._fp32_blocks = blocks
         return self._fp32_blocks
 

@@ -705,6 +705,10 @@ def build_engine(
         model_root=model_root,
         device_dtype=device_dtype,
     )
+    from npu_lora.models.build import moe_blocks
+    from npu_lora.moe.pages import place_experts
+
+    experts_pages = place_experts(moe_blocks(model))  # before anything reads or copies them
     engine = HybridEngine(
         model,
         config,
@@ -722,4 +726,5 @@ def build_engine(
         host_compute_dtype=to_dtype(host_choice.compute_dtype),
     )
     engine.host_choice = host_choice  # summary.json machine.host, status.host
+    engine.experts_pages = experts_pages  # summary.json machine.experts_pages
     return engine
