@@ -34,6 +34,8 @@ def test_variant_parse():
     assert h.Variant.parse("peer+fp32@grouped_mm").fp32 and h.Variant.parse("peer+fp32").is_peer
     assert not h.Variant.parse("peer@grouped_mm").fp32
     assert h.Variant.parse("host-only+keep_graph+fp32@npu_lora_stream").fp32
+    v = h.Variant.parse("host-only+keep_graph+fp32+4k@npu_lora_stream")
+    assert v.plain_pages and v.fp32 and not h.Variant.parse("host-only").plain_pages
     for bad in (
         "hot+overlap+sequential",
         "device",
@@ -43,6 +45,8 @@ def test_variant_parse():
         "host-only+padmax",
         "peer+torch_head",
         "hot+fp32",
+        "hot+4k",
+        "peer+4k",
     ):
         with pytest.raises(ValueError):
             h.Variant.parse(bad)
@@ -218,6 +222,61 @@ def test_fp32_variant_runs_our_engine_on_fp32_experts_in_the_same_process():
     assert fp32[0]["host_hit_bytes"] == 2 * bf16[0]["host_hit_bytes"] > 0
     assert abs(fp32[0]["loss"] - recs["peer+fp32@grouped_mm"][0]["loss"]) < 1e-4
     assert fp32[0]["loss"] != bf16[0]["loss"]
+
+
+def test_4k_variant_runs_our_engine_on_copies_outside_the_placed_pages(monkeypatch):
+    """``+4k`` (and ``+fp32+4k``): that variant's steps run on copies of the expert tensors in
+    the allocator's memory (other storage, same values, so the same loss), the next variant on
+    the engine's own placed tensors again."""
+    from npu_lora.moe import pages
+
+    monkeypatch.setattr(pages, "thp_mode", lambda: "madvise")
+    monkeypatch.setattr(pages, "huge_page_bytes", lambda: 4096)  # place the tiny experts too
+    cfg = h.BenchConfig(preset="tiny-qwen3-moe", seq_len=16, host_dtype="bfloat16", limits=False)
+    engine = h._build_engine(cfg, False, lambda s: None)
+    assert engine.experts_pages["placed_tensors"] == 2 * len(engine.mlps)
+    runner = h.VariantRunner(engine, cfg, None)
+    (batch,) = h.make_batches(1, batch=1, seq_len=16, vocab=100, answer_tokens=4, seed=0)
+    own = [m.experts.gate_up_proj.data.data_ptr() for m in engine.mlps]
+    fp32_ptrs = None
+    recs, ptrs = {}, {}
+    for name in (
+        "host-only+keep_graph@npu_lora_stream",
+        "host-only+keep_graph+4k@npu_lora_stream",
+        "host-only+keep_graph+fp32@npu_lora_stream",
+        "host-only+keep_graph+fp32+4k@npu_lora_stream",
+        "host-only+keep_graph+4k@npu_lora_stream",
+        "host-only+keep_graph@npu_lora_stream",
+    ):
+        v = h.Variant.parse(name)
+        runner.apply(v)
+        now = [m.experts.gate_up_proj.data.data_ptr() for m in engine.mlps]
+        ptrs.setdefault(name, set()).add(tuple(now))
+        if name == "host-only+keep_graph+fp32@npu_lora_stream":
+            fp32_ptrs = now
+        recs.setdefault(name, []).append(runner.step(v, batch)["loss"])
+    bf16, bf16_4k = (
+        ptrs["host-only+keep_graph@npu_lora_stream"],
+        ptrs["host-only+keep_graph+4k@npu_lora_stream"],
+    )
+    assert bf16 == {tuple(own)} and len(bf16_4k) == 1  # the same copies every time
+    assert not set(own) & set(next(iter(bf16_4k)))
+    fp32_4k = ptrs["host-only+keep_graph+fp32+4k@npu_lora_stream"]
+    assert not set(fp32_ptrs) & set(next(iter(fp32_4k)))
+    assert len(set(recs["host-only+keep_graph@npu_lora_stream"])) == 1
+    assert (
+        recs["host-only+keep_graph+4k@npu_lora_stream"]
+        == recs["host-only+keep_graph@npu_lora_stream"]
+    )
+    assert (
+        recs["host-only+keep_graph+fp32+4k@npu_lora_stream"]
+        == recs["host-only+keep_graph+fp32@npu_lora_stream"]
+    )
+    assert (
+        recs["host-only+keep_graph+fp32@npu_lora_stream"]
+        != recs["host-only+keep_graph@npu_lora_stream"]
+    )
+    assert all(m.experts.gate_up_proj.dtype == torch.bfloat16 for m in engine.mlps)
 
 
 def test_bench_tiny_end_to_end(tmp_path, monkeypatch):

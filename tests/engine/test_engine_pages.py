@@ -76,8 +76,12 @@ def test_place_experts_moves_weights_of_a_huge_page_or_more(monkeypatch):
 
 @pytest.mark.parametrize(
     ("mode", "env", "reason"),
-    [("never", None, "no THP"), (None, None, "no THP"), ("always", None, "THP always"),
-     ("madvise", "0", "NPU_LORA_HUGEPAGES=0")],  # fmt: skip
+    [
+        ("never", None, "no THP"),
+        (None, None, "no THP"),
+        ("always", None, "THP always"),
+        ("madvise", "0", "NPU_LORA_HUGEPAGES=0"),
+    ],
 )
 def test_place_experts_leaves_weights_alone_where_asking_is_useless(monkeypatch, mode, env, reason):
     monkeypatch.setattr(pages, "thp_mode", lambda: mode)

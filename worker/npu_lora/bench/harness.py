@@ -72,7 +72,11 @@ class Variant:
     ``host-only+fp32``: our engine with fp32 instead of bf16 expert storage in the same run (the
     engine's expert tensors are pointed at the fp32 copy for that variant's steps), so bf16 vs
     fp32 storage is an A/B in one process; host-only placement only (the hot set's device copy
-    was made from the stored weights)."""
+    was made from the stored weights).
+    ``+4k``: the variant with its expert weights in the allocator's memory (a copy, made once)
+    instead of where the engine placed them (huge pages where THP is ``madvise``,
+    :mod:`npu_lora.moe.pages`), so the placement is an A/B in one process; host-only only,
+    combinable with ``+fp32``."""
 
     name: str
     placement: str  # host-only | hot | peer
@@ -84,6 +88,7 @@ class Variant:
     legacy: bool = False
     torch_head: bool = False
     fp32: bool = False  # fp32 expert weights (an fp32 copy when hostDtype is bf16)
+    plain_pages: bool = False  # +4k: expert weights in the allocator's memory, not placed
 
     @property
     def is_peer(self) -> bool:
@@ -100,7 +105,16 @@ class Variant:
         allowed = (
             {"fp32"}
             if placement == "peer"
-            else {"keep_graph", "sequential", "padmax", "overlap", "legacy", "torch_head", "fp32"}
+            else {
+                "keep_graph",
+                "sequential",
+                "padmax",
+                "overlap",
+                "legacy",
+                "torch_head",
+                "fp32",
+                "4k",
+            }
         )
         if flags - allowed:
             raise ValueError(
@@ -114,6 +128,8 @@ class Variant:
             raise ValueError(f"variant {name!r}: +{min(hot_only)} applies to hot placement only")
         if "fp32" in flags and placement == "hot":
             raise ValueError(f"variant {name!r}: +fp32 applies to host-only placement and peers")
+        if "4k" in flags and placement != "host-only":
+            raise ValueError(f"variant {name!r}: +4k applies to host-only placement only")
         return cls(
             name,
             placement,
@@ -125,6 +141,7 @@ class Variant:
             "legacy" in flags,
             "torch_head" in flags,
             "fp32" in flags,
+            "4k" in flags,
         )
 
 
@@ -248,6 +265,7 @@ class VariantRunner:
         self.hot_layers = hot_layers
         self.params = engine.trainable_parameters()
         self._fp32_blocks: list[torch.nn.Module] | None = None
+        self._plain: dict[bool, list[tuple[torch.Tensor, torch.Tensor]]] = {}  # +4k, by fp32
         # the engine's own expert tensors, restored after a +fp32 variant
         self._stored = [
             (m.experts.gate_up_proj.data, m.experts.down_proj.data) for m in engine.mlps
@@ -271,12 +289,23 @@ class VariantRunner:
             self._fp32_blocks = blocks
         return self._fp32_blocks
 
-    def _point_experts(self, fp32: bool) -> None:
-        """The engine's expert parameters on the fp32 copies (``+fp32``) or on their own data."""
-        blocks = self.fp32_blocks() if fp32 else [None] * len(self.engine.mlps)
-        for m, (gu, dn), b in zip(self.engine.mlps, self._stored, blocks, strict=True):
-            want_gu = b.experts.gate_up_proj.data if b is not None else gu
-            want_dn = b.experts.down_proj.data if b is not None else dn
+    def _weights(self, fp32: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer the expert tensors of the engine (or of the fp32 copies, ``+fp32``)."""
+        if not fp32:
+            return self._stored
+        return [(b.experts.gate_up_proj.data, b.experts.down_proj.data) for b in self.fp32_blocks()]
+
+    def plain_weights(self, fp32: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """``+4k``: copies of :meth:`_weights` in the allocator's memory, made on first use."""
+        if fp32 not in self._plain:
+            self._plain[fp32] = [(gu.clone(), dn.clone()) for gu, dn in self._weights(fp32)]
+        return self._plain[fp32]
+
+    def _point_experts(self, fp32: bool, plain: bool = False) -> None:
+        """The engine's expert parameters on the fp32 copies (``+fp32``), on copies in the
+        allocator's memory (``+4k``) or on their own data."""
+        weights = self.plain_weights(fp32) if plain else self._weights(fp32)
+        for m, (want_gu, want_dn) in zip(self.engine.mlps, weights, strict=True):
             if m.experts.gate_up_proj.data_ptr() != want_gu.data_ptr():
                 m.experts.gate_up_proj.data = want_gu
                 m.experts.down_proj.data = want_dn
@@ -285,7 +314,7 @@ class VariantRunner:
         eng = self.engine
         impl = v.experts_impl or self.cfg.experts_impl
         _set_experts_impl(eng, impl)
-        self._point_experts(v.fp32 and not v.is_peer)
+        self._point_experts(v.fp32 and not v.is_peer, v.plain_pages)
         host_dtype = eng.mlps[0].experts.gate_up_proj.dtype  # one dtype for every block
         compute = stream_compute_dtype(host_dtype) if impl == STREAM else host_dtype
         for m in eng.mlps:  # fp32 activations with bf16 weights: the stream kernel only

@@ -8,7 +8,7 @@ mode ``madvise`` (the default of several distributions, and of the VMs our figur
 only ranges advised with ``madvise(MADV_HUGEPAGE)`` before their first touch. Measured on a
 2-core AMD EPYC (AVX2, KVM guest, THP ``madvise``), one process, alternating: the
 ``npu_lora_stream`` layer at T=128 ran 1-5 % faster with its weights in huge pages
-(``experiments/2026-12-03-hugepages.md``); a plain copy was unchanged.
+(``experiments/2026-12-02-hugepages.md``); a plain copy was unchanged.
 
 Rule (:func:`place_experts`, called once when the model is built): when THP is ``madvise``,
 each expert weight tensor of at least one huge page is copied once into a private anonymous
