@@ -309,7 +309,9 @@ def test_bench_tiny_end_to_end(tmp_path, monkeypatch):
     assert (out / "bench.png").stat().st_size > 1000
     recs = [json.loads(line) for line in (out / "bench.jsonl").read_text().splitlines()]
     kinds = {r["kind"] for r in recs}
-    assert {"meta", "step", "summary", "hot", "memory"} <= kinds
+    assert {"meta", "step", "summary", "hot", "memory", "engine"} <= kinds
+    (built,) = [r for r in recs if r["kind"] == "engine"]  # the engine's resolved host side
+    assert built["host"]["dtype"] == "float32" and "placed_tensors" in built["experts_pages"]
     steps = [r for r in recs if r["kind"] == "step"]
     names = [*cfg.variants, "peer@grouped_mm"]
     assert len(steps) == len(names) * cfg.rounds * cfg.steps_per_round
@@ -416,8 +418,11 @@ def test_kernels_bench_tiny(tmp_path):
     assert all(r["rounds"] == 2 and r["fwd_ms"] > 0 for r in rows)
     assert all(r["copy_gbs"] > 0 and r["fwd_of_copy"] > 0 for r in rows)  # copy in the rotation
     assert "| 16 | float32 | frozen | npu_lora_sorted |" in (tmp_path / "kernels.md").read_text()
-    head = json.loads((tmp_path / "kernels.jsonl").read_text().splitlines()[0])
-    assert head["kind"] == "machine" and "isa" in head["cpu_capabilities"]
+    recs = [json.loads(line) for line in (tmp_path / "kernels.jsonl").read_text().splitlines()]
+    assert recs[0]["kind"] == "machine" and "isa" in recs[0]["cpu_capabilities"]
+    # where the weights sat, per module (the engine's placement rule; these are too small)
+    placed = [(r["dtype"], r["mode"], r["placed_tensors"]) for r in recs if r["kind"] == "pages"]
+    assert placed == [("float32", "frozen", 0), ("float32", "train", 0)]
 
 
 def test_kernels_bench_runs_a_forced_isa_per_impl(tmp_path, monkeypatch):

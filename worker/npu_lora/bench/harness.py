@@ -998,6 +998,10 @@ def run_bench(
         # warnings are those of what runs (e.g. no grouped_mm bf16 warning for stream variants)
         ours = [v.experts_impl or cfg.experts_impl for v in variants if not v.is_peer]
         engine = _build_engine(cfg, any_hot, log, ours[0] if ours else None)
+    built = machine_facts(engine)  # with the engine: hostDtype as resolved, experts' pages
+    emit({"kind": "engine", **{k: built[k] for k in ("host", "experts_pages") if k in built}})
+    if "experts_pages" in built:
+        log(f"expert weights: {built['experts_pages']}")
     if engine.backend.device.type != "cpu" and any(v.is_peer for v in variants):
         # the stock peer runs the whole model on one device; here the MoE blocks are on the host
         log("peers need the cpu backend (the whole stock model on the host): peers dropped")

@@ -48,6 +48,9 @@ def _module(H: int, inter: int, E: int, K: int, dtype: torch.dtype, train: bool,
         m.down_proj.copy_(torch.randn(m.down_proj.shape, generator=g) * 0.02)
     m = m.to(dtype)
     m.requires_grad_(train)
+    from npu_lora.moe.pages import place_experts
+
+    m.experts_pages = place_experts([m])  # as the engine places them (NPU_LORA_HUGEPAGES=0: not)
     return m, cfg
 
 
@@ -268,6 +271,9 @@ def bench_kernels(
         for mode in modes:
             m, cfg = _module(H, inter, E, K, dtype, mode == "train", seed)
             per_expert = expert_bytes(m.gate_up_proj, m.down_proj)
+            pages = {"kind": "pages", "dtype": dname, "mode": mode, **m.experts_pages}
+            jf.write(json.dumps(pages) + "\n")
+            log(f"{dname} {mode} expert weights: {m.experts_pages}")
             for T in tokens:
                 x0, idx, w, gy, hit = _inputs(T, H, E, K, dtype, seed)
                 inputs = (x0, idx, w, gy)
@@ -320,6 +326,11 @@ def bench_dtype_ab(
     jf.write("\n")
     m32, cfg32 = _module(H, inter, E, K, torch.float32, False, seed)
     m16, cfg16 = _module(H, inter, E, K, torch.bfloat16, False, seed)
+    for m in (m32, m16):
+        jf.write(
+            json.dumps({"kind": "pages", "dtype": str(m.gate_up_proj.dtype), **m.experts_pages})
+        )
+        jf.write("\n")
     cfg32._experts_implementation = cfg16._experts_implementation = impl
     rows = []
     for T in tokens:

@@ -7,7 +7,8 @@ Linux backs anonymous memory with transparent huge pages (THP) by itself in mode
 mode ``madvise`` (the default of several distributions, and of the VMs our figures come from)
 only ranges advised with ``madvise(MADV_HUGEPAGE)`` before their first touch. Measured on a
 2-core AMD EPYC (AVX2, KVM guest, THP ``madvise``), one process, alternating: the
-``npu_lora_stream`` layer at T=128 ran 1-5 % faster with its weights in huge pages
+``npu_lora_stream`` layer ran 0-4 % faster with its weights in huge pages, most where it is
+memory bound (fp32 at T=128), within noise at the engine step level
 (``experiments/2026-12-02-hugepages.md``); a plain copy was unchanged.
 
 Rule (:func:`place_experts`, called once when the model is built): when THP is ``madvise``,
@@ -98,7 +99,7 @@ def resident_huge_bytes(tensors: Iterable[torch.Tensor]) -> int:
 
 def place_experts(blocks: Iterable[nn.Module]) -> dict[str, Any]:
     """Put the expert weights (``experts.gate_up_proj`` / ``down_proj``) of the MoE ``blocks``
-    in huge pages where THP needs asking (module docstring); returns what was done:
+    (or of experts modules) in huge pages where THP needs asking (module docstring); returns what was done:
     ``{"thp", "placed_tensors", "placed_bytes", "huge_bytes"}`` (``reason`` when nothing was)."""
     mode = thp_mode()
     info: dict[str, Any] = {"thp": mode, "placed_tensors": 0, "placed_bytes": 0, "huge_bytes": 0}
@@ -111,7 +112,7 @@ def place_experts(blocks: Iterable[nn.Module]) -> dict[str, Any]:
     placed: list[torch.Tensor] = []
     with torch.no_grad():
         for block in blocks:
-            experts = getattr(block, "experts", None)
+            experts = getattr(block, "experts", block)  # a MoE block, or its experts
             for name in _EXPERT_PARAMS:
                 p = getattr(experts, name, None)
                 if not isinstance(p, torch.Tensor) or p.device.type != "cpu":
