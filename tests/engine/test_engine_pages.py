@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+
 import pytest
 import torch
 from npu_lora.engine import build_engine
@@ -21,6 +23,14 @@ def test_relocated_tensor_keeps_its_values_in_an_aligned_storage_of_its_own():
         assert out.untyped_storage().nbytes() == t.numel() * t.element_size()
         out.add_(1)  # writable, private: the source is untouched
         assert not torch.equal(out, t)
+        # what the run does with weights: save them, share them with local ranks
+        buf = io.BytesIO()
+        torch.save({"w": out}, buf)
+        buf.seek(0)
+        assert torch.equal(torch.load(buf)["w"], out)
+        shared = pages.relocate(t)
+        shared.share_memory_()
+        assert shared.is_shared() and torch.equal(shared, t)
     strided = torch.arange(24.0).view(4, 6).t()  # non-contiguous source
     assert torch.equal(pages.relocate(strided), strided)
     with pytest.raises(ValueError, match="CPU tensor"):
