@@ -326,11 +326,8 @@ def bench_dtype_ab(
     jf.write("\n")
     m32, cfg32 = _module(H, inter, E, K, torch.float32, False, seed)
     m16, cfg16 = _module(H, inter, E, K, torch.bfloat16, False, seed)
-    for m in (m32, m16):
-        jf.write(
-            json.dumps({"kind": "pages", "dtype": str(m.gate_up_proj.dtype), **m.experts_pages})
-        )
-        jf.write("\n")
+    for dname, m in (("float32", m32), ("bfloat16", m16)):
+        jf.write(json.dumps({"kind": "pages", "dtype": dname, **m.experts_pages}) + "\n")
     cfg32._experts_implementation = cfg16._experts_implementation = impl
     rows = []
     for T in tokens:

@@ -31,7 +31,6 @@ import contextlib
 import ctypes
 import mmap
 import os
-import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -39,20 +38,20 @@ import torch
 from torch import nn
 
 from npu_lora.machine import huge_page_bytes, thp_mode
+from npu_lora.models.build import EXPERT_PARAM_NAMES
 
-__all__ = ["ENV", "huge_page_bytes", "place_experts", "relocate", "resident_huge_bytes", "thp_mode"]
+__all__ = ["ENV", "place_experts", "relocate", "resident_huge_bytes"]
 
 #: ``NPU_LORA_HUGEPAGES=0``: leave the expert weights in the allocator's memory.
 ENV = "NPU_LORA_HUGEPAGES"
 _MADV_HUGEPAGE = 14  # <linux/mman.h>
-_EXPERT_PARAMS = ("gate_up_proj", "down_proj")
 
 
-def _madvise(addr: int, length: int) -> bool:
+def _madvise(addr: int, length: int) -> None:
+    """Advice only: where it fails the copy lands in ordinary pages (``huge_bytes`` says so)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    libc.madvise.restype = ctypes.c_int
-    return libc.madvise(addr, length, _MADV_HUGEPAGE) == 0
+    libc.madvise(addr, length, _MADV_HUGEPAGE)
 
 
 def relocate(t: torch.Tensor) -> torch.Tensor:
@@ -99,13 +98,13 @@ def resident_huge_bytes(tensors: Iterable[torch.Tensor]) -> int:
 
 def place_experts(blocks: Iterable[nn.Module]) -> dict[str, Any]:
     """Put the expert weights (``experts.gate_up_proj`` / ``down_proj``) of the MoE ``blocks``
-    (or of experts modules) in huge pages where THP needs asking (module docstring); returns what was done:
+    (or of experts modules) in huge pages where THP needs asking (module docstring); returns
     ``{"thp", "placed_tensors", "placed_bytes", "huge_bytes"}`` (``reason`` when nothing was)."""
     mode = thp_mode()
     info: dict[str, Any] = {"thp": mode, "placed_tensors": 0, "placed_bytes": 0, "huge_bytes": 0}
     if os.environ.get(ENV) == "0":
         return {**info, "reason": f"{ENV}=0"}
-    if mode != "madvise" or not sys.platform.startswith("linux"):
+    if mode != "madvise":  # None off Linux
         reason = "THP always: nothing to ask" if mode == "always" else "no THP to ask for"
         return {**info, "reason": reason}
     huge = huge_page_bytes()
@@ -113,7 +112,7 @@ def place_experts(blocks: Iterable[nn.Module]) -> dict[str, Any]:
     with torch.no_grad():
         for block in blocks:
             experts = getattr(block, "experts", block)  # a MoE block, or its experts
-            for name in _EXPERT_PARAMS:
+            for name in EXPERT_PARAM_NAMES:
                 p = getattr(experts, name, None)
                 if not isinstance(p, torch.Tensor) or p.device.type != "cpu":
                     continue
