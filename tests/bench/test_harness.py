@@ -36,6 +36,8 @@ def test_variant_parse():
     assert h.Variant.parse("host-only+keep_graph+fp32@npu_lora_stream").fp32
     v = h.Variant.parse("host-only+keep_graph+fp32+4k@npu_lora_stream")
     assert v.plain_pages and v.fp32 and not h.Variant.parse("host-only").plain_pages
+    v = h.Variant.parse("peer+fp32+sdpa@grouped_mm")
+    assert v.sdpa and v.fp32 and v.is_peer and not h.Variant.parse("peer").sdpa
     for bad in (
         "hot+overlap+sequential",
         "device",
@@ -47,6 +49,8 @@ def test_variant_parse():
         "hot+fp32",
         "hot+4k",
         "peer+4k",
+        "host-only+sdpa",
+        "hot+sdpa",
     ):
         with pytest.raises(ValueError):
             h.Variant.parse(bad)
@@ -189,6 +193,46 @@ def test_fp32_peer_runs_stock_blocks_with_fp32_experts_on_a_bf16_engine():
     # fp32 experts: grouped_mm and eager agree closely; the bf16 peer differs by bf16 rounding
     assert abs(losses["peer+fp32@grouped_mm"] - losses["peer+fp32@eager"]) < 1e-4
     assert abs(losses["peer+fp32@grouped_mm"] - losses["peer@grouped_mm"]) < 5e-2
+
+
+def test_sdpa_peer_runs_stock_attention_on_sdpa_and_restores_eager(monkeypatch):
+    """``peer+sdpa``: the stock model's attention goes through torch's
+    ``scaled_dot_product_attention`` (transformers' default) for that step only; the eager peer
+    and the engine's own steps never call it, the configs are back on ``eager`` after the step,
+    and the loss is the eager peer's up to rounding."""
+    cfg = h.BenchConfig(preset="tiny-qwen3-moe", seq_len=16, limits=False)
+    engine = h._build_engine(cfg, False, lambda s: None)
+    runner = h.VariantRunner(engine, cfg, None)
+    (batch,) = h.make_batches(1, batch=1, seq_len=16, vocab=100, answer_tokens=4, seed=0)
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*a, **kw):
+        calls.append(a[0].shape)
+        return sdpa(*a, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    losses, counts = {}, {}
+    for name in ("peer@grouped_mm", "peer+sdpa@grouped_mm", "host-only+keep_graph"):
+        v = h.Variant.parse(name)
+        runner.apply(v)
+        before = len(calls)
+        losses[name] = runner.step(v, batch)["loss"]
+        counts[name] = len(calls) - before
+    layers = int(engine.config.num_hidden_layers)
+    assert counts == {
+        "peer@grouped_mm": 0,
+        "peer+sdpa@grouped_mm": layers,
+        "host-only+keep_graph": 0,
+    }
+    impls = {
+        getattr(m.config, "_attn_implementation", None)
+        for m in engine.model.modules()
+        if getattr(m, "config", None) is not None
+    }
+    assert impls == {"eager"}
+    assert abs(losses["peer+sdpa@grouped_mm"] - losses["peer@grouped_mm"]) < 1e-4
+    assert abs(losses["host-only+keep_graph"] - losses["peer@grouped_mm"]) < 1e-4
 
 
 def test_fp32_variant_runs_our_engine_on_fp32_experts_in_the_same_process():

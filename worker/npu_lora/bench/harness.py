@@ -76,7 +76,12 @@ class Variant:
     ``+4k``: the variant with its expert weights in the allocator's memory (a copy, made once)
     instead of where the engine placed them (huge pages where THP is ``madvise``,
     :mod:`npu_lora.moe.pages`), so the placement is an A/B in one process; host-only only,
-    combinable with ``+fp32``."""
+    combinable with ``+fp32``.
+    ``peer+sdpa``: the stock model with transformers' default attention (``sdpa``: torch's
+    ``scaled_dot_product_attention``, a fused CPU kernel) instead of ``eager``, the
+    implementation the engine's models are built with (our device graphs write eager attention
+    out, the form RNGD compiles). A user of stock transformers + peft who sets nothing gets
+    ``sdpa``; combinable with ``+fp32``."""
 
     name: str
     placement: str  # host-only | hot | peer
@@ -89,6 +94,7 @@ class Variant:
     torch_head: bool = False
     fp32: bool = False  # fp32 expert weights (an fp32 copy when hostDtype is bf16)
     plain_pages: bool = False  # +4k: expert weights in the allocator's memory, not placed
+    sdpa: bool = False  # peer+sdpa: the stock model on transformers' sdpa attention
 
     @property
     def is_peer(self) -> bool:
@@ -103,7 +109,7 @@ class Variant:
         if placement not in ("host-only", "hot", "peer"):
             raise ValueError(f"variant {name!r}: placement must be host-only, hot or peer")
         allowed = (
-            {"fp32"}
+            {"fp32", "sdpa"}
             if placement == "peer"
             else {
                 "keep_graph",
@@ -142,6 +148,7 @@ class Variant:
             "torch_head" in flags,
             "fp32" in flags,
             "4k" in flags,
+            "sdpa" in flags,
         )
 
 
@@ -398,7 +405,13 @@ class VariantRunner:
             if v.fp32
             else [(m._block, m.host_dtype) for m in saved]
         )
+        # transformers picks the attention function per call from each module's config
+        configs = {id(c): c for m in eng.model.modules() if (c := getattr(m, "config", None))}
+        attn_saved = {k: getattr(c, "_attn_implementation", None) for k, c in configs.items()}
         try:
+            if v.sdpa:
+                for c in configs.values():
+                    c._attn_implementation = "sdpa"
             for layer, (block, dtype) in zip(layers, blocks, strict=True):
                 layer.mlp = _CastBlock(block, dtype)
             c0 = time.process_time()
@@ -418,6 +431,8 @@ class VariantRunner:
         finally:
             for layer, m in zip(layers, saved, strict=True):
                 layer.mlp = m
+            for k, c in configs.items():
+                c._attn_implementation = attn_saved[k]
         self._clear_grads()
         return {
             "loss": float(loss.detach()),

@@ -1,8 +1,9 @@
 // AVX2 + FMA instance (e.g. AMD EPYC without AVX-512): 8 fp32 lanes, 16 ymm registers.
 // Tiles (accumulators/coefficients + operand registers <= 16): dot 3 rows x 4 tokens
-// (12 + 3 + 1; fp32 and bf16 weights), axpy 3 rows x 4 tokens (12 coefficients + 3 weights + 1
-// accumulator). Chosen by interleaved measurements on an AVX2 EPYC
-// (experiments/2026-12-02-stream-kernel-v2.md). The bf16 axpy writes its out rows in unpack
+// (12 + 3 + 1; fp32 and bf16 weights), axpy 4 rows x 5 tokens (4 weights + 1 accumulator in
+// registers, the 20 coefficients read by the FMAs from the stack). Chosen by interleaved
+// measurements on an AVX2 EPYC (experiments/2026-12-02-stream-kernel-v2.md,
+// experiments/2026-12-03-axpy-tile.md). The bf16 axpy writes its out rows in unpack
 // order (NPU_LORA_AXPY_U16; experiments/2026-12-02-avx2-epyc.md).
 #pragma GCC target("avx2,fma,bmi2")
 #include <immintrin.h>
@@ -12,7 +13,8 @@ struct V {
   using reg = __m256;
   static constexpr int W = 8;
   static constexpr int DOT_RB = 3, DOT_NB = 4;
-  static constexpr int AXPY_RR = 3, AXPY_NB = 4;
+  static constexpr int AXPY_RR = 4, AXPY_NB = 5;
+  static constexpr bool AXPY_CF_MEM = true;  // coefficients as FMA memory operands (AxpyCoefs)
   static constexpr int PF_TILES = 2;  // prefetch distance (row tiles)
   // bf16 axpy in unpack order (NPU_LORA_AXPY_U16, stream_isa.h): 16 bf16 -> two fp32 vectors
   static inline reg lo16(const unsigned short* p) {  // columns 0-3, 8-11 of the 16

@@ -11,6 +11,7 @@ struct V {
   static constexpr int W = 16;
   static constexpr int DOT_RB = 4, DOT_NB = 6;
   static constexpr int AXPY_RR = 4, AXPY_NB = 6;
+  static constexpr bool AXPY_CF_MEM = false;
   static constexpr int PF_TILES = 2;
   static inline reg zero() { return _mm512_setzero_ps(); }
   static inline reg load(const float* p) { return _mm512_loadu_ps(p); }

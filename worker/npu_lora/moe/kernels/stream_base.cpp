@@ -6,6 +6,7 @@ struct V {
   static constexpr int W = 1;
   static constexpr int DOT_RB = 2, DOT_NB = 4;
   static constexpr int AXPY_RR = 2, AXPY_NB = 4;
+  static constexpr bool AXPY_CF_MEM = false;
   static constexpr int PF_TILES = 2;
   static inline float bits(unsigned short v) {
     unsigned int u = static_cast<unsigned int>(v) << 16;

@@ -26,7 +26,8 @@
 //   bf16 activations too (one 2W-word load widened to two vectors per operand, tile 2 x 5) was
 //   even at T=128 and ~8 % slower at T=512 (compute-bound) in interleaved runs;
 // - axpy (a weight row scales into every output row) walks RR whole weight rows at a time too,
-//   keeping the RR x NB coefficients in registers and updating the out rows in cache; a packed
+//   keeping the RR x NB coefficients in registers (AVX2: in an L1 stack block read by the FMAs,
+//   so that the tile can be 4 x 5) and updating the out rows in cache; a packed
 //   row-group variant (weights copied block by block into an L1 buffer) was 1.1-1.3x slower in
 //   interleaved runs (experiments/2026-12-02-stream-kernel-v2.md).
 
@@ -158,21 +159,43 @@ static void dot_rows(const WT* w, i64 ldw, i64 L, i64 R, const float* x, i64 ldx
   });
 }
 
+// The RR x NB coefficients of an axpy tile, each broadcast to a vector: in registers, or (V::
+// AXPY_CF_MEM) in an aligned stack block that every FMA reads as its memory operand, which frees
+// the registers for a taller tile (AVX2: 4 x 5 instead of 3 x 4; 16 registers cannot hold 20
+// coefficients). Measured on a 2-core AMD EPYC (Zen 3, AVX2), experiments/2026-12-03-axpy-tile.md:
+// backward T=512 fp32 0.90x, T=128 fp32 0.93x, bf16 0.97-0.99x the 3 x 4 register tile's time.
+template <int RR, int NB, bool MEM = V::AXPY_CF_MEM>
+struct AxpyCoefs {
+  typename V::reg r[NB][RR];
+  AxpyCoefs(const float* coef, i64 ldc) {
+#pragma GCC unroll 16
+    for (int t = 0; t < NB; ++t)
+#pragma GCC unroll 16
+      for (int j = 0; j < RR; ++j) r[t][j] = V::set1(coef[t * ldc + j]);
+  }
+  typename V::reg operator()(int t, int j) const { return r[t][j]; }
+};
+template <int RR, int NB>
+struct AxpyCoefs<RR, NB, true> {
+  alignas(64) float m[NB][RR][V::W];
+  AxpyCoefs(const float* coef, i64 ldc) {
+    for (int t = 0; t < NB; ++t)
+      for (int j = 0; j < RR; ++j) V::store(m[t][j], V::set1(coef[t * ldc + j]));
+  }
+  typename V::reg operator()(int t, int j) const { return V::load(m[t][j]); }
+};
+
 // ---- axpy: out[t, c] = sum_r coef[t, r] * w[r, c] ------------------------------------------------
 // Row tiles of RR weight rows (RR sequential streams, as in dot); for each token tile the RR x NB
 // coefficients sit in registers and the accumulators are the out rows themselves (L1/L2): per W
-// columns RR weight loads, NB accumulator loads and stores, RR x NB FMAs. The rows of a tile are
+// columns RR weight loads, NB accumulator loads and stores, RR x NB FMAs (coefficients: AxpyCoefs). The rows of a tile are
 // added in row order, so every out element is summed over r = 0, 1, 2, ... as a plain loop would.
 // bf16 weights are widened in natural order (zero-extend + shift).
 template <class WT, int RR, int NB>
 static inline void axpy_tile(const WT* w, i64 ldw, i64 L, const float* coef, i64 ldc, float* out,
                              i64 ldo, bool first, const WT* pf, i64 pc0, i64 pc1) {
   constexpr i64 LINE = 64 / sizeof(WT);
-  typename V::reg cf[NB][RR];
-#pragma GCC unroll 16
-  for (int t = 0; t < NB; ++t)
-#pragma GCC unroll 16
-    for (int j = 0; j < RR; ++j) cf[t][j] = V::set1(coef[t * ldc + j]);
+  const AxpyCoefs<RR, NB> cf(coef, ldc);
   i64 c = 0;
   for (; c + V::W <= L; c += V::W) {
     if (pf && (c & (LINE - 1)) == 0 && c >= pc0 && c < pc1)
@@ -185,7 +208,7 @@ static inline void axpy_tile(const WT* w, i64 ldw, i64 L, const float* coef, i64
     for (int t = 0; t < NB; ++t) {
       typename V::reg acc = first ? V::zero() : V::load(out + t * ldo + c);
 #pragma GCC unroll 16
-      for (int j = 0; j < RR; ++j) acc = V::fma(cf[t][j], wv[j], acc);
+      for (int j = 0; j < RR; ++j) acc = V::fma(cf(t, j), wv[j], acc);
       V::store(out + t * ldo + c, acc);
     }
   }
@@ -210,17 +233,13 @@ static inline void axpy_tile_u16(const bf16_t* w, i64 ldw, i64 L, const float* c
                                  float* out, i64 ldo, bool first, const bf16_t* pf, i64 pc0,
                                  i64 pc1) {
   constexpr i64 LINE = 32;
-  typename V::reg cf[NB][RR];
-#pragma GCC unroll 16
-  for (int t = 0; t < NB; ++t)
-#pragma GCC unroll 16
-    for (int j = 0; j < RR; ++j) cf[t][j] = V::set1(coef[t * ldc + j]);
+  const AxpyCoefs<RR, NB> cf(coef, ldc);
   auto half = [&](const typename V::reg* wv, float* o) {
 #pragma GCC unroll 16
     for (int t = 0; t < NB; ++t) {
       typename V::reg acc = first ? V::zero() : V::load(o + t * ldo);
 #pragma GCC unroll 16
-      for (int j = 0; j < RR; ++j) acc = V::fma(cf[t][j], wv[j], acc);
+      for (int j = 0; j < RR; ++j) acc = V::fma(cf(t, j), wv[j], acc);
       V::store(o + t * ldo, acc);
     }
   };
