@@ -273,7 +273,9 @@ def test_4k_variant_runs_our_engine_on_copies_outside_the_placed_pages(monkeypat
     the allocator's memory (other storage, same values, so the same loss), the next variant on
     the engine's own placed tensors again."""
     from npu_lora.moe import pages
+    from npu_lora.moe.experts import register
 
+    register()  # as run_bench does for the variants' kernels (the test runs alone too)
     monkeypatch.setattr(pages, "thp_mode", lambda: "madvise")
     monkeypatch.setattr(pages, "huge_page_bytes", lambda: 4096)  # place the tiny experts too
     cfg = h.BenchConfig(preset="tiny-qwen3-moe", seq_len=16, host_dtype="bfloat16", limits=False)
@@ -408,6 +410,55 @@ def test_cli_bench(tmp_path):
         and (out / "bench.png").exists()
         and (out / "bench.jsonl").exists()
     )
+
+
+def test_weight_copies_are_sized_per_copy_and_shared_between_fp32_variants():
+    """``copy_bytes``: the fp32 copy is counted once for ``+fp32`` and ``peer+fp32`` together (2x
+    the bf16 experts), ``+4k`` adds a copy per storage dtype, variants without copies need none."""
+    cfg = h.BenchConfig(preset="tiny-qwen3-moe", seq_len=16, host_dtype="bfloat16", limits=False)
+    engine = h._build_engine(cfg, False, lambda s: None)
+    stored = sum(m.experts.gate_up_proj.nbytes + m.experts.down_proj.nbytes for m in engine.mlps)
+    assert stored > 0 and engine.mlps[0].experts.gate_up_proj.dtype == torch.bfloat16
+    parse = h.Variant.parse
+    assert h.copy_bytes(engine, [parse("host-only+keep_graph"), parse("peer@grouped_mm")]) == {}
+    need = h.copy_bytes(engine, [parse("host-only+fp32"), parse("peer+fp32@grouped_mm")])
+    assert list(need.values()) == [2 * stored]
+    need = h.copy_bytes(
+        engine, [parse("host-only+4k"), parse("host-only+fp32+4k"), parse("peer+fp32")]
+    )
+    assert sorted(need.values()) == [stored, 2 * stored, 2 * stored]
+
+
+def test_bench_refuses_weight_copies_that_do_not_fit_before_making_them(tmp_path, monkeypatch):
+    """More copy bytes than 90 % of the memory available: a ValueError naming the variants, the
+    GiB needed and the limit's source, before any copy exists (no rounds run); the CLI exits 2
+    with it; ``NPU_LORA_MEMORY_LIMIT=none`` skips the check."""
+    made = []
+    monkeypatch.setattr(h.VariantRunner, "fp32_blocks", lambda self: made.append(1) or [])
+    monkeypatch.setenv("NPU_LORA_MEMORY_LIMIT", "1Ki")
+    cfg = h.BenchConfig(
+        preset="tiny-qwen3-moe",
+        seq_len=16,
+        rounds=1,
+        host_dtype="bfloat16",
+        variants=["host-only+keep_graph", "host-only+keep_graph+fp32"],
+        peers=False,
+        limits=False,
+        memory=False,
+        out=str(tmp_path / "b"),
+    )
+    with pytest.raises(ValueError) as e:
+        h.run_bench(cfg, log=lambda s: None)
+    msg = str(e.value)
+    assert "host-only+keep_graph+fp32" in msg and "GiB" in msg and "NPU_LORA_MEMORY_LIMIT" in msg
+    assert made == []
+    from npu_lora.cli import main
+
+    argv = ["bench", "--seq-len", "16", "--rounds", "1", "--host-dtype", "bf16", "--no-peers"]
+    argv += ["--variants", "host-only,host-only+fp32", "--no-limits", "--no-memory"]
+    assert main([*argv, "--out", str(tmp_path / "c")]) == 2
+    monkeypatch.setenv("NPU_LORA_MEMORY_LIMIT", "none")
+    assert h.available_bytes() == (None, "NPU_LORA_MEMORY_LIMIT")
 
 
 def test_engine_is_built_for_the_first_variants_kernel(tmp_path, monkeypatch):

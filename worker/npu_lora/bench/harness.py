@@ -263,6 +263,61 @@ def stream_compute_dtype(host_dtype: torch.dtype) -> torch.dtype:
     return getattr(torch, resolve_host_dtype(name, STREAM, log_it=False).compute_dtype)
 
 
+def copy_bytes(engine: Any, variants: Sequence[Variant]) -> dict[str, int]:
+    """Bytes of the weight copies the variants make on first use and keep for the run, by copy:
+    the fp32 copy of the MoE blocks (``+fp32`` and ``peer+fp32``; one copy shared by both) and
+    the ``+4k`` copies of the experts in the allocator's memory (one per storage dtype)."""
+    stored = sum(m.experts.gate_up_proj.nbytes + m.experts.down_proj.nbytes for m in engine.mlps)
+    elem = engine.mlps[0].experts.gate_up_proj.element_size() if engine.mlps else 4
+    fp32 = stored * 4 // elem
+    need: dict[str, int] = {}
+    if any(v.fp32 for v in variants):
+        need["fp32 copy of the experts (+fp32, peer+fp32)"] = fp32
+    if any(v.plain_pages and not v.fp32 for v in variants):
+        need["+4k copy of the experts"] = stored
+    if any(v.plain_pages and v.fp32 for v in variants):
+        need["+fp32+4k copy of the experts"] = fp32
+    return need
+
+
+def available_bytes() -> tuple[int | None, str]:
+    """Memory this process can still take: ``NPU_LORA_MEMORY_LIMIT`` (``none``: no check), else
+    the cgroup v2 limit minus its usage, else ``MemAvailable`` of ``/proc/meminfo``."""
+    from npu_lora.train.preflight import memory_limit, parse_bytes
+
+    env = os.environ.get("NPU_LORA_MEMORY_LIMIT")
+    if env is not None:
+        return parse_bytes(env), "NPU_LORA_MEMORY_LIMIT"
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = Path("/sys/fs/cgroup/memory.current").read_text().strip()
+        if limit.isdigit() and used.isdigit():
+            return int(limit) - int(used), "the cgroup's memory.max - memory.current"
+    except OSError:
+        pass
+    return memory_limit()
+
+
+def check_copy_memory(engine: Any, variants: Sequence[Variant]) -> dict[str, int]:
+    """Raise ValueError, before any copy is made, when the variants' weight copies
+    (:func:`copy_bytes`) would take more than 90 % of the memory still available (a bench that
+    the OOM killer ends loses every round; at Qwen3 widths each copy of 2 layers' experts is
+    2.4-4.8 GB). The steps' own activations are not counted: a run that passes can still run out."""
+    need = copy_bytes(engine, variants)
+    avail, source = available_bytes()
+    if not need or avail is None or sum(need.values()) <= 0.9 * avail:
+        return need
+    gib = 1 << 30
+    parts = ", ".join(f"{k} {b / gib:.1f} GiB" for k, b in need.items())
+    raise ValueError(
+        f"variants {[v.name for v in variants if v.fp32 or v.plain_pages]}: their weight copies "
+        f"need {sum(need.values()) / gib:.1f} GiB ({parts}), more than 90 % of the "
+        f"{avail / gib:.1f} GiB still available ({source}). Run fewer +fp32/+4k variants per "
+        "process (e.g. one storage dtype per run) or fewer --layers; NPU_LORA_MEMORY_LIMIT=none "
+        "skips this check."
+    )
+
+
 class VariantRunner:
     """Switches one engine between variants and runs one measured step of any of them."""
 
@@ -1024,6 +1079,9 @@ def run_bench(
         names = [v.name for v in variants]
         if baseline not in names:
             baseline = names[0]
+    copies = check_copy_memory(engine, variants)
+    if copies:
+        log("weight copies: " + ", ".join(f"{k} {b / 2**30:.2f} GiB" for k, b in copies.items()))
     batches = make_batches(
         max(cfg.steps_per_round, 1),
         batch=cfg.batch,

@@ -163,7 +163,9 @@ static void dot_rows(const WT* w, i64 ldw, i64 L, i64 R, const float* x, i64 ldx
 // AXPY_CF_MEM) in an aligned stack block that every FMA reads as its memory operand, which frees
 // the registers for a taller tile (AVX2: 4 x 5 instead of 3 x 4; 16 registers cannot hold 20
 // coefficients). Measured on a 2-core AMD EPYC (Zen 3, AVX2), experiments/2026-12-03-axpy-tile.md:
-// backward T=512 fp32 0.90x, T=128 fp32 0.93x, bf16 0.97-0.99x the 3 x 4 register tile's time.
+// backward 0.92x the 3 x 4 register tile's time at T=512 fp32, 0.91x at T=128 fp32, 0.97x at
+// T=128 bf16, 1.00x at T=512 bf16 (a 3 x 4 tile from memory alone gains nothing: the taller tile
+// does).
 template <int RR, int NB, bool MEM = V::AXPY_CF_MEM>
 struct AxpyCoefs {
   typename V::reg r[NB][RR];
