@@ -31,6 +31,9 @@ def test_defaults_are_the_seeds_four_variants():
     ("bench", "needle"),
     [
         ({"variants": ["hot+fast"]}, "variants"),
+        ({"variants": ["host-only", "hot+fp32"]}, "variants[1]: variant 'hot.fp32': .fp32 applies"),
+        ({"variants": ["host-only+sequential"]}, "variants[0]: .*sequential applies to hot"),
+        ({"variants": ["peer+keep_graph"]}, "variants"),
         ({"variants": ["hot", "hot"]}, "duplicates"),
         ({"baseline": "peer"}, "baseline 'peer' is not one of the variants"),
         ({"rounds": 0}, "rounds"),
@@ -48,6 +51,31 @@ def test_invalid_benchmark_names_the_field(tmp_path, bench, needle):
     p.write_text(yaml.safe_dump(doc))
     with pytest.raises(SpecError, match=needle.replace("[", r"\[")):
         load_manifest(str(p))
+
+
+def test_variants_take_the_bench_cli_grammar():
+    """Every modifier ``npu-lora bench`` runs is admitted, with the CLI's combination rules: the
+    fair bf16 peer (``peer+fp32``), the stock default attention (``peer+sdpa``), fp32 storage and
+    the 4 KiB-page copies of our engine."""
+    import re
+
+    from npu_lora.api.v1alpha1 import VARIANT_PATTERN
+    from npu_lora.bench.variant import Variant
+
+    names = [
+        "host-only+keep_graph@npu_lora_stream",
+        "host-only+keep_graph+fp32+4k@npu_lora_stream",
+        "host-only+torch_head",
+        "hot+keep_graph+overlap+padmax",
+        "peer+fp32@grouped_mm",
+        "peer+fp32+sdpa@grouped_mm",
+    ]
+    b = _manifest(variants=names).spec.benchmark
+    assert b is not None and b.variants == names
+    for n in names:  # the CRD's admission pattern agrees
+        assert re.match(VARIANT_PATTERN, n) and Variant.parse(n).name == n
+    for bad in ("peer+keep_graph", "hot+sdpa", "host-only+fast"):
+        assert not re.match(VARIANT_PATTERN, bad)
 
 
 def test_cases_sweep_every_combination():

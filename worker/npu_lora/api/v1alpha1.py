@@ -31,6 +31,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from npu_lora.api import record
+from npu_lora.bench.variant import HOST_MODIFIERS, PEER_MODIFIERS, Variant
 
 GROUP = "npu-lora.io"
 VERSION = "v1alpha1"
@@ -582,9 +583,12 @@ class ResourceRequirements(_Model):
 
 #: The seed's four variants (``npu-lora bench``'s default).
 BENCHMARK_VARIANTS = ("host-only", "host-only+keep_graph", "hot", "hot+keep_graph")
-#: ``npu-lora bench``'s variant grammar (``npu_lora.bench.harness.Variant``).
+#: ``npu-lora bench``'s variant grammar (``npu_lora.bench.variant``) as a regular expression, for
+#: the CRD's admission check; the combination rules (e.g. ``+sequential`` only with ``hot``) are
+#: ``Variant.parse``'s, applied by ``BenchmarkSpec``.
 VARIANT_PATTERN = (
-    r"^((host-only|hot)(\+(keep_graph|sequential|padmax|overlap|legacy))*|peer)(@[a-z_]+)?$"
+    rf"^((host-only|hot)(\+({'|'.join(HOST_MODIFIERS)}))*|peer(\+({'|'.join(PEER_MODIFIERS)}))*)"
+    r"(@[a-z_]+)?$"
 )
 
 
@@ -600,9 +604,11 @@ class BenchmarkSpec(_Model):
         min_length=1,
         max_length=16,
         description=(
-            "Variants: `<host-only|hot>[+keep_graph][+sequential|+overlap][+padmax][+legacy][@kernel]` "
-            "or `peer[@kernel]` (stock transformers + peft, cpu backend only). Default: the "
-            "seed's four (host-only, host-only+keep_graph, hot, hot+keep_graph)."
+            "Variants: `<host-only|hot>[+keep_graph][+sequential|+overlap][+padmax][+legacy]"
+            "[+torch_head][+fp32][+4k][@kernel]` or `peer[+fp32][+sdpa][@kernel]` (stock "
+            "transformers + peft, cpu backend only); `+fp32` and `+4k` with host-only only, "
+            "`+sequential`, `+overlap`, `+padmax` with hot only (`npu-lora bench` modifiers). "
+            "Default: the seed's four (host-only, host-only+keep_graph, hot, hot+keep_graph)."
         ),
     )
     baseline: str | None = Field(
@@ -645,6 +651,11 @@ class BenchmarkSpec(_Model):
 
     @model_validator(mode="after")
     def _baseline_is_a_variant(self) -> BenchmarkSpec:
+        for i, v in enumerate(self.variants):
+            try:
+                Variant.parse(v)
+            except ValueError as e:
+                raise ValueError(f"variants[{i}]: {e}") from None
         if len(set(self.variants)) != len(self.variants):
             raise ValueError(f"variants: duplicates in {self.variants}")
         if self.baseline is not None and self.baseline not in self.variants:
