@@ -183,21 +183,18 @@ def copy_bytes(engine: Any, variants: Sequence[Variant]) -> dict[str, int]:
 
 
 def available_bytes() -> tuple[int | None, str]:
-    """Memory this process can still take: ``NPU_LORA_MEMORY_LIMIT`` (``none``: no check), else
-    the cgroup v2 limit minus its usage, else ``MemAvailable`` of ``/proc/meminfo``."""
-    from npu_lora.train.preflight import memory_limit, parse_bytes
+    """Memory this process can still take: ``npu-lora run``'s memory limit
+    (:func:`npu_lora.train.preflight.memory_limit`: ``NPU_LORA_MEMORY_LIMIT``, ``none`` for no
+    check, else the cgroup's limit, else ``MemAvailable``) less what this process holds now
+    (``MemAvailable`` is already net of it)."""
+    from npu_lora.train import preflight
 
-    env = os.environ.get("NPU_LORA_MEMORY_LIMIT")
-    if env is not None:
-        return parse_bytes(env), "NPU_LORA_MEMORY_LIMIT"
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        used = Path("/sys/fs/cgroup/memory.current").read_text().strip()
-        if limit.isdigit() and used.isdigit():
-            return int(limit) - int(used), "the cgroup's memory.max - memory.current"
-    except OSError:
-        pass
-    return memory_limit()
+    limit, source = preflight.memory_limit()
+    if limit is None or source == preflight.MEMAVAILABLE:
+        return limit, source
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    held = pages * os.sysconf("SC_PAGE_SIZE")
+    return limit - held, f"{source} less {held / 2**30:.1f} GiB held by this process"
 
 
 def check_copy_memory(engine: Any, variants: Sequence[Variant]) -> dict[str, int]:
@@ -363,12 +360,15 @@ class VariantRunner:
             else [(m._block, m.host_dtype) for m in saved]
         )
         # transformers picks the attention function per call from each module's config
-        configs = {id(c): c for m in eng.model.modules() if (c := getattr(m, "config", None))}
-        attn_saved = {k: getattr(c, "_attn_implementation", None) for k, c in configs.items()}
+        configs = (
+            {id(c): c for m in eng.model.modules() if (c := getattr(m, "config", None))}
+            if v.sdpa
+            else {}
+        )
+        attn_saved = {k: c._attn_implementation for k, c in configs.items()}
         try:
-            if v.sdpa:
-                for c in configs.values():
-                    c._attn_implementation = "sdpa"
+            for c in configs.values():
+                c._attn_implementation = "sdpa"
             for layer, (block, dtype) in zip(layers, blocks, strict=True):
                 layer.mlp = _CastBlock(block, dtype)
             c0 = time.process_time()

@@ -193,6 +193,10 @@ def _read(path: str) -> str | None:
         return None
 
 
+#: ``memory_limit``'s source when no limit is set: memory still free, not a limit on the total.
+MEMAVAILABLE = "MemAvailable in /proc/meminfo"
+
+
 def memory_limit() -> tuple[int | None, str]:
     """(bytes, where it came from); None: no limit known or the check is turned off."""
     env = os.environ.get("NPU_LORA_MEMORY_LIMIT")
@@ -205,7 +209,7 @@ def memory_limit() -> tuple[int | None, str]:
     info = _read("/proc/meminfo") or ""
     for line in info.splitlines():
         if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024, "MemAvailable in /proc/meminfo"
+            return int(line.split()[1]) * 1024, MEMAVAILABLE
     return None, "unknown"
 
 

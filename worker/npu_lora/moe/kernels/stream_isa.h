@@ -27,9 +27,9 @@
 //   even at T=128 and ~8 % slower at T=512 (compute-bound) in interleaved runs;
 // - axpy (a weight row scales into every output row) walks RR whole weight rows at a time too,
 //   keeping the RR x NB coefficients in registers (AVX2: in an L1 stack block read by the FMAs,
-//   so that the tile can be 4 x 5) and updating the out rows in cache; a packed
-//   row-group variant (weights copied block by block into an L1 buffer) was 1.1-1.3x slower in
-//   interleaved runs (experiments/2026-12-02-stream-kernel-v2.md).
+//   so that the tile can be 4 x 5) and updating the out rows in cache; a packed row-group
+//   variant (weights copied block by block into an L1 buffer) was 1.1-1.3x slower in interleaved
+//   runs (experiments/2026-12-02-stream-kernel-v2.md).
 
 namespace {
 
@@ -189,9 +189,10 @@ struct AxpyCoefs<RR, NB, true> {
 
 // ---- axpy: out[t, c] = sum_r coef[t, r] * w[r, c] ------------------------------------------------
 // Row tiles of RR weight rows (RR sequential streams, as in dot); for each token tile the RR x NB
-// coefficients sit in registers and the accumulators are the out rows themselves (L1/L2): per W
-// columns RR weight loads, NB accumulator loads and stores, RR x NB FMAs (coefficients: AxpyCoefs). The rows of a tile are
-// added in row order, so every out element is summed over r = 0, 1, 2, ... as a plain loop would.
+// coefficients are broadcast once (AxpyCoefs) and the accumulators are the out rows themselves
+// (L1/L2): per W columns RR weight loads, NB accumulator loads and stores, RR x NB FMAs. The rows
+// of a tile are added in row order, so every out element is summed over r = 0, 1, 2, ... as a
+// plain loop would.
 // bf16 weights are widened in natural order (zero-extend + shift).
 template <class WT, int RR, int NB>
 static inline void axpy_tile(const WT* w, i64 ldw, i64 L, const float* coef, i64 ldc, float* out,
