@@ -120,23 +120,49 @@ def _source_digest() -> str:
     return h.hexdigest()[:16]
 
 
-def compiler_id() -> str:
-    """``"<resolved file name> <version>"`` of ``$CXX`` (else ``c++``), ``"none"`` without one."""
+def compiler_id(root: Path | None = None) -> str:
+    """``"<resolved file name> <version>"`` of ``$CXX`` (else ``c++``), ``"none"`` without one.
+
+    The version is asked of the compiler once per compiler file (path, size, mtime) and kept in
+    ``<cache>/compilers.json``, so a run whose kernel is built (an image's) never runs it."""
     cxx = os.environ.get("CXX", "c++")
     path = shutil.which(cxx)
     if path is None:
         return "none"
+    real = os.path.realpath(path)
+    try:
+        st = os.stat(real)
+    except OSError:
+        return "none"
+    sig = f"{real}:{st.st_size}:{st.st_mtime_ns}"
+    known_file = (root or cache_dir()) / "compilers.json"
+    try:
+        known = json.loads(known_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        known = {}
+    if not isinstance(known, dict):
+        known = {}
+    if isinstance(known.get(sig), str):
+        return known[sig]
     try:
         out = subprocess.run(
-            [path, "-dumpfullversion", "-dumpversion"],
+            [real, "-dumpfullversion", "-dumpversion"],
             capture_output=True,
             text=True,
             timeout=30,
             check=True,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        out = "unknown"
-    return f"{os.path.basename(os.path.realpath(path))} {out}"
+        return f"{os.path.basename(real)} unknown"
+    ident = f"{os.path.basename(real)} {out}"
+    try:  # best effort (a read-only cache: asked again next time)
+        known_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = known_file.with_name(f".compilers.{os.getpid()}.json")
+        tmp.write_text(json.dumps({**known, sig: ident}, indent=1), encoding="utf-8")
+        os.replace(tmp, known_file)
+    except OSError:
+        pass
+    return ident
 
 
 def key_parts() -> dict[str, str]:
