@@ -205,3 +205,19 @@ def test_the_real_build_is_published_under_its_key():
     assert st["state"] == "built" and st["lock_owner"] is None
     root = Path(st["cache"])
     assert not list(root.glob(f".build-{st['key']}-*"))
+
+
+def test_kernels_build_and_status_commands(capsys):
+    """``npu-lora kernels build`` prints where and how long; ``status --json`` the key's state."""
+    from npu_lora.cli import main
+
+    if os.environ.get("NPU_LORA_STREAM_EXT") == "0":
+        pytest.skip("extension disabled")
+    assert main(["kernels", "build"]) == 0
+    out = capsys.readouterr().out
+    key = kernels.key_name(kernels.key_parts())
+    assert key in out and " s " in out and "this CPU runs: " in out
+    assert main(["kernels", "status", "--json"]) == 0
+    st = json.loads(capsys.readouterr().out)
+    assert st["key"] == key and st["state"] == "built" and st["build_seconds"] > 0
+    assert set(st["parts"]) == {"torch", "python", "source", "arch", "compiler"}
