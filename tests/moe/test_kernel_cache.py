@@ -221,3 +221,47 @@ def test_kernels_build_and_status_commands(capsys):
     st = json.loads(capsys.readouterr().out)
     assert st["key"] == key and st["state"] == "built" and st["build_seconds"] > 0
     assert set(st["parts"]) == {"torch", "python", "source", "arch", "compiler"}
+
+
+def _fake_cpp_load(monkeypatch, effect):
+    import torch.utils.cpp_extension as cpp
+
+    def fake_load(name, sources, build_directory, **kw):
+        return effect(Path(build_directory), name)
+
+    monkeypatch.setattr(cpp, "load", fake_load)
+
+
+def test_a_first_use_build_says_what_it_does_and_how_long_it_usually_takes(
+    fresh_kernels, monkeypatch, caplog
+):
+    import types
+
+    def built(d: Path, name: str):
+        (d / f"{name}.so").write_bytes(b"")
+        mod = types.ModuleType(name)
+        mod.__file__ = str(d / f"{name}.so")
+        return mod
+
+    _fake_cpp_load(monkeypatch, built)
+    with caplog.at_level(logging.WARNING):
+        mod = kernels.load()
+    assert mod is not None and kernels.error() is None
+    assert "building the npu_lora_stream host kernel" in caplog.text
+    assert f"usually ~{kernels.TYPICAL_BUILD_S:.0f} s" in caplog.text
+    assert "built the host kernel in" in caplog.text
+    assert kernels.status()["state"] == "built"
+
+
+def test_a_failed_build_logs_the_compiler_error_not_just_its_tail(fresh_kernels, monkeypatch):
+    def fails(d: Path, name: str):
+        raise RuntimeError(
+            "Error building extension 'x':\n[1/6] c++ ... stream.cpp\n"
+            "/usr/include/pybind11/detail/common.h:274:10: fatal error: Python.h: "
+            "No such file or directory\n" + "ninja: build stopped: subcommand failed.\n" * 40
+        )
+
+    _fake_cpp_load(monkeypatch, fails)
+    assert kernels.load() is None
+    assert "fatal error: Python.h: No such file or directory" in (kernels.error() or "")
+    assert not list(fresh_kernels.glob(".build-*"))
