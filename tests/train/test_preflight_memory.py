@@ -81,8 +81,11 @@ def test_an_undersized_worker_fails_before_loading_naming_the_limit_field(
     assert code == EXIT_CONFIG_ERROR, err
     assert "Set spec.resources.limits.memory" in err and "pod/memory.max" in err
     spec = load_manifest(_spec_of(cfg)).spec
-    est = memory.estimate(spec, preflight.model_widths(spec), host_dtype="bfloat16")
-    assert f"at least {memory.recommended_limit(est) >> 30}Gi" in err  # auto's smallest choice
+    cfg_w = preflight.model_widths(spec)
+    widest, bf16 = (memory.estimate(spec, cfg_w, host_dtype=d) for d in ("float32", "bfloat16"))
+    # auto's widest choice (what the operator's `memory: auto` sets), and the bf16 figure
+    assert f"at least {memory.recommended_limit(widest) >> 30}Gi " in err
+    assert f"({memory.recommended_limit(bf16) >> 30}Gi with moe.hostDtype: bfloat16)" in err
     assert not out.exists() and time.perf_counter() - t0 < 10
 
 

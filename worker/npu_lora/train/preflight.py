@@ -195,19 +195,23 @@ def check_memory(spec: Any, examples: int = 0) -> MemoryEstimate | None:
     widest = estimate(spec, cfg, examples)
     if widest is None or limit is None or widest.total <= limit:
         return widest
-    est = estimate(spec, cfg, examples, "bfloat16" if spec.moe.host_dtype == "auto" else None)
-    if est is not None and est.total <= limit:
-        est = estimate_memory(spec, cfg, examples)
-    if est is None or est.total <= limit:
-        return est
+    auto = spec.moe.host_dtype == "auto"
+    bf16 = estimate(spec, cfg, examples, "bfloat16") if auto else None
+    est = widest
+    if bf16 is not None and bf16.total <= limit:
+        est = estimate_memory(spec, cfg, examples)  # fits only with bf16: which does auto pick?
+        if est is None or est.total <= limit:
+            return est
     t = spec.training
-    need = recommended_limit(est) // GiB
+    need = f"at least {recommended_limit(est) // GiB}Gi"
+    if bf16 is not None and est.host_dtype != "bfloat16":
+        need += f" ({recommended_limit(bf16) // GiB}Gi with moe.hostDtype: bfloat16)"
     raise SpecError(
         f"spec.resources.limits.memory: the run needs an estimated {est.describe()}, more than "
         f"the memory limit {limit / GiB:.1f} GiB ({source}). Set spec.resources.limits.memory "
-        f"(and requests.memory) to at least {need}Gi (the estimate + 25 % + 2 GiB for the "
-        f"runtime), or shrink the run: spec.training.batchSize: {t.batch_size} × "
-        f"spec.training.seqLen: {t.seq_len} (spec.training.gradAccumulation keeps the "
-        "effective batch), moe.hostDtype: bfloat16, or fewer model layers. "
+        f"(and requests.memory) to {need} (the estimate + 25 % + 2 GiB for the runtime), or "
+        f"shrink the run: spec.training.batchSize: {t.batch_size} × spec.training.seqLen: "
+        f"{t.seq_len} (spec.training.gradAccumulation keeps the effective batch), "
+        "moe.hostDtype: bfloat16, or fewer model layers. "
         "NPU_LORA_MEMORY_LIMIT=none skips this check."
     )
