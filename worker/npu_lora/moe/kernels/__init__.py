@@ -282,7 +282,7 @@ def build(*, timeout: float | None = None) -> tuple[ModuleType, Path, bool]:
     def on_build() -> None:
         log.warning(
             "building the %s host kernel for this torch/compiler (cache key %s) into %s: "
-            "usually ~%.0f s on 2 cores, a few minutes under load; once per venv or image "
+            "usually ~%.0f s, a few minutes on a loaded 2-core machine; once per venv or image "
             "(`npu-lora kernels build` does it ahead of time)",
             PREFIX,
             name,
