@@ -79,9 +79,9 @@ LABEL org.opencontainers.image.description="npu-lora worker: hybrid device/host 
 # furiosa-torch's compiler shells out to an aarch64 cross-compiler (it builds code for the
 # card's host-side cores); without these two packages every op fails to compile. Versions are
 # those of Debian 12 (bookworm), which the base image tag above pins.
-# g++: the npu_lora_stream host experts kernel is compiled on first use (moe/kernels; ninja comes
-# from pip, the worker extra) into $XDG_CACHE_HOME/npu-lora; without it the kernel falls back to
-# torch ops.
+# g++: the npu_lora_stream host experts kernel is compiled at image build time below
+# (`npu-lora kernels build`; ninja comes from pip, the worker extra); g++ stays in the image only
+# as the JIT fallback for a venv whose cache key differs (docs/kernels.md).
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
        g++=4:12.2.0-3 \
@@ -105,6 +105,14 @@ RUN pip install --no-cache-dir "$(ls /tmp/wheels/npu_lora-*.whl)[rngd]" \
     && rm -r /tmp/wheels \
     && TORCH_DEVICE_BACKEND_AUTOLOAD=0 python -c \
        "import torch, npu_lora; assert torch.__version__.split('+')[0] == '${TORCH_VERSION}', torch.__version__"
+
+# The host experts kernel, built once here under this image's cache key (torch, Python, g++,
+# sources) into a world-readable cache: pods load it without invoking a compiler. A failed build
+# fails the image build (with the compiler's whole error), never a silent torch fallback per pod.
+ENV NPU_LORA_KERNEL_CACHE=/opt/npu-lora/cache
+RUN TORCH_DEVICE_BACKEND_AUTOLOAD=0 npu-lora kernels build \
+    && TORCH_DEVICE_BACKEND_AUTOLOAD=0 npu-lora kernels status \
+    && chmod -R a+rX /opt/npu-lora
 
 # Writable defaults for a read-only root filesystem: furiosa's compile cache lives under
 # $XDG_CACHE_HOME/furiosa. In a cluster the operator's Job sets XDG_CACHE_HOME to where it mounts

@@ -27,11 +27,12 @@ before any of its children exists: the run ends ``Failed`` with the condition re
                                   operator (``model.path`` on a volume it does not mount)
 ===============================  ==============================================================
 
-The ``auto`` memory estimate is the worker's own pre-flight estimate
-(:func:`npu_lora.train.preflight.estimate_memory`: host-resident weights + LoRA optimizer state
-+ activations of one micro-batch of ``batchSize × seqLen`` tokens, a lower bound), from the
-model's config (a preset's packaged config.json), plus 25 % and 2 GiB for the Python/torch
-runtime, rounded up to a whole GiB: :func:`auto_memory`. A run whose spec sets a memory
+The ``auto`` memory estimate is the torch-free estimate the worker's pre-flight checks too
+(:mod:`npu_lora.api.memory`: host-resident weights + LoRA optimizer state + activations of one
+micro-batch of ``batchSize × seqLen`` tokens, a lower bound), from the model's config (a
+preset's packaged config.json; ``moe.hostDtype: auto`` sized as float32, the widest choice the
+worker's CPU can make), plus 25 % and 2 GiB for the Python/torch runtime, rounded up to a whole
+GiB: :func:`auto_memory`. A run whose spec sets a memory
 request but no limit gets a limit of at least its request; a spec limit without a request is
 left to Kubernetes (the request then equals the limit).
 
@@ -48,13 +49,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from npu_lora.api import memory
+from npu_lora.api.memory import preset_estimate, recommended_limit
+
 Body = dict[str, Any]
 
 GiB = 1 << 30
 AUTO = "auto"
 REASON = "PolicyViolation"
 #: the auto memory's allowance for the interpreter, torch, transformers and peft themselves
-RUNTIME_BYTES = 2 * GiB
+RUNTIME_BYTES = memory.RUNTIME_BYTES
 
 #: the chart value keys (camelCase) -> PodPolicy attribute
 _KEYS = {
@@ -316,20 +320,15 @@ def _gib(n_bytes: int) -> str:
 
 
 def auto_memory(spec: Any, policy: PodPolicy) -> tuple[str, str]:
-    """``(quantity, how it was found)``: the pre-flight estimate + 25 % + 2 GiB, rounded up to
-    a GiB; ``policy.memoryWhenUnknown`` when the model's widths are unknown here."""
-    try:
-        from npu_lora.train.preflight import estimate_memory, model_widths
-
-        cfg = model_widths(spec) if spec.model.preset else None
-        est = estimate_memory(spec, cfg) if cfg else None
-    except Exception:  # an unreadable config: the fallback below
-        est = None
+    """``(quantity, how it was found)``: for a preset, the torch-free estimate
+    (:func:`npu_lora.api.memory.preset_estimate`, ``moe.hostDtype: auto`` sized as its widest
+    choice, float32) + 25 % + 2 GiB, rounded up to a GiB; ``policy.memoryWhenUnknown`` for a
+    model given by path (its config is on a volume the operator does not mount: the worker's
+    pre-flight checks it against this limit before loading and names the field to set)."""
+    est = preset_estimate(spec)
     if est is None:
         return policy.memory_when_unknown, "policy.memoryWhenUnknown (model size unknown)"
-    return _gib(
-        int(est.total * 1.25) + RUNTIME_BYTES
-    ), f"estimated from the model ({est.describe()})"
+    return _gib(recommended_limit(est)), f"estimated from the model ({est.describe()})"
 
 
 def default_resources(spec: Any, res: Mapping[str, Any], policy: PodPolicy) -> Body:

@@ -27,9 +27,18 @@ body = {{"metadata": {{"name": "r", "namespace": "n", "uid": "u"}},
         "spec": {{"model": {{"preset": "tiny-qwen3-moe"}}, "data": {{"path": "example:x"}}}}}}
 job = builders.build_job(builders.Run.from_body(body), settings.OperatorConfig())
 assert job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"]
+body["spec"]["model"] = {{"preset": "qwen3-30b-a3b"}}
+job = builders.build_job(builders.Run.from_body(body), settings.OperatorConfig())
+qwen = job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"]
 assert 'torch' not in [k for k, v in sys.modules.items() if v is not None]
-print('ok', len(mods))
+assert 'npu_lora.moe' not in sys.modules  # the host kernel is never built or loaded here
+print('ok', len(mods), qwen)
 """
+
+QWEN_BODY = {
+    "metadata": {"name": "r", "namespace": "n", "uid": "u"},
+    "spec": {"model": {"preset": "qwen3-30b-a3b"}, "data": {"path": "example:x"}},
+}
 
 
 def test_operator_imports_without_torch() -> None:
@@ -51,3 +60,28 @@ def test_operator_imports_without_torch() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("ok")
+    _, _, qwen_without_torch = out.stdout.split()
+    assert qwen_without_torch == _qwen_memory_with_torch()
+
+
+def _qwen_memory_with_torch() -> str:
+    """The Qwen3-30B-A3B preset's ``auto`` limit where torch imports, and the worker's own
+    estimate of the same run (float32, ``auto``'s widest choice) rounded the same way."""
+    import torch  # noqa: F401  (importable here: nothing may depend on it)
+    from npu_lora.api.memory import recommended_limit
+    from npu_lora.train.preflight import estimate_memory, model_widths
+    from npu_lora_operator import builders, policy, settings
+
+    run = builders.Run.from_body(QWEN_BODY)
+    job = builders.build_job(run, settings.OperatorConfig())
+    limit = job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"]
+    est = estimate_memory(run.spec, model_widths(run.spec), host_dtype="float32")
+    assert est is not None
+    assert limit == f"{recommended_limit(est) >> 30}Gi" != policy.PodPolicy().memory_when_unknown
+    return limit
+
+
+def test_qwen3_30b_auto_memory_is_the_worker_estimate() -> None:
+    """48 layers × 128 experts × 3 × 768 × 2048 (+ router) in float32 is 108 GiB of experts;
+    with activations, + 25 % and 2 GiB: 138 GiB, not the 16Gi of an unknown model."""
+    assert _qwen_memory_with_torch() == "138Gi"

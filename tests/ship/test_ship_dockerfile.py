@@ -119,3 +119,17 @@ def test_dockerignore_keeps_what_the_dockerfile_copies():
         copied |= {s.rstrip("/") for s in sources}
     assert copied <= allowed, copied - allowed
     assert "README.md" in copied, "pyproject.toml's readme must be in the build context"
+
+
+def test_worker_image_builds_the_host_kernel_at_image_build_time():
+    """The kernel is compiled by a RUN step after the project is installed, into a cache the
+    non-root user can read; the operator stage never builds it."""
+    stages = _stages()
+    worker, op = stages["worker"], stages["operator"]
+    cache = re.search(r"(?m)^ENV NPU_LORA_KERNEL_CACHE=(\S+)$", worker)
+    assert cache, "the image's kernel cache is set"
+    m = re.search(r"(?m)^RUN .*npu-lora kernels build", worker)
+    assert m, "a RUN step builds the kernel"
+    build = m.start()
+    assert worker.index("[rngd]") < build < worker.index("USER 1000")
+    assert "chmod -R a+rX" in worker[build:] and "kernels" not in op

@@ -17,6 +17,10 @@ from npu_lora import __version__
 WORKER_COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("npu_lora.commands.run", "train from a MoEFinetune manifest or bare spec, locally"),
     "bench": ("npu_lora.commands.bench", "A/B benchmark of HostMLP variants in one process"),
+    "kernels": (
+        "npu_lora.commands.kernels",
+        "build the host experts kernel for this venv (`build`) or show its cache (`status`)",
+    ),
     "rngd-check": (
         "npu_lora.commands.rngd_check",
         "compile every device graph with furiosa-torch's compiler on the CPU",

@@ -80,6 +80,7 @@ import torch.nn.functional as F
 
 from npu_lora.moe import kernels
 from npu_lora.moe.experts import Routing, _check_module, build_routing
+from npu_lora.moe.kernels import ops
 
 NAME = "npu_lora_stream"
 
@@ -176,7 +177,7 @@ class StreamExpertsFunction(torch.autograd.Function):
         mod, isa = kernels.load(), kernels.isa()
         if mod is not None and isa is not None:
             offs = _offsets(r)
-            out, h = mod.forward(
+            out, h = ops.stream_forward(
                 _activations(hidden_states), r.token_idx, w_g, offs, gu, dn, r.inv_perm,
                 r.num_tokens, r.top_k, kernels.ISA_CODES[isa], GU_BLOCK, DOWN_BLOCK,
             )  # fmt: skip
@@ -198,10 +199,9 @@ class StreamExpertsFunction(torch.autograd.Function):
         w_g = top_k_weights.detach().reshape(-1)[r.perm].float().contiguous()
         g_g = None
         if ctx.isa is not None:
-            mod = kernels.load()
             split_d = -(-dn.shape[1] // BWD_SPLITS)
             split_gu = -(-gu.shape[1] // BWD_SPLITS)
-            dx, dw, dh = mod.backward(
+            dx, dw, dh = ops.stream_backward(
                 _activations(grad_out), r.token_idx, h, w_g, ctx.offs, gu, dn, r.inv_perm,
                 r.num_tokens, r.top_k, kernels.ISA_CODES[ctx.isa], split_d, split_gu,
             )  # fmt: skip

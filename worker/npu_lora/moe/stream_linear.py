@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from npu_lora.moe import kernels
+from npu_lora.moe.kernels import ops
 
 #: Most rows (N) the kernel takes: measured on the 2-core AMX Xeon against torch's ``mm`` at the
 #: head's shape, fp32 weights: N=8 fwd 54 vs 135 ms, bwd 58 vs 88 ms; N=16 71 vs 129, 81 vs 105;
@@ -62,7 +63,7 @@ class StreamLinearFunction(torch.autograd.Function):
         if mod is None or isa is None:
             raise RuntimeError("StreamLinearFunction needs the npu_lora_stream extension")
         x_ND = x.detach().reshape(-1, x.shape[-1]).contiguous()
-        y = mod.dense_forward(x_ND, weight, kernels.ISA_CODES[isa], FWD_BLOCK)
+        y = ops.dense_forward(x_ND, weight, kernels.ISA_CODES[isa], FWD_BLOCK)
         ctx.save_for_backward(weight)
         ctx.isa = isa
         ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
@@ -76,8 +77,7 @@ class StreamLinearFunction(torch.autograd.Function):
         g_NV = grad_y.reshape(-1, weight.shape[0])
         if g_NV.dtype not in (torch.float32, torch.bfloat16):
             g_NV = g_NV.float()
-        mod = kernels.load()
-        dx = mod.dense_backward(
+        dx = ops.dense_backward(
             g_NV.contiguous(), weight, kernels.ISA_CODES[ctx.isa], _block(weight.shape[0])
         )
         return dx.to(ctx.x_dtype).reshape(ctx.x_shape), None

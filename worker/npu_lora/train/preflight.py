@@ -4,48 +4,36 @@
 component of its path is a regular file, and the directory (or its nearest existing ancestor) is
 writable (``access(W_OK)``, which also reports a read-only filesystem).
 
-:func:`check_memory`: a memory estimate from the model's widths, ``training.batchSize`` and
-``training.seqLen`` against the memory limit. The estimate (bytes), per micro-batch of
-``T = batchSize × seqLen`` tokens and ``L`` decoder layers::
-
-    weights      = host-resident parameters × their dtype's bytes
-                   (the experts and router in moe.hostDtype; with device.backend cpu also
-                    embeddings, attention, norms and LM head in device.dtype)
-    trainable    = LoRA parameters × 16 (fp32 weight, gradient, two AdamW moments)
-                   (+ the expert parameters × 12 with lora.trainExperts)
-    activations  = 4 × T × L × (A + M)
-                   A = 6·H            attention side: two norm outputs, q, k, v, attention
-                                      output (only with device.backend cpu)
-                   M = H + k·3·I      MoE block: its input, and with moe.keepGraph the k routed
-                                      experts' gate, up and activation rows (I wide each);
-                                      without keepGraph only H (the block is recomputed)
-    data         = examples × seqLen × 24 (input ids, labels, attention mask as int64)
-    estimate     = weights + trainable + activations + data
-
-with ``H`` hidden size, ``k`` experts per token, ``I`` the expert intermediate size. It leaves out
-the framework's own overhead (a few hundred MB) and transient buffers (attention scores, the
-LM head's logits at the labelled positions), so it is a lower bound: a run refused by it cannot
-fit; a run it passes can still run out of memory.
+:func:`check_memory`: the run's memory estimate (:mod:`npu_lora.api.memory`, the same
+torch-free arithmetic the operator sizes ``memory: auto`` with, here with the host dtype resolved
+on this CPU) against this process's memory limit, before a single weight is loaded; for presets
+and models given by path alike. Too small: :class:`SpecError` (exit 2) naming
+``spec.resources.limits.memory`` with the figure to set, and the knobs that shrink the run.
 
 The limit: ``NPU_LORA_MEMORY_LIMIT`` (bytes, or with a ``Ki``/``Mi``/``Gi`` suffix; ``none``
-turns the check off), else the cgroup's memory limit (``memory.max`` of cgroup v2, or v1's
-``memory.limit_in_bytes``) when one is set, else ``MemAvailable`` of ``/proc/meminfo``.
+turns the check off), else the cgroup's memory limit (:func:`cgroup_memory_limit`: ``memory.max``
+of cgroup v2, or v1's ``memory.limit_in_bytes``, the smallest on this process's cgroup and its
+ancestors) when one is set, else ``MemAvailable`` of ``/proc/meminfo``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from npu_lora.api.load import SpecError
+from npu_lora.api.memory import (
+    GiB,
+    MemoryEstimate,
+    estimate,
+    preset_config,
+    recommended_limit,
+    text_config,
+)
 
-GiB = 1 << 30
 _SUFFIX = {"": 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
-_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -85,93 +73,37 @@ def check_out_writable(run_dir: Path) -> None:
 # memory
 
 
-@dataclass
-class MemoryEstimate:
-    weights: int
-    trainable: int
-    activations: int
-    data: int
-    tokens: int
-    layers: int
-
-    @property
-    def total(self) -> int:
-        return self.weights + self.trainable + self.activations + self.data
-
-    def describe(self) -> str:
-        g = lambda b: f"{b / GiB:.1f} GiB"  # noqa: E731
-        return (
-            f"{g(self.total)} (weights {g(self.weights)} + optimizer {g(self.trainable)} + "
-            f"activations {g(self.activations)} for {self.tokens} tokens per micro-batch × "
-            f"{self.layers} layers + data {g(self.data)})"
-        )
-
-
 def model_widths(spec: Any) -> dict[str, Any] | None:
     """The model's config.json fields (presets: the packaged configs), or None if unknown."""
     m = spec.model
-    try:
-        if m.preset:
-            name = f"models/configs/{m.preset}.json"
-            cfg = json.loads(resources.files("npu_lora").joinpath(name).read_text())
-        else:
-            p = Path(m.path).expanduser()
-            if m.volume is not None and not p.is_absolute():
-                from npu_lora.data.tokenizer import volume_root
+    if m.preset:
+        cfg = preset_config(m.preset)
+    else:
+        p = Path(m.path).expanduser()
+        if m.volume is not None and not p.is_absolute():
+            from npu_lora.data.tokenizer import volume_root
 
-                p = volume_root("model") / p
+            p = volume_root("model") / p
+        try:
             cfg = json.loads((p / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+        except (OSError, ValueError):
+            return None
     if not isinstance(cfg, dict):
         return None
-    cfg = dict(cfg.get("text_config") or cfg)
-    if m.layers is not None:
-        cfg["num_hidden_layers"] = m.layers
-    return cfg
+    return text_config(cfg, m.layers)
 
 
-def _int(cfg: dict[str, Any], key: str, default: int | None = None) -> int | None:
-    v = cfg.get(key, default)
-    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else default
+def estimate_memory(
+    spec: Any, cfg: dict[str, Any], examples: int = 0, host_dtype: str | None = None
+) -> MemoryEstimate | None:
+    """:func:`npu_lora.api.memory.estimate` with the host dtype this worker will use
+    (``moe.hostDtype: auto`` resolved on this CPU unless ``host_dtype`` is given)."""
+    if host_dtype is None:
+        from npu_lora.moe.host_dtype import resolve_host_dtype
 
-
-def estimate_memory(spec: Any, cfg: dict[str, Any], examples: int = 0) -> MemoryEstimate | None:
-    H, L = _int(cfg, "hidden_size"), _int(cfg, "num_hidden_layers")
-    if not H or not L:
-        return None
-    V = _int(cfg, "vocab_size", 0) or 0
-    E = _int(cfg, "num_experts", 0) or 0
-    k = _int(cfg, "num_experts_per_tok", 0) or 0
-    I_moe = _int(cfg, "moe_intermediate_size", 0) or 0
-    nh = _int(cfg, "num_attention_heads", 1) or 1
-    hd = _int(cfg, "head_dim", H // nh) or H // nh
-    nkv = _int(cfg, "num_key_value_heads", nh) or nh
-    on_host_all = spec.device.backend == "cpu"
-    t = spec.training
-    tokens = t.batch_size * t.seq_len
-
-    experts = L * (3 * E * I_moe * H + E * H)
-    attn_dims = {"q_proj": (H, nh * hd), "k_proj": (H, nkv * hd), "v_proj": (H, nkv * hd)}
-    attn_dims["o_proj"] = (nh * hd, H)
-    attention = L * sum(a * b for a, b in attn_dims.values())
-    embed_head = V * H * (1 if cfg.get("tie_word_embeddings") else 2)
-    from npu_lora.moe.host_dtype import resolve_host_dtype
-
-    host_dtype = resolve_host_dtype(spec.moe.host_dtype, spec.moe.experts_kernel, log_it=False)
-    weights = experts * _BYTES[host_dtype.dtype]
-    if on_host_all:
-        weights += (attention + embed_head + 2 * L * H) * _BYTES[spec.device.dtype]
-
-    r = spec.lora.r
-    lora = L * sum(r * (a + b) for n, (a, b) in attn_dims.items() if n in spec.lora.target_modules)
-    trainable = 16 * lora + (12 * experts if spec.lora.train_experts else 0)
-
-    moe_per_token = H + (k * 3 * I_moe if spec.moe.keep_graph else 0)
-    attn_per_token = 6 * H if on_host_all else 0
-    activations = 4 * tokens * L * (attn_per_token + moe_per_token)
-    data = examples * t.seq_len * 24
-    return MemoryEstimate(weights, trainable, activations, data, tokens, L)
+        m = spec.moe
+        host_dtype = resolve_host_dtype(m.host_dtype, m.experts_kernel, log_it=False).dtype
+    return estimate(spec, cfg, examples, host_dtype)
 
 
 def parse_bytes(text: str) -> int | None:
@@ -197,15 +129,53 @@ def _read(path: str) -> str | None:
 MEMAVAILABLE = "MemAvailable in /proc/meminfo"
 
 
+#: where the cgroup file systems and this process's cgroup are read (tests point them elsewhere)
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+PROC_CGROUP = Path("/proc/self/cgroup")
+
+
+def cgroup_memory_limit() -> tuple[int, str] | None:
+    """The smallest memory limit on this process's cgroup and its ancestors: cgroup v2
+    ``memory.max`` (``0::<path>`` in ``/proc/self/cgroup``), else v1
+    ``memory/<path>/memory.limit_in_bytes``; a container's own root cgroup counts too. None:
+    no limit (``max``, or v1's huge "unlimited")."""
+    v2: list[str] = []
+    v1: list[str] = []
+    for line in (_read(str(PROC_CGROUP)) or "").splitlines():
+        hier, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hier == "0" and controllers == "":
+            v2.append(path)
+        elif "memory" in controllers.split(","):
+            v1.append(path)
+    candidates: list[Path] = []
+    for base, paths, name in (
+        (CGROUP_ROOT, v2 or ["/"], "memory.max"),
+        (CGROUP_ROOT / "memory", v1 or ["/"], "memory.limit_in_bytes"),
+    ):
+        for rel in paths:
+            d = base / rel.strip("/")
+            while True:
+                candidates.append(d / name)
+                if d == base or base not in d.parents:
+                    break
+                d = d.parent
+    found = []
+    for f in candidates:
+        v = _read(str(f))
+        if v and v.isdigit() and int(v) < (1 << 60):
+            found.append((int(v), str(f)))
+    return min(found) if found else None
+
+
 def memory_limit() -> tuple[int | None, str]:
     """(bytes, where it came from); None: no limit known or the check is turned off."""
     env = os.environ.get("NPU_LORA_MEMORY_LIMIT")
     if env is not None:
         return parse_bytes(env), "NPU_LORA_MEMORY_LIMIT"
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        v = _read(path)
-        if v and v.isdigit() and int(v) < (1 << 60):
-            return int(v), f"the cgroup memory limit ({path})"
+    cg = cgroup_memory_limit()
+    if cg is not None:
+        return cg[0], f"the cgroup memory limit ({cg[1]})"
     info = _read("/proc/meminfo") or ""
     for line in info.splitlines():
         if line.startswith("MemAvailable:"):
@@ -214,17 +184,34 @@ def memory_limit() -> tuple[int | None, str]:
 
 
 def check_memory(spec: Any, examples: int = 0) -> MemoryEstimate | None:
-    """Raise SpecError (naming batchSize and seqLen) when the estimate exceeds the limit."""
+    """Raise SpecError (exit 2, naming ``spec.resources.limits.memory``) when the estimate
+    exceeds this process's memory limit."""
     limit, source = memory_limit()
     cfg = model_widths(spec)
-    est = estimate_memory(spec, cfg, examples) if cfg else None
-    if est is None or limit is None or est.total <= limit:
-        return est
+    if cfg is None:
+        return None
+    # moe.hostDtype auto: bounded by its two choices first, so a run that fits either way or
+    # cannot fit either way is decided without torch (resolving auto loads the host kernel)
+    widest = estimate(spec, cfg, examples)
+    if widest is None or limit is None or widest.total <= limit:
+        return widest
+    auto = spec.moe.host_dtype == "auto"
+    bf16 = estimate(spec, cfg, examples, "bfloat16") if auto else None
+    est = widest
+    if bf16 is not None and bf16.total <= limit:
+        est = estimate_memory(spec, cfg, examples)  # fits only with bf16: which does auto pick?
+        if est is None or est.total <= limit:
+            return est
     t = spec.training
+    need = f"at least {recommended_limit(est) // GiB}Gi"
+    if bf16 is not None and est.host_dtype != "bfloat16":
+        need += f" ({recommended_limit(bf16) // GiB}Gi with moe.hostDtype: bfloat16)"
     raise SpecError(
-        f"spec.training.batchSize: {t.batch_size} × spec.training.seqLen: {t.seq_len} does not "
-        f"fit: the run needs an estimated {est.describe()}, more than the memory limit "
-        f"{limit / GiB:.1f} GiB ({source}). Lower spec.training.batchSize or seqLen (use "
-        "spec.training.gradAccumulation for a larger effective batch), or fewer model layers; "
+        f"spec.resources.limits.memory: the run needs an estimated {est.describe()}, more than "
+        f"the memory limit {limit / GiB:.1f} GiB ({source}). Set spec.resources.limits.memory "
+        f"(and requests.memory) to {need} (the estimate + 25 % + 2 GiB for the runtime), or "
+        f"shrink the run: spec.training.batchSize: {t.batch_size} × spec.training.seqLen: "
+        f"{t.seq_len} (spec.training.gradAccumulation keeps the effective batch), "
+        "moe.hostDtype: bfloat16, or fewer model layers. "
         "NPU_LORA_MEMORY_LIMIT=none skips this check."
     )

@@ -1,0 +1,161 @@
+"""A run's host memory, estimated torch-free: arithmetic on the model's widths and the spec.
+
+One formula for both sides: the operator sizes ``memory: auto`` from it for presets
+(:func:`npu_lora_operator.policy.auto_memory`), and the worker's pre-flight
+(:mod:`npu_lora.train.preflight`) checks it against its own memory limit for every model, before
+it loads a single weight. Nothing here imports torch or looks at the CPU it runs on.
+
+The estimate (bytes), per micro-batch of ``T = batchSize × seqLen`` tokens and ``L`` decoder
+layers::
+
+    weights      = host-resident parameters × their dtype's bytes
+                   (the experts and router in the host dtype; with device.backend cpu also
+                    embeddings, attention, norms and LM head in device.dtype)
+    trainable    = LoRA parameters × 16 (fp32 weight, gradient, two AdamW moments)
+                   (+ the expert parameters × 12 with lora.trainExperts)
+    activations  = 4 × T × L × (A + M)
+                   A = 6·H            attention side: two norm outputs, q, k, v, attention
+                                      output (only with device.backend cpu)
+                   M = H + k·3·I      MoE block: its input, and with moe.keepGraph the k routed
+                                      experts' gate, up and activation rows (I wide each);
+                                      without keepGraph only H (the block is recomputed)
+    data         = examples × seqLen × 24 (input ids, labels, attention mask as int64)
+    estimate     = weights + trainable + activations + data
+
+with ``H`` hidden size, ``k`` experts per token, ``I`` the expert intermediate size. It leaves
+out the framework's own overhead and transient buffers, so it is a lower bound: a run refused by
+it cannot fit. :func:`recommended_limit` adds 25 % and :data:`RUNTIME_BYTES` for the
+interpreter, torch, transformers and peft, rounded up to a whole GiB.
+
+The host dtype: ``moe.hostDtype`` when the spec sets it. ``auto`` is resolved by the worker on
+its own CPU (:mod:`npu_lora.moe.host_dtype`: bfloat16 with the stream kernel's extension or
+native bf16, else float32); where that CPU is not at hand (the operator) the estimate assumes
+:data:`AUTO_HOST_DTYPE`, the widest choice ``auto`` can make, so an ``auto`` limit is never too
+small for what the worker picks (at the price of up to 2x the experts' bytes when it picks
+bfloat16: set ``moe.hostDtype: bfloat16`` to size for that).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+GiB = 1 << 30
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+#: what ``moe.hostDtype: auto`` is sized as without the worker's CPU: its widest choice
+AUTO_HOST_DTYPE = "float32"
+#: the allowance for the interpreter, torch, transformers and peft themselves
+RUNTIME_BYTES = 2 * GiB
+#: the margin over the estimate (a lower bound) in a recommended limit
+HEADROOM = 1.25
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    weights: int
+    trainable: int
+    activations: int
+    data: int
+    tokens: int
+    layers: int
+    host_dtype: str = AUTO_HOST_DTYPE
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.trainable + self.activations + self.data
+
+    def describe(self) -> str:
+        g = lambda b: f"{b / GiB:.1f} GiB"  # noqa: E731
+        return (
+            f"{g(self.total)} (weights {g(self.weights)} in {self.host_dtype} + optimizer "
+            f"{g(self.trainable)} + activations {g(self.activations)} for {self.tokens} tokens "
+            f"per micro-batch × {self.layers} layers + data {g(self.data)})"
+        )
+
+
+def preset_config(preset: str) -> dict[str, Any] | None:
+    """A preset's packaged ``config.json`` (``npu_lora/models/configs/<preset>.json``), or None
+    when there is none (read as a resource: no worker module is imported)."""
+    try:
+        text = resources.files("npu_lora").joinpath(f"models/configs/{preset}.json").read_text()
+        cfg = json.loads(text)
+    except (OSError, ValueError):
+        return None
+    return cfg if isinstance(cfg, dict) else None
+
+
+def text_config(cfg: dict[str, Any], layers: int | None = None) -> dict[str, Any]:
+    """The decoder's fields (``text_config`` of a multimodal config), ``model.layers`` applied."""
+    inner = cfg.get("text_config")
+    out = dict(inner if isinstance(inner, dict) else cfg)
+    if layers is not None:
+        out["num_hidden_layers"] = layers
+    return out
+
+
+def _int(cfg: dict[str, Any], key: str, default: int | None = None) -> int | None:
+    v = cfg.get(key, default)
+    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else default
+
+
+def assumed_host_dtype(spec: Any) -> str:
+    """``moe.hostDtype``, or :data:`AUTO_HOST_DTYPE` for ``auto``."""
+    requested = spec.moe.host_dtype
+    return requested if requested in DTYPE_BYTES else AUTO_HOST_DTYPE
+
+
+def estimate(
+    spec: Any, cfg: dict[str, Any], examples: int = 0, host_dtype: str | None = None
+) -> MemoryEstimate | None:
+    """The estimate for ``spec`` on a model with config ``cfg`` (:func:`text_config` applied);
+    ``host_dtype`` the resolved one (default :func:`assumed_host_dtype`). None without the
+    model's hidden size or layer count."""
+    H, L = _int(cfg, "hidden_size"), _int(cfg, "num_hidden_layers")
+    if not H or not L:
+        return None
+    host = host_dtype or assumed_host_dtype(spec)
+    V = _int(cfg, "vocab_size", 0) or 0
+    E = _int(cfg, "num_experts", 0) or 0
+    k = _int(cfg, "num_experts_per_tok", 0) or 0
+    I_moe = _int(cfg, "moe_intermediate_size", 0) or 0
+    nh = _int(cfg, "num_attention_heads", 1) or 1
+    hd = _int(cfg, "head_dim", H // nh) or H // nh
+    nkv = _int(cfg, "num_key_value_heads", nh) or nh
+    on_host_all = spec.device.backend == "cpu"
+    t = spec.training
+    tokens = t.batch_size * t.seq_len
+
+    experts = L * (3 * E * I_moe * H + E * H)
+    attn_dims = {"q_proj": (H, nh * hd), "k_proj": (H, nkv * hd), "v_proj": (H, nkv * hd)}
+    attn_dims["o_proj"] = (nh * hd, H)
+    attention = L * sum(a * b for a, b in attn_dims.values())
+    embed_head = V * H * (1 if cfg.get("tie_word_embeddings") else 2)
+    weights = experts * DTYPE_BYTES[host]
+    if on_host_all:
+        weights += (attention + embed_head + 2 * L * H) * DTYPE_BYTES[spec.device.dtype]
+
+    r = spec.lora.r
+    lora = L * sum(r * (a + b) for n, (a, b) in attn_dims.items() if n in spec.lora.target_modules)
+    trainable = 16 * lora + (12 * experts if spec.lora.train_experts else 0)
+
+    moe_per_token = H + (k * 3 * I_moe if spec.moe.keep_graph else 0)
+    attn_per_token = 6 * H if on_host_all else 0
+    activations = 4 * tokens * L * (attn_per_token + moe_per_token)
+    data = examples * t.seq_len * 24
+    return MemoryEstimate(weights, trainable, activations, data, tokens, L, host)
+
+
+def preset_estimate(spec: Any) -> MemoryEstimate | None:
+    """The estimate of a preset model's run (None for a model given by path)."""
+    if not spec.model.preset:
+        return None
+    cfg = preset_config(spec.model.preset)
+    return estimate(spec, text_config(cfg, spec.model.layers)) if cfg else None
+
+
+def recommended_limit(est: MemoryEstimate) -> int:
+    """Bytes, a whole number of GiB: the estimate + 25 % + :data:`RUNTIME_BYTES`."""
+    return max(1, math.ceil((int(est.total * HEADROOM) + RUNTIME_BYTES) / GiB)) * GiB
