@@ -1,4 +1,4 @@
-"""README's MoEFinetune field reference is generated from the models and must not go stale."""
+"""docs/reference.md's MoEFinetune field reference is generated from the models and must not go stale."""
 
 from __future__ import annotations
 
@@ -6,13 +6,14 @@ from pathlib import Path
 
 from npu_lora.api import reference
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "reference.md"
 
 
-def test_readme_field_reference_matches_models():
-    text = README.read_text(encoding="utf-8")
+def test_docs_field_reference_matches_models():
+    text = REFERENCE.read_text(encoding="utf-8")
     assert reference.splice(text) == text, (
-        "README.md's field reference is stale: run `python -m npu_lora.api.reference --write README.md`"
+        "docs/reference.md's field reference is stale: run "
+        "`python -m npu_lora.api.reference --write docs/reference.md`"
     )
 
 
