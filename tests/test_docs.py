@@ -123,7 +123,7 @@ def _commands(text: str):
             yield m.group(1), rest
 
 
-@pytest.mark.parametrize("page", [README, *DOCS], ids=_rel)
+@pytest.mark.parametrize("page", PAGES, ids=_rel)
 def test_cli_flags_in_the_docs_exist_in_the_parsers(page):
     wrong = []
     for command, rest in _commands(page.read_text(encoding="utf-8")):
