@@ -53,8 +53,8 @@ from npu_lora.bench.runner import (
 )
 from npu_lora.bench.stats import PROFILE_COLUMNS, hot_dispatch_lines, paired, summarize
 from npu_lora.bench.variant import Variant
-from npu_lora.bench.verdicts import derived_targets
-from npu_lora.machine import machine_facts
+from npu_lora.bench.verdicts import Verdict, derived_targets, judge, peer_fairness
+from npu_lora.machine import cpu_capabilities, machine_facts
 
 __all__ = [
     "DEFAULT_PEERS",
@@ -63,15 +63,18 @@ __all__ = [
     "BenchConfig",
     "Variant",
     "VariantRunner",
+    "Verdict",
     "available_bytes",
     "build_spec",
     "check_copy_memory",
     "copy_bytes",
     "derived_targets",
     "hot_dispatch_lines",
+    "judge",
     "make_batches",
     "measure_kept_graph_bytes",
     "paired",
+    "peer_fairness",
     "plot",
     "render_table",
     "run_bench",
@@ -216,9 +219,12 @@ def run_bench(
             runner.step(v, batches[i % len(batches)])
     records = run_rounds(runner, variants, batches, emit, log, on_round)
     if limits is not None:
-        bandwidth_after(limits, emit)
+        bandwidth_after(limits, emit, [r for r in records if r.get("kind") == "round"])
     summary = summarize(records, names, baseline)
     summary["targets"] = derived_targets(summary, limits, memory)
+    fair = peer_fairness(cfg.host_dtype, cpu_capabilities()["native_bf16"], names)
+    if fair:
+        summary["targets"].append(fair)
     summary["limits"] = limits
     summary["memory"] = memory
     emit({"kind": "summary", **summary})

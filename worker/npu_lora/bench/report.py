@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from npu_lora.bench.config import BenchConfig
+from npu_lora.bench.disturbance import DISTURBED_SHARE
 from npu_lora.bench.stats import hot_dispatch_lines
 
 
@@ -102,6 +103,41 @@ def plot(summary: dict[str, Any], variants: list[str], path: Path, title: str = 
     plt.close(fig)
 
 
+def _range(xs: Sequence[float]) -> str:
+    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    if not xs:
+        return "not measured"
+    return f"{statistics.median(xs):.1f} GB/s (rounds {min(xs):.1f}–{max(xs):.1f})"
+
+
+def bandwidth_line(limits: dict[str, Any], rounds: Sequence[dict[str, Any]]) -> str:
+    """The bandwidth the fractions are quoted against (medians over the rounds, with their
+    spread), the samples before and after the rounds, and the rounds' load and disturbance."""
+    text = (
+        f"Bandwidth (torch, {limits['threads']} threads), sampled at the start of every round: "
+        f"read-only {_range([r.get('read_gbs', math.nan) for r in rounds])}, "
+        f"copy {_range([r.get('copy_gbs', math.nan) for r in rounds])}; "
+        f"copy before the rounds {limits.get('copy_gbs_before', limits['copy_gbs']):.1f}, "
+        f"after {limits.get('copy_gbs_after', math.nan):.1f} GB/s; triad {limits['triad_gbs']:.1f} GB/s."
+    )
+    return text + " " + rounds_line(rounds) if rounds else text
+
+
+def rounds_line(rounds: Sequence[dict[str, Any]]) -> str:
+    """Per round: load average (1 min) and other processes' share of the CPUs."""
+    loads = [r["loadavg1"] for r in rounds if r.get("loadavg1") is not None]
+    shares = [r["others_share"] for r in rounds if r.get("others_share") is not None]
+    flagged = sum(1 for r in rounds if r.get("disturbed"))
+    text = f"{len(rounds)} rounds: load average {min(loads):.1f}–{max(loads):.1f}" if loads else ""
+    if shares:
+        text += (
+            f"{'; ' if text else ''}other processes used {min(shares):.0%}–{max(shares):.0%} of "
+            f"the CPUs; {flagged} of {len(rounds)} rounds disturbed (others > "
+            f"{DISTURBED_SHARE:.0%})."
+        )
+    return text
+
+
 def write_report(
     cfg: BenchConfig,
     summary: dict[str, Any],
@@ -114,11 +150,9 @@ def write_report(
     limits = summary["limits"]
     md = [f"# {cfg.title or 'npu-lora bench'}", "", render_table(summary, names), ""]
     if limits:
-        md.append(
-            f"Bandwidth (torch, {limits['threads']} threads): copy {limits['copy_gbs']:.1f} GB/s "
-            f"(before {limits['copy_samples_gbs'] and statistics.median(limits['copy_samples_gbs']):.1f}, after {limits.get('copy_gbs_after', math.nan):.1f}), "
-            f"triad {limits['triad_gbs']:.1f} GB/s."
-        )
+        md.append(bandwidth_line(limits, summary.get("rounds") or []))
+    elif summary.get("rounds"):
+        md.append(rounds_line(summary["rounds"]))
     md += hot_dispatch_lines(records, names)
     md += ["", "Targets:", *[f"- {t}" for t in summary["targets"]], ""]
     (out / "bench.md").write_text("\n".join(md))

@@ -37,7 +37,9 @@ def _median(xs: Sequence[float]) -> float:
     return statistics.median(xs) if xs else math.nan
 
 
-def _per_round(steps: list[dict], v: str, col: str) -> dict[int, float]:
+def per_round(steps: Sequence[dict], v: str, col: str) -> dict[int, float]:
+    """Round → the mean of variant ``v``'s finite ``col`` values in that round."""
+    steps = [r for r in steps if r.get("kind", "step") == "step"]
     out: dict[int, float] = {}
     for k in sorted({r["round"] for r in steps}):
         xs = [r.get(col) for r in steps if r["variant"] == v and r["round"] == k]
@@ -50,19 +52,22 @@ def _per_round(steps: list[dict], v: str, col: str) -> dict[int, float]:
 def paired(records: list[dict], a: str, b: str, col: str = "step_s") -> dict[str, Any]:
     """Per-round paired comparison of variant ``a`` against ``b`` on one column."""
     steps = [r for r in records if r.get("kind") == "step"]
-    pa, pb = _per_round(steps, a, col), _per_round(steps, b, col)
+    pa, pb = per_round(steps, a, col), per_round(steps, b, col)
     common = [k for k in pa if k in pb]
     ds = [pa[k] - pb[k] for k in common]
-    ratios = [pa[k] / pb[k] for k in common if pb[k]]
+    ratio_rounds = [k for k in common if pb[k]]
+    ratios = [pa[k] / pb[k] for k in ratio_rounds]
     md = _median(ds)
     same = sum(1 for d in ds if d != 0 and (d > 0) == (md > 0)) if ds else 0
     return {
         "median_delta": md,
         "median_ratio": _median(ratios),
         "same_sign_rounds": same,
+        "won_rounds": sum(1 for d in ds if d < 0),  # rounds where ``a`` took less than ``b``
         "rounds": len(ds),
         "deltas": ds,
         "ratios": ratios,
+        "ratio_rounds": ratio_rounds,  # the round of each ratio
     }
 
 
@@ -78,7 +83,9 @@ def summarize(records: list[dict], variants: list[str], baseline: str) -> dict[s
             "host_hit_bytes",
             "host_fwd_gbs",
             "host_fwd_copy_fraction",
+            "host_fwd_read_fraction",
             "copy_gbs_round",
+            "read_gbs_round",
             "loss",
             "fwd_s",
             "bwd_s",
@@ -93,6 +100,7 @@ def summarize(records: list[dict], variants: list[str], baseline: str) -> dict[s
             "median_delta_s": p["median_delta"],
             "median_ratio": p["median_ratio"],
             "same_sign_rounds": p["same_sign_rounds"],
+            "won_rounds": p["won_rounds"],
             "rounds": p["rounds"],
             "deltas_s": p["deltas"],
         }
@@ -127,4 +135,23 @@ def summarize(records: list[dict], variants: list[str], baseline: str) -> dict[s
     ):
         if a in names and b in names:
             pairs[f"{a} / {b} : {col}"] = paired(records, a, b, col)
-    return {"medians": med, "deltas": deltas, "baseline": baseline, "pairs": pairs}
+    rounds = [r for r in records if r.get("kind") == "round"]
+    fractions: dict[str, dict[str, list]] = {}  # the host forward's, per round
+    for v in variants:
+        copy = per_round(steps, v, "host_fwd_copy_fraction")
+        read = per_round(steps, v, "host_fwd_read_fraction")
+        if copy or read:
+            ks = sorted(set(copy) | set(read))
+            fractions[v] = {
+                "rounds": ks,
+                "copy": [copy.get(k, math.nan) for k in ks],
+                "read": [read.get(k, math.nan) for k in ks],
+            }
+    return {
+        "medians": med,
+        "deltas": deltas,
+        "baseline": baseline,
+        "pairs": pairs,
+        "rounds": rounds,
+        "fractions": fractions,
+    }
