@@ -86,8 +86,8 @@ def test_bench_fraction_target_follows_the_per_round_median_with_both_bandwidths
     assert line.endswith(": NOT met")
     assert "met in 1 of 6 rounds, median 45%" in line
     assert "1 of 6 rounds disturbed" in line
-    assert "copy bandwidth median 20.0 GB/s, rounds 11.2–21.0" in line
-    assert "read-only bandwidth (median 30.0 GB/s, rounds 28.0–32.0): median 30%" in line
+    assert "copy 20.0 GB/s (rounds 11.2–21.0)" in line
+    assert "of read-only 30.0 GB/s (rounds 28.0–32.0): median 30% (per round 28%–32%)" in line
 
 
 def test_pair_lines_quote_the_per_round_median_and_rounds_won():
@@ -119,8 +119,11 @@ def test_keep_graph_backward_target_is_judged_per_round():
         recs.append(_round(k, math.nan, math.nan, disturbed=k in (1, 4)))
     s = h.summarize(recs, ["host-only", "host-only+keep_graph"], "host-only")
     (line,) = [t for t in h.derived_targets(s, None, None) if t.startswith("HostMLP bwd")]
-    assert line.startswith("HostMLP bwd host-only+keep_graph / host-only = 0.58")
-    assert "met in 3 of 5 rounds" in line and "2 of 5 rounds disturbed" in line
+    assert line.startswith("HostMLP bwd host-only+keep_graph / host-only, paired per-round ratio")
+    assert (
+        "(target ≤ 0.60): met in 3 of 5 rounds, median 0.58" in line
+        and "2 of 5 rounds disturbed" in line
+    )
     assert line.endswith(": met")
 
 

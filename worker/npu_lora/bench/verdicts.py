@@ -83,10 +83,14 @@ class Verdict:
             text += f" (median of the {self.n - d} others {fmt(self.undisturbed_median)})"
         return text
 
-    def line(self, label: str, fmt: Callable[[float], str] = "{:.2f}".format) -> str:
-        """``<label> (target ≥ 60%): met in … rounds, median …; … disturbed: <met|NOT met>``."""
+    def line(
+        self, label: str, fmt: Callable[[float], str] = "{:.2f}".format, detail: str = ""
+    ) -> str:
+        """``<label> (target ≥ 60%): met in … rounds, median …; … disturbed[; detail]:
+        <met|NOT met>``: the verdict always last."""
         op = "≤" if self.at_most else "≥"
-        return f"{label} (target {op} {fmt(self.target)}): {self.describe(fmt)}: {self.word}"
+        more = f"; {detail}" if detail else ""
+        return f"{label} (target {op} {fmt(self.target)}): {self.describe(fmt)}{more}: {self.word}"
 
 
 def judge(
@@ -125,7 +129,7 @@ def _spread(xs: Sequence[float]) -> str:
     xs = [x for x in xs if x is not None and math.isfinite(x)]
     if not xs:
         return "not measured"
-    return f"median {statistics.median(xs):.1f} GB/s, rounds {min(xs):.1f}–{max(xs):.1f}"
+    return f"{statistics.median(xs):.1f} GB/s (rounds {min(xs):.1f}–{max(xs):.1f})"
 
 
 def bandwidth_verdict(
@@ -140,13 +144,13 @@ def bandwidth_verdict(
     read = judge(dict(zip(ks, fractions.get("read") or [], strict=False)), FWD_OF_COPY,
                  at_most=False, disturbed=disturbed)  # fmt: skip
     ref = (
-        f"copy bandwidth {_spread([r.get('copy_gbs', math.nan) for r in rounds])}; "
-        f"of read-only bandwidth ({_spread([r.get('read_gbs', math.nan) for r in rounds])}): "
+        f"copy {_spread([r.get('copy_gbs', math.nan) for r in rounds])}; "
+        f"of read-only {_spread([r.get('read_gbs', math.nan) for r in rounds])}: "
     )
     if read.values:
         ref += (
-            f"median {_pct(read.median)}, per round {_pct(min(read.values))}–"
-            f"{_pct(max(read.values))}, ≥ {_pct(FWD_OF_COPY)} in {read.on_side} of {read.n} rounds"
+            f"median {_pct(read.median)} (per round {_pct(min(read.values))}–"
+            f"{_pct(max(read.values))}), ≥ {_pct(FWD_OF_COPY)} in {read.on_side} of {read.n} rounds"
         )
     else:
         ref += "not measured"
@@ -196,10 +200,10 @@ def derived_targets(
         pair = key.split(" :")[0]
         if key.endswith(": host_bwd_s") and "@" not in key:
             v = judge(ratios, BWD_KEEP_GRAPH, at_most=True, disturbed=disturbed)
-            out.append(v.line(f"HostMLP bwd {pair} = {v.median:.2f}, paired per-round ratio"))
+            out.append(v.line(f"HostMLP bwd {pair}, paired per-round ratio"))
         elif "/ peer" in key and key.endswith("step_s"):
             v = judge(ratios, STEP_VS_PEER, at_most=True, disturbed=disturbed)
-            out.append(v.line(f"step (wall) {pair} = {v.median:.2f}, paired per-round ratio"))
+            out.append(v.line(f"step (wall) {pair}, paired per-round ratio"))
         else:
             v = judge(ratios, 1.0, at_most=True, disturbed=disturbed)
             if not v.values:
@@ -223,14 +227,11 @@ def derived_targets(
             if v.startswith("peer") or not fr.get("copy"):
                 continue
             copy, ref = bandwidth_verdict(fr, rounds, disturbed)
-            out.append(
-                copy.line(
-                    f"host MoE fwd {v} of copy bandwidth (per round: hit experts' bytes, all "
-                    "layers / (host_fwd_s − hot_s), incl. router and dispatch, ÷ that round's "
-                    f"bandwidth; {ref})",
-                    _pct,
-                )
+            how = (
+                "per round: hit experts' bytes, all layers / (host_fwd_s − hot_s), incl. router "
+                "and dispatch, ÷ that round's bandwidth"
             )
+            out.append(copy.line(f"host MoE fwd {v} of copy bandwidth", _pct, f"{ref}; {how}"))
     else:
         out.append("host MoE fwd bandwidth fraction: not measured (--no-limits)")
     for mem in memory or []:
