@@ -16,11 +16,21 @@ Design (why it looks like this):
 - **Paired statistics.** Per variant the median of every profile column; per round the delta of
   each variant's mean step time against the baseline's in the *same round*; reported as the
   median delta and how many rounds agree in sign with it.
+- **Verdicts from rounds** (``verdicts.judge``): every target is judged on the median of its
+  per-round paired figures, quoted with the rounds on the target's side, the per-round range and
+  the rounds disturbed by other processes; never on the best of several samples. Each round
+  samples the read-only and copy bandwidth before its steps and records its load average and
+  other processes' CPU time (``disturbance``).
+
+Modules: ``config`` (``BenchConfig``, spec, batches), ``runner`` (``VariantRunner``: switching
+and stepping variants), ``rounds`` (the measured rounds, bandwidth samples, ``bench.jsonl``),
+``disturbance``, ``stats`` (medians, paired comparisons), ``verdicts``, ``report`` (``bench.md``,
+``bench.png``); this module runs them in order (``run_bench``) and re-exports their public names.
 - No optimizer step: gradients are cleared after every step so every variant sees the same
   weights and routing (the LoRA AdamW update is negligible next to a step).
 
 Outputs (``out`` directory): ``bench.jsonl`` (one record per measured step, plus ``kind`` =
-``meta`` / ``limits`` / ``memory`` / ``summary`` records), ``bench.md`` (the table),
+``meta`` / ``limits`` / ``round`` / ``memory`` / ``summary`` records), ``bench.md`` (the table),
 ``bench.png`` (per-variant stacked timing breakdown).
 """
 
