@@ -106,7 +106,7 @@ def test_pair_lines_quote_the_per_round_median_and_rounds_won():
         t for t in h.derived_targets(s, None, None) if t.startswith("host-only+keep_graph@x")
     ]
     assert "= 0.90 (paired per-round median over 4 rounds, per round 0.80–1.50" in line
-    assert "faster in 3 of 4 rounds; 0 of 4 rounds disturbed" in line
+    assert "took less in 3 of 4 rounds; 0 of 4 rounds disturbed" in line
 
 
 def test_keep_graph_backward_target_is_judged_per_round():

@@ -210,7 +210,7 @@ def derived_targets(
                 continue
             out.append(
                 f"{key} = {v.median:.2f} (paired per-round median over {v.n} rounds, per round "
-                f"{min(v.values):.2f}–{max(v.values):.2f}; {pair.split(' / ')[0]} faster in "
+                f"{min(v.values):.2f}–{max(v.values):.2f}; {pair.split(' / ')[0]} took less in "
                 f"{p.get('won_rounds', 0)} of {v.n} rounds; {len(v.disturbed_rounds)} of {v.n} "
                 "rounds disturbed)"
             )
