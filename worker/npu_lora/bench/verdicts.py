@@ -65,8 +65,8 @@ class Verdict:
 
     @property
     def undisturbed_median(self) -> float:
-        xs = [x for x, k in zip(self.values, self.rounds, strict=True)
-              if k not in self.disturbed_rounds]  # fmt: skip
+        pairs = zip(self.values, self.rounds, strict=True)
+        xs = [x for x, k in pairs if k not in self.disturbed_rounds]
         return statistics.median(xs) if xs else math.nan
 
     def describe(self, fmt: Callable[[float], str] = "{:.2f}".format) -> str:
@@ -139,10 +139,15 @@ def bandwidth_verdict(
     text quoting the read-only fraction and both bandwidths with their spread. ``fractions``:
     ``{"rounds": [...], "copy": [...], "read": [...]}`` (per round, of one variant)."""
     ks = fractions.get("rounds") or []
-    copy = judge(dict(zip(ks, fractions.get("copy") or [], strict=False)), FWD_OF_COPY,
-                 at_most=False, disturbed=disturbed)  # fmt: skip
-    read = judge(dict(zip(ks, fractions.get("read") or [], strict=False)), FWD_OF_COPY,
-                 at_most=False, disturbed=disturbed)  # fmt: skip
+    copy, read = (
+        judge(
+            dict(zip(ks, fractions.get(ref) or [], strict=False)),
+            FWD_OF_COPY,
+            at_most=False,
+            disturbed=disturbed,
+        )
+        for ref in ("copy", "read")
+    )
     ref = (
         f"copy {_spread([r.get('copy_gbs', math.nan) for r in rounds])}; "
         f"of read-only {_spread([r.get('read_gbs', math.nan) for r in rounds])}: "
@@ -195,8 +200,8 @@ def derived_targets(
         return MET if ok else NOT_MET
 
     for key, p in pairs.items():
-        ratios = dict(zip(p.get("ratio_rounds") or range(len(p["ratios"])), p["ratios"],
-                          strict=False))  # fmt: skip
+        ks = p.get("ratio_rounds") or range(len(p["ratios"]))
+        ratios = dict(zip(ks, p["ratios"], strict=False))
         pair = key.split(" :")[0]
         if key.endswith(": host_bwd_s") and "@" not in key:
             v = judge(ratios, BWD_KEEP_GRAPH, at_most=True, disturbed=disturbed)
