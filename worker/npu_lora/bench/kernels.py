@@ -197,19 +197,24 @@ def _median_row(recs: list[dict], impl: str, base: str, hit_bytes: int, where: d
     row["bwd_gbs"] = row["hit_bytes"] / (row["bwd_ms"] / 1e3) / 1e9
     if copies:  # the copy bandwidth measured in this case's rotation
         row["copy_gbs"] = statistics.median(copies)
-        row["fwd_of_copy"] = row["fwd_gbs"] / row["copy_gbs"]
-        row["bwd_of_copy"] = row["bwd_gbs"] / row["copy_gbs"]
+        # per round against that round's copy sample, then the median over rounds
+        by_round = {r["round"]: r["copy_gbs"] for r in recs if r["impl"] == COPY}
+        paired = [r for r in mine if r["round"] in by_round]
+        for d in ("fwd", "bwd"):
+            fr = [hit_bytes / r[f"{d}_s"] / 1e9 / by_round[r["round"]] for r in paired]
+            row[f"{d}_of_copy"] = statistics.median(fr) if fr else row[f"{d}_gbs"] / row["copy_gbs"]
     return row
 
 
 def _table(rows: list[dict], bw: Any, bw2: Any) -> list[str]:
-    copy = max(bw.copy_gbs, bw2.copy_gbs)
+    copy = statistics.median([bw.copy_gbs, bw2.copy_gbs])  # never the better of the two
     lines = [
         f"Copy bandwidth: {bw.copy_gbs:.1f} GB/s before, {bw2.copy_gbs:.1f} GB/s after "
-        f"({bw.threads} threads); fraction below uses {copy:.1f}.",
+        f"({bw.threads} threads); rows without a rotation sample use their mean, {copy:.1f}.",
         "",
         "Per row, `copy` is the median copy bandwidth measured in that case's rotation; the "
-        "% columns are (hit expert bytes / time) / that copy bandwidth.",
+        "% columns are the median over rounds of (hit expert bytes / time) / that round's copy "
+        "bandwidth.",
         "",
         "| T | dtype | backward | kernel | fwd ms | bwd ms | fwd ÷ base | bwd ÷ base | fwd GB/s (hit experts) | bwd GB/s | copy GB/s | fwd % of copy | bwd % of copy | load |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -219,7 +224,8 @@ def _table(rows: list[dict], bw: Any, bw2: Any) -> list[str]:
         lines.append(
             f"| {r['T']} | {r['dtype']} | {r['mode']} | {r['impl']} | {r['fwd_ms']:.1f} | {r['bwd_ms']:.1f} | "
             f"{r['fwd_ratio_vs_base']:.2f} | {r['bwd_ratio_vs_base']:.2f} | {r['fwd_gbs']:.1f} | "
-            f"{r['bwd_gbs']:.1f} | {c:.1f} | {r['fwd_gbs'] / c:.0%} | {r['bwd_gbs'] / c:.0%} | "
+            f"{r['bwd_gbs']:.1f} | {c:.1f} | {r.get('fwd_of_copy', r['fwd_gbs'] / c):.0%} | "
+            f"{r.get('bwd_of_copy', r['bwd_gbs'] / c):.0%} | "
             f"{r['loadavg_median']:.1f} |"
         )
     return lines
@@ -366,8 +372,11 @@ def bench_dtype_ab(
                     a[k] / b[k] for a, b in zip(mine, ref, strict=True)
                 )
             hb = mine[0]["hit_bytes"]
-            row["fwd_of_copy"] = hb / row["fwd_s"] / 1e9 / copy
-            row["bwd_of_copy"] = hb / row["bwd_s"] / 1e9 / copy
+            for d in ("fwd", "bwd"):  # per round against that round's copy sample; median
+                row[f"{d}_of_copy"] = statistics.median(
+                    hb / r[f"{d}_s"] / 1e9 / c["copy_gbs"]
+                    for r, c in zip(mine, recs["copy"], strict=True)
+                )
             row["load"] = statistics.median(r["loadavg"][0] for r in mine)
             rows.append(row)
             jf.write(json.dumps(row) + "\n")

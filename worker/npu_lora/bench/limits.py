@@ -7,6 +7,8 @@ by memory bandwidth, not FLOPs. The roofline is therefore "hit expert bytes / co
 STREAM kernels, in torch with the process's intra-op thread count (the same threads the host MoE
 uses), arrays far larger than the last-level cache:
 
+- read:  ``a.sum()``           bytes moved = n · elem (read only; the access pattern of a host
+  MoE forward, which reads its weights and writes little), on request (``CopyProbe.measure(read=True)``)
 - copy:  ``c[:] = a``          bytes moved = 2 · n · elem (read a, write c)
 - triad: ``a[:] = b + s · c``  bytes moved = 3 · n · elem (read b, c, write a), as
   ``torch.add(b, c, alpha=s, out=a)`` (one fused pass).
@@ -17,6 +19,7 @@ published STREAM figures. Each is the median of ``repeats`` timed runs after one
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import time
@@ -39,6 +42,8 @@ class Bandwidth:
     elems: int = 0
     dtype: str = "float32"
     loadavg: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    read_gbs: float = math.nan  # read-only bandwidth, when measured (``measure(read=True)``)
+    read_samples_gbs: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -60,13 +65,20 @@ class CopyProbe:
         self.c = torch.zeros(elems, dtype=dtype)
         self.elems, self.dtype = elems, dtype
 
-    def measure(self, repeats: int = 7) -> Bandwidth:
+    def measure(self, repeats: int = 7, *, read: bool = False) -> Bandwidth:
         """Copy (2·bytes / time) and triad (3·bytes / time), GB/s = 1e9 B/s, median of
-        ``repeats`` after one unmeasured pass."""
+        ``repeats`` after one unmeasured pass; with ``read``, also read-only (bytes / time of
+        ``a.sum()``), each repeat in the order read, copy, triad."""
         a, b, c, elems = self.a, self.b, self.c, self.elems
         esz = a.element_size()
+        read_s: list[float] = []
         copy_s, triad_s = [], []
         for i in range(repeats + 1):
+            if read:
+                r0 = time.perf_counter()
+                a.sum()
+                if i:
+                    read_s.append(elems * esz / (time.perf_counter() - r0) / 1e9)
             t0 = time.perf_counter()
             c.copy_(a)
             t1 = time.perf_counter()
@@ -85,6 +97,8 @@ class CopyProbe:
             elems=elems,
             dtype=str(self.dtype).removeprefix("torch."),
             loadavg=os.getloadavg(),
+            read_gbs=statistics.median(read_s) if read_s else math.nan,
+            read_samples_gbs=read_s,
         )
 
 

@@ -54,6 +54,11 @@ def draft(run_dir: Path, command: str | None = None) -> str:
             f"- copy / triad bandwidth ({_when(lim.get('when'))}): {lim['copy_gbs']:.1f} / "
             f"{lim['triad_gbs']:.1f} GB/s (samples {', '.join(f'{x:.1f}' for x in lim['copy_samples_gbs'])})"
         )
+    rounds = [r for r in recs if r["kind"] == "round"]
+    if rounds:
+        from npu_lora.bench.report import rounds_line
+
+        lines.append(f"- rounds: {rounds_line(rounds)}")
     cfg = meta["config"]
     lines.append(
         f"- config: variants {meta['variants']}, baseline {meta['baseline']}, rounds {cfg['rounds']}, "
