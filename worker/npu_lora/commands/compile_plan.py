@@ -23,6 +23,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="plan for this backend (default: spec.device.backend; auto: furiosa with cards, "
         "else cpu)",
     )
+    parser.add_argument(
+        "--model-config", type=Path, default=None,
+        help="the model's config.json (default: the preset's, or spec.model.path/config.json)",
+    )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.add_argument(
         "--cache", type=Path, default=None,
@@ -30,12 +34,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def load_plan(file: Path, overrides: list[str], backend: str | None):
+def load_plan(
+    file: Path, overrides: list[str], backend: str | None, model_config: Path | None = None
+):
     from npu_lora.api.load import load_manifest
     from npu_lora.compile.plan import compile_plan
 
     manifest = load_manifest(file, overrides)
-    return compile_plan(manifest.spec, backend=backend)
+    cfg = None
+    if model_config is not None:
+        from npu_lora.api.memory import text_config
+
+        cfg = text_config(json.loads(model_config.read_text()), manifest.spec.model.layers)
+    return compile_plan(manifest.spec, backend=backend, cfg=cfg)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,8 +55,8 @@ def run(args: argparse.Namespace) -> int:
     from npu_lora.compile.plan import format_plan
 
     try:
-        plan = load_plan(args.file, args.overrides, args.backend)
-    except (SpecError, ValueError) as e:
+        plan = load_plan(args.file, args.overrides, args.backend, args.model_config)
+    except (SpecError, ValueError, OSError) as e:
         print(f"npu-lora compile-plan: error: {e}", file=sys.stderr)
         return 2
     root = args.cache or cache.cache_root()

@@ -20,6 +20,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", type=Path, help="MoEFinetune manifest or bare spec (YAML)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE")
     parser.add_argument("--backend", choices=("cpu", "cuda", "furiosa"), default=None)
+    parser.add_argument(
+        "--model-config", type=Path, default=None,
+        help="the model's config.json (default: the preset's, or spec.model.path/config.json)",
+    )
     which = parser.add_mutually_exclusive_group()
     which.add_argument(
         "--index", type=int, default=None,
@@ -35,12 +39,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from npu_lora.api.load import SpecError, load_manifest
+    from npu_lora.commands.compile_plan import load_plan
     from npu_lora.compile import cache
-    from npu_lora.compile.plan import compile_plan
 
     try:
         manifest = load_manifest(args.file, args.overrides)
-        plan = compile_plan(manifest.spec, backend=args.backend)
+        plan = load_plan(args.file, args.overrides, args.backend, args.model_config)
         if args.all:
             entries = list(plan.entries)
         elif args.key:
@@ -50,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
             if index is None:
                 index = int(os.environ.get("JOB_COMPLETION_INDEX", "x"))
             entries = [plan.by_index(index)]
-    except (SpecError, ValueError, KeyError, IndexError) as e:
+    except (SpecError, ValueError, KeyError, IndexError, OSError) as e:
         print(f"npu-lora precompile: error: {e}", file=sys.stderr)
         return 2
     root = args.cache or cache.cache_root(manifest.spec)
