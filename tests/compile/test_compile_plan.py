@@ -201,3 +201,22 @@ def test_compile_plan_command(tmp_path, capsys):
     assert main(["compile-plan", str(f), "--set", "training.seqLen=64"]) == 0
     out = capsys.readouterr().out
     assert "head_n64" in out and "compile plan: " in out
+
+
+def test_rngd_check_reads_the_plan(tmp_path, capsys):
+    """``rngd-check --plan`` checks the run's own graphs (names, shapes, keys of the plan)."""
+    from npu_lora.cli import main
+
+    f = tmp_path / "run.yaml"
+    f.write_text(yaml.safe_dump(spec_doc(training={"seqLen": 16, "steps": 10})))
+    plan = P.compile_plan(make_spec(training={"seqLen": 16}), backend="furiosa")
+    assert main(["rngd-check", "--plan", str(f), "--list"]) == 0
+    listed = [line.split(":")[0] for line in capsys.readouterr().out.splitlines()]
+    assert listed == [e.name for e in plan.entries]
+    out = tmp_path / "check.json"
+    rc = main(["rngd-check", "--plan", str(f), "--tier", "inventory", "--graphs",
+               "embed,hot_experts_b8", "--json", str(out)])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert doc["plan_keys"] == {e.name: e.key for e in plan.entries
+                                if e.name in ("embed", "hot_experts_b8")}

@@ -39,6 +39,8 @@ class DeviceGraph:
     example_inputs: tuple[torch.Tensor, ...]
     grad_inputs: tuple[int, ...]
     reference: Callable[..., object] | None
+    #: the graph's content key in the compile plan (``plan_graphs``; None for ``device_graphs``)
+    plan_key: str | None = None
 
 
 def _graph_config(widths: str) -> Any:
@@ -348,5 +350,6 @@ def plan_graphs(plan: Any, names: list[str] | None = None, *, seed: int = 0) -> 
         else:
             raise ValueError(f"plan entry {e.name}: unknown graph {e.graph!r}")
         g.name = e.name
+        g.plan_key = e.key
         out.append(g)
     return out
