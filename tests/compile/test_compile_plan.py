@@ -220,3 +220,16 @@ def test_rngd_check_reads_the_plan(tmp_path, capsys):
     doc = json.loads(out.read_text())
     assert doc["plan_keys"] == {e.name: e.key for e in plan.entries
                                 if e.name in ("embed", "hot_experts_b8")}
+
+
+def test_bench_records_the_plan():
+    from types import SimpleNamespace
+
+    from npu_lora.bench.harness import bench_plan_record
+    from npu_lora.bench.harness import BenchConfig
+
+    cfg = BenchConfig(seq_len=32, batch=1, backend="cpu")
+    rec = bench_plan_record(cfg, SimpleNamespace(backend=SimpleNamespace(name="cpu")), True)
+    names = [g["name"] for g in rec["graphs"]]
+    assert rec["kind"] == "compile_plan" and names[:2] == ["embed", "attention"]
+    assert "hot_experts_b32" in names
