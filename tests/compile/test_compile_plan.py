@@ -33,9 +33,17 @@ def test_tiny_plan_lists_every_graph_the_engine_compiles():
     names = [e.name for e in plan.entries]
     # S=32: label buckets 1..32, hot buckets 8..32 (tokens 32), Eh = ceil(0.25 * 8) = 2
     assert names == [
-        "embed", "attention",
-        "head_n1", "head_n2", "head_n4", "head_n8", "head_n16", "head_n32",
-        "hot_experts_b8", "hot_experts_b16", "hot_experts_b32",
+        "embed",
+        "attention",
+        "head_n1",
+        "head_n2",
+        "head_n4",
+        "head_n8",
+        "head_n16",
+        "head_n32",
+        "hot_experts_b8",
+        "hot_experts_b16",
+        "hot_experts_b32",
         "hot_gathered_b32",  # cpu: Eh * Bk = 64 > T = 32
     ]
     assert [e.index for e in plan.entries] == list(range(len(names)))
@@ -56,15 +64,25 @@ def test_qwen3_30b_a3b_plan():
     spec = make_spec(training={"seqLen": 128}, device={"backend": "furiosa"})
     plan = P.compile_plan(spec, cfg=cfg)
     assert [e.name for e in plan.entries] == [
-        "embed", "attention", *(f"head_n{n}" for n in (1, 2, 4, 8, 16, 32, 64, 128)),
+        "embed",
+        "attention",
+        *(f"head_n{n}" for n in (1, 2, 4, 8, 16, 32, 64, 128)),
         *(f"hot_experts_b{b}" for b in (8, 16, 32, 64, 128)),
     ]
     hot = plan.entries[-1]
     assert hot.inputs[0]["shape"] == [32, 128, 2048]  # 0.25 of 128 experts, Bk, hidden
     assert hot.weights[0]["shape"] == [32, 1536, 2048]
     # the packaged preset has the same widths: same keys
-    assert P.compile_plan(make_spec(model={"preset": "qwen3-30b-a3b"}, training={"seqLen": 128},
-                                    device={"backend": "furiosa"})).keys == plan.keys
+    assert (
+        P.compile_plan(
+            make_spec(
+                model={"preset": "qwen3-30b-a3b"},
+                training={"seqLen": 128},
+                device={"backend": "furiosa"},
+            )
+        ).keys
+        == plan.keys
+    )
 
 
 def test_plan_rules_match_the_engine():
@@ -86,7 +104,7 @@ def test_plan_rules_match_the_engine():
         for _ in range(200):
             labels = torch.full((2, S), -100)
             n = int(torch.randint(1, S, (1,), generator=gen))
-            labels[:, S - n:] = 1
+            labels[:, S - n :] = 1
             seen.add(label_gather(labels, torch.float32).sel_BNS.shape[1])
         assert seen <= set(P.label_buckets(S)), (S, seen)
 
@@ -124,7 +142,11 @@ def test_keys_are_stable_across_processes_and_environments(tmp_path):
         cwd.mkdir()
         r = subprocess.run(
             [sys.executable, "-c", _SNIPPET, str(f)],
-            env={**ENV, **extra}, cwd=cwd, capture_output=True, text=True, check=True,
+            env={**ENV, **extra},
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            check=True,
         )
         outs.append(json.loads(r.stdout))
     assert outs[0]["keys"] == outs[1]["keys"] == here
@@ -149,7 +171,9 @@ def test_seq_len_changes_exactly_the_graphs_that_depend_on_it():
 
 
 def test_lora_rank_changes_only_the_attention_block():
-    assert _changed(keys(make_spec(lora={"r": 16})), keys(make_spec(lora={"r": 8}))) == {"attention"}
+    assert _changed(keys(make_spec(lora={"r": 16})), keys(make_spec(lora={"r": 8}))) == {
+        "attention"
+    }
     assert _changed(
         keys(make_spec()), keys(make_spec(lora={"targetModules": ["q_proj", "k_proj", "v_proj"]}))
     ) == {"attention"}
@@ -214,19 +238,30 @@ def test_rngd_check_reads_the_plan(tmp_path, capsys):
     listed = [line.split(":")[0] for line in capsys.readouterr().out.splitlines()]
     assert listed == [e.name for e in plan.entries]
     out = tmp_path / "check.json"
-    rc = main(["rngd-check", "--plan", str(f), "--tier", "inventory", "--graphs",
-               "embed,hot_experts_b8", "--json", str(out)])
+    rc = main(
+        [
+            "rngd-check",
+            "--plan",
+            str(f),
+            "--tier",
+            "inventory",
+            "--graphs",
+            "embed,hot_experts_b8",
+            "--json",
+            str(out),
+        ]
+    )
     assert rc == 0
     doc = json.loads(out.read_text())
-    assert doc["plan_keys"] == {e.name: e.key for e in plan.entries
-                                if e.name in ("embed", "hot_experts_b8")}
+    assert doc["plan_keys"] == {
+        e.name: e.key for e in plan.entries if e.name in ("embed", "hot_experts_b8")
+    }
 
 
 def test_bench_records_the_plan():
     from types import SimpleNamespace
 
-    from npu_lora.bench.harness import bench_plan_record
-    from npu_lora.bench.harness import BenchConfig
+    from npu_lora.bench.harness import BenchConfig, bench_plan_record
 
     cfg = BenchConfig(seq_len=32, batch=1, backend="cpu")
     rec = bench_plan_record(cfg, SimpleNamespace(backend=SimpleNamespace(name="cpu")), True)

@@ -73,7 +73,9 @@ cache.publish(Path(sys.argv[1]), sys.argv[2], build)
 
 def test_a_killed_compile_never_counts_as_present(tmp_path):
     p = subprocess.Popen(
-        [sys.executable, "-c", _KILLED, str(tmp_path), KEY], env=ENV, stdout=subprocess.PIPE,
+        [sys.executable, "-c", _KILLED, str(tmp_path), KEY],
+        env=ENV,
+        stdout=subprocess.PIPE,
         text=True,
     )
     try:
@@ -136,8 +138,14 @@ def test_worker_compiles_only_the_misses(tmp_path, monkeypatch):
     def fake_compile(plan_, entry, root):
         compiled.append(entry.name)
         cache.publish(root, entry.key, _fake())
-        return {"index": entry.index, "name": entry.name, "key": entry.key, "hit": False,
-                "outcome": "published", "compile_s": 1.5}
+        return {
+            "index": entry.index,
+            "name": entry.name,
+            "key": entry.key,
+            "hit": False,
+            "outcome": "published",
+            "compile_s": 1.5,
+        }
 
     monkeypatch.setattr(pc, "compile_entry", fake_compile)
     rec = pc.ensure_plan(plan, tmp_path)
@@ -190,8 +198,9 @@ def test_precompile_index_compiles_with_inductor_then_hits(tmp_path):
     root = tmp_path / "cache"
     cmd = [sys.executable, "-m", "npu_lora.cli", "precompile", str(f), "--cache", str(root)]
     t0 = time.perf_counter()
-    r = subprocess.run(cmd, env={**ENV, "JOB_COMPLETION_INDEX": "0"}, capture_output=True,
-                       text=True, timeout=600)
+    r = subprocess.run(
+        cmd, env={**ENV, "JOB_COMPLETION_INDEX": "0"}, capture_output=True, text=True, timeout=600
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     row = json.loads(r.stdout.strip().splitlines()[-1])
     assert (row["name"], row["outcome"], row["hit"]) == ("embed", "published", False)
@@ -199,8 +208,9 @@ def test_precompile_index_compiles_with_inductor_then_hits(tmp_path):
     assert entry["how"]["artefacts"] > 0 and entry["compile_s"] > 0
     assert (cache.entry_dir(root, row["key"]) / "inductor" / "fxgraph").is_dir()
     first = time.perf_counter() - t0
-    r2 = subprocess.run([*cmd, "--index", "0"], env=ENV, capture_output=True, text=True,
-                        timeout=600)
+    r2 = subprocess.run(
+        [*cmd, "--index", "0"], env=ENV, capture_output=True, text=True, timeout=600
+    )
     row2 = json.loads(r2.stdout.strip().splitlines()[-1])
     assert (row2["key"], row2["outcome"], row2["compile_s"]) == (row["key"], "hit", 0.0)
     assert first > 0

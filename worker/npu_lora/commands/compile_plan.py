@@ -15,21 +15,31 @@ from pathlib import Path
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", type=Path, help="MoEFinetune manifest or bare spec (YAML)")
     parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="PATH=VALUE",
         help="override a spec field (as for `npu-lora run`), e.g. training.seqLen=256",
     )
     parser.add_argument(
-        "--backend", choices=("cpu", "cuda", "furiosa"), default=None,
+        "--backend",
+        choices=("cpu", "cuda", "furiosa"),
+        default=None,
         help="plan for this backend (default: spec.device.backend; auto: furiosa with cards, "
         "else cpu)",
     )
     parser.add_argument(
-        "--model-config", type=Path, default=None,
+        "--model-config",
+        type=Path,
+        default=None,
         help="the model's config.json (default: the preset's, or spec.model.path/config.json)",
     )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.add_argument(
-        "--cache", type=Path, default=None,
+        "--cache",
+        type=Path,
+        default=None,
         help="graph cache root: mark each graph present/missing (default: NPU_LORA_COMPILE_CACHE)",
     )
 

@@ -18,21 +18,29 @@ from pathlib import Path
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", type=Path, help="MoEFinetune manifest or bare spec (YAML)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE")
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE"
+    )
     parser.add_argument("--backend", choices=("cpu", "cuda", "furiosa"), default=None)
     parser.add_argument(
-        "--model-config", type=Path, default=None,
+        "--model-config",
+        type=Path,
+        default=None,
         help="the model's config.json (default: the preset's, or spec.model.path/config.json)",
     )
     which = parser.add_mutually_exclusive_group()
     which.add_argument(
-        "--index", type=int, default=None,
+        "--index",
+        type=int,
+        default=None,
         help="the graph's index in the plan (default: JOB_COMPLETION_INDEX)",
     )
     which.add_argument("--key", default=None, help="the graph's content key")
     which.add_argument("--all", action="store_true", help="every graph, one after another")
     parser.add_argument(
-        "--cache", type=Path, default=None,
+        "--cache",
+        type=Path,
+        default=None,
         help="graph cache root (default: NPU_LORA_COMPILE_CACHE, else the spec's compileCache)",
     )
 
@@ -59,8 +67,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     root = args.cache or cache.cache_root(manifest.spec)
     if root is None:
-        print("npu-lora precompile: error: no cache root (--cache or NPU_LORA_COMPILE_CACHE)",
-              file=sys.stderr)
+        print(
+            "npu-lora precompile: error: no cache root (--cache or NPU_LORA_COMPILE_CACHE)",
+            file=sys.stderr,
+        )
         return 2
     from npu_lora.compile.precompile import compile_entry
 
@@ -70,8 +80,13 @@ def run(args: argparse.Namespace) -> int:
             row = compile_entry(plan, e, root)
         except Exception as exc:  # the graph and the compiler's message, then exit 1
             msg = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-            row = {"index": e.index, "name": e.name, "key": e.key, "outcome": "failed",
-                   "error": msg[-4000:]}
+            row = {
+                "index": e.index,
+                "name": e.name,
+                "key": e.key,
+                "outcome": "failed",
+                "error": msg[-4000:],
+            }
             print(f"npu-lora precompile: {e.name} ({e.key[:16]}) failed: {msg}", file=sys.stderr)
             rc = 1
         print(json.dumps(row), flush=True)

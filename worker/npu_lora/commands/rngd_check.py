@@ -75,7 +75,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "its graphs, shapes and names) instead of --widths/--seq-len",
     )
     parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="PATH=VALUE",
         help="with --plan: override a spec field, e.g. training.seqLen=256",
     )
     parser.add_argument(

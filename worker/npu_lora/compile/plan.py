@@ -268,7 +268,10 @@ def compile_plan(
     H, K, d = w["num_attention_heads"], w["num_key_value_heads"], w["head_dim"]
     E, k, inter = w["num_experts"], w["num_experts_per_tok"], w["moe_intermediate_size"]
     T = B * S
-    libs = {"transformers": _version("transformers") or "unknown", "peft": _version("peft") or "unknown"}
+    libs = {
+        "transformers": _version("transformers") or "unknown",
+        "peft": _version("peft") or "unknown",
+    }
     entries: list[PlanEntry] = []
     notes: list[str] = []
 
@@ -331,7 +334,10 @@ def compile_plan(
                 _t("w_BN", [B, n], "float32"),
             ],
             weights=[_t("norm", [D], dt), _t("lm_head", [V, D], dt)],
-            params={"rms_norm_eps": w["rms_norm_eps"], "lora_head": "lm_head" in lora.target_modules},
+            params={
+                "rms_norm_eps": w["rms_norm_eps"],
+                "lora_head": "lm_head" in lora.target_modules,
+            },
             directions=["forward", "backward"],
             depends_on=["training.batchSize", "training.seqLen", "device.dtype", "vocab", "hidden"],
             libraries={"transformers": libs["transformers"]},
@@ -403,9 +409,7 @@ def format_plan(plan: Plan) -> str:
         f"{'#':>3}  {'graph':<20} {'key':<16}  {'dirs':<4}  inputs",
     ]
     for e in plan.entries:
-        shapes = ", ".join(
-            f"{i['name']}{list(i['shape'])}:{i['dtype']}" for i in e.inputs
-        )
+        shapes = ", ".join(f"{i['name']}{list(i['shape'])}:{i['dtype']}" for i in e.inputs)
         dirs = "f+b" if len(e.directions) == 2 else "f"
         lines.append(f"{e.index:>3}  {e.name:<20} {e.key[:16]}  {dirs:<4}  {shapes}")
     lines.extend(f"note: {n}" for n in plan.notes)

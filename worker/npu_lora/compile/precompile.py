@@ -87,8 +87,14 @@ def compile_entry(plan: Plan, entry: PlanEntry, root: Path) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     if cache.present(root, entry.key):
-        return {"index": entry.index, "name": entry.name, "key": entry.key, "hit": True,
-                "outcome": "hit", "compile_s": 0.0}
+        return {
+            "index": entry.index,
+            "name": entry.name,
+            "key": entry.key,
+            "hit": True,
+            "outcome": "hit",
+            "compile_s": 0.0,
+        }
 
     def build(tmp: Path) -> dict[str, Any]:
         graph = plan_graphs(plan, [entry.name])[0]
@@ -96,7 +102,9 @@ def compile_entry(plan: Plan, entry: PlanEntry, root: Path) -> dict[str, Any]:
         if plan.backend == "furiosa":
             how = _furiosa(graph, entry.directions)
         else:
-            how = _inductor(graph, entry.directions, tmp, "cuda" if plan.backend == "cuda" else "cpu")
+            how = _inductor(
+                graph, entry.directions, tmp, "cuda" if plan.backend == "cuda" else "cpu"
+            )
         return {
             "key": entry.key,
             "entry": entry.to_dict(),
@@ -107,7 +115,7 @@ def compile_entry(plan: Plan, entry: PlanEntry, root: Path) -> dict[str, Any]:
             "how": how,
         }
 
-    outcome, doc = cache.publish(root, entry.key, build)
+    outcome, _doc = cache.publish(root, entry.key, build)
     return {
         "index": entry.index,
         "name": entry.name,
@@ -126,8 +134,16 @@ def ensure_plan(plan: Plan, root: Path, *, compile_misses: bool = True) -> dict[
     graphs = []
     for e in plan.entries:
         if hits[e.key] or not compile_misses:
-            graphs.append({"index": e.index, "name": e.name, "key": e.key, "hit": hits[e.key],
-                           "outcome": "hit" if hits[e.key] else "missing", "compile_s": 0.0})
+            graphs.append(
+                {
+                    "index": e.index,
+                    "name": e.name,
+                    "key": e.key,
+                    "hit": hits[e.key],
+                    "outcome": "hit" if hits[e.key] else "missing",
+                    "compile_s": 0.0,
+                }
+            )
         else:
             graphs.append(compile_entry(plan, e, root))
     n_hit = sum(1 for k in plan.keys if hits[k])

@@ -291,7 +291,7 @@ def _gathered_graph(b: _Build, hot: DeviceGraph, T: int) -> DeviceGraph:
     int32 row index per (slot, position), routing weights (0 on padding)."""
     from npu_lora.device.graphs import HotExpertsGathered
 
-    x_EhBD, r_EhB = hot.example_inputs
+    _x_EhBD, r_EhB = hot.example_inputs
     Eh, Bk = r_EhB.shape
     x_TD = torch.randn(T, b.cfg.hidden_size, generator=b.gen).to(b.dtype)
     idx = torch.randint(0, T, (Eh, Bk), generator=b.gen, dtype=torch.int64).to(torch.int32)
