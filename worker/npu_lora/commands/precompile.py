@@ -88,6 +88,10 @@ def run(args: argparse.Namespace) -> int:
                 "error": msg[-4000:],
             }
             print(f"npu-lora precompile: {e.name} ({e.key[:16]}) failed: {msg}", file=sys.stderr)
+            from npu_lora.train.termination import write_termination_message
+
+            # the pod's termination message: the operator fails the run with the graph and why
+            write_termination_message(f"compile of graph {e.index} {e.name} failed: {msg}")
             rc = 1
         print(json.dumps(row), flush=True)
     return rc
