@@ -214,3 +214,29 @@ def test_precompile_index_compiles_with_inductor_then_hits(tmp_path):
     row2 = json.loads(r2.stdout.strip().splitlines()[-1])
     assert (row2["key"], row2["outcome"], row2["compile_s"]) == (row["key"], "hit", 0.0)
     assert first > 0
+
+
+def test_run_compiles_misses_only_where_compiling_helps(tmp_path, monkeypatch):
+    """cpu with precompile auto: count only (the cpu engine runs eagerly); precompile true (or
+    furiosa): the misses are compiled before the first step; the env var decides over both."""
+    from types import SimpleNamespace
+
+    from npu_lora.commands.run import check_compile_cache
+
+    compiled = []
+
+    def fake_compile(plan_, entry, root):
+        compiled.append(entry.name)
+        return {"index": entry.index, "name": entry.name, "key": entry.key, "hit": False,
+                "outcome": "published", "compile_s": 0.1}  # fmt: skip
+
+    monkeypatch.setattr(pc, "compile_entry", fake_compile)
+    monkeypatch.setenv(cache.ENV_ROOT, str(tmp_path))
+    monkeypatch.delenv("NPU_LORA_COMPILE_MISSES", raising=False)
+    engine = SimpleNamespace(backend=SimpleNamespace(name="cpu"))
+    rec = check_compile_cache(make_spec(), engine)
+    assert (rec["misses"], rec["compiled"], compiled) == (12, 0, [])
+    rec = check_compile_cache(make_spec(device={"precompile": "true"}), engine)
+    assert rec["compiled"] == 12 and len(compiled) == 12
+    monkeypatch.setenv("NPU_LORA_COMPILE_MISSES", "0")
+    assert check_compile_cache(make_spec(device={"precompile": "true"}), engine)["compiled"] == 0

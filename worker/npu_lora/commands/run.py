@@ -100,9 +100,10 @@ def _status_reporter(ctx: Any) -> Any | None:
 def check_compile_cache(spec: Any, engine: Any, *, compile_misses: bool = True) -> Any:
     """Before the first step, with a graph cache (``NPU_LORA_COMPILE_CACHE``, or
     ``spec.device.compileCache``): look every key of the run's compile plan up, count hits and
-    misses, compile the misses into the cache (``NPU_LORA_COMPILE_MISSES=0``: only count), and
-    return the record for summary.json (``compile``). None without a cache. A precompiled run
-    compiles nothing here. A plan or compile error is recorded and logged, never fatal here:
+    misses, compile the misses into the cache (on ``furiosa`` or with ``device.precompile``
+    on; else only count: the cpu engine runs its graphs eagerly; ``NPU_LORA_COMPILE_MISSES=0|1``
+    decides instead), and return the record for summary.json (``compile``). None without a
+    cache. A precompiled run compiles nothing here. A plan or compile error is recorded and logged, never fatal here:
     the engine still compiles what it needs (furiosa: at the first call)."""
     from npu_lora.compile import cache
 
@@ -116,7 +117,9 @@ def check_compile_cache(spec: Any, engine: Any, *, compile_misses: bool = True) 
         plan = compile_plan(spec, backend=name if name in PLAN_BACKENDS else None)
         from npu_lora.compile.precompile import ensure_plan
 
-        misses_ok = compile_misses and os.environ.get("NPU_LORA_COMPILE_MISSES", "1") != "0"
+        env = os.environ.get("NPU_LORA_COMPILE_MISSES")
+        wanted = spec.device.precompile_enabled or plan.backend == "furiosa"
+        misses_ok = compile_misses and (wanted if env is None else env != "0")
         rec = ensure_plan(plan, root, compile_misses=misses_ok)
     except Exception as e:  # never stops training
         log.warning("compile cache check failed: %s", e)
