@@ -80,6 +80,7 @@ def test_precompile_job_is_indexed_cpu_only_on_the_shared_cache():
     tc = train["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "furiosa-cache", "mountPath": builders.CACHE_MOUNT} in tc["volumeMounts"]
     assert {"name": "XDG_CACHE_HOME", "value": builders.CACHE_ROOT} in tc["env"]
+    assert {"name": "NPU_LORA_COMPILE_CACHE", "value": GRAPH_CACHE} in tc["env"]
 
 
 def test_precompile_job_parallelism_is_capped_and_needs_a_cache():
@@ -129,3 +130,22 @@ def test_precompile_builders_are_torch_free():
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "15"  # Qwen3-30B-A3B, seqLen 128: see docs/compile.md
+
+
+def test_operator_precompile_pods_and_the_training_pod_plan_the_same_keys(tmp_path, monkeypatch):
+    """The ConfigMap's worker config (what both pods read) gives the keys of the run's spec, and
+    `npu-lora precompile` reads it with the index from JOB_COMPLETION_INDEX."""
+    import yaml
+    from npu_lora.api.load import load_manifest
+    from npu_lora.compile.plan import compile_plan
+
+    run = run_of(backend="furiosa", compileCache=CACHE, precompile="true")
+    cm = builders.build_configmap(run)
+    f = tmp_path / "config.yaml"
+    f.write_text(cm["data"][builders.CONFIG_KEY])
+    worker_spec = load_manifest(f).spec
+    assert worker_spec.device.compile_cache is None  # removed: the env var points at it
+    assert worker_spec.device.precompile_enabled
+    assert compile_plan(worker_spec).keys == compile_plan(run.spec).keys
+    assert len(compile_plan(worker_spec).keys) == plan_size(run)
+    assert yaml.safe_load(f.read_text())["spec"]["device"]["precompile"] == "true"
