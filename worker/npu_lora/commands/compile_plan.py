@@ -83,4 +83,7 @@ def run(args: argparse.Namespace) -> int:
     if root is not None:
         c = doc["cache"]
         print(f"cache {c['root']}: {c['present']}/{c['total']} present")
+        missing = [g["name"] for g in doc["graphs"] if not g["present"]]
+        if missing:
+            print("missing: " + ", ".join(missing))
     return 0
