@@ -432,6 +432,8 @@ def worker_env(run: Run, config: OperatorConfig) -> list[Body]:
     if run.spec.data.volume is not None:
         # the worker reads data only under the data volume (no symlink or path escapes it)
         env.append({"name": "NPU_LORA_DATA_ROOT", "value": DATA_MOUNT})
+    if has_cache:  # the graph cache (npu_lora.compile.cache): the worker checks its plan there
+        env.append({"name": "NPU_LORA_COMPILE_CACHE", "value": f"{CACHE_MOUNT}/npu-lora"})
     env += [{"name": k, "value": v} for k, v in config.extra_env]
     user = _pod_template(run).get("env") or []
     names = {e.get("name") for e in user}

@@ -75,7 +75,10 @@ def _column(name: str, type_: str, path: str, description: str, priority: int = 
 #: columns after ``S/Step``, the wide ones at the end.
 PRINTER_COLUMNS: list[dict[str, Any]] = [
     _column(
-        "Phase", "string", ".status.phase", "Pending, Running, Succeeded, Failed or Suspended."
+        "Phase",
+        "string",
+        ".status.phase",
+        "Pending, Compiling, Running, Succeeded, Failed or Suspended.",
     ),
     _column("Step", "integer", ".status.progress.step", "Last completed optimizer step."),
     *record.printer_columns(priority=0, only=("loss",)),
@@ -101,6 +104,9 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     _column(
         "Ratio", "number", ".status.benchmark.bestRatio", "Benchmark: its s/step vs baseline.", 1
     ),
+    # spec.device.precompile: the precompile Job's progress (phase Compiling)
+    _column("Compiled", "integer", ".status.compile.done", "Device graphs precompiled.", 1),
+    _column("Graphs", "integer", ".status.compile.total", "Device graphs in the plan.", 1),
 ]
 
 _NUMERIC_KEYS = ("minimum", "maximum", "minLength", "maxLength", "minItems", "maxItems")

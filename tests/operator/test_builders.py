@@ -83,6 +83,7 @@ def test_full_job() -> None:
             {"name": "PYTHONUNBUFFERED", "value": "1"},
             {"name": "NPU_LORA_TERMINATION_LOG", "value": "/dev/termination-log"},
             {"name": "NPU_LORA_DATA_ROOT", "value": "/mnt/data"},
+            {"name": "NPU_LORA_COMPILE_CACHE", "value": "/mnt/cache/furiosa/npu-lora"},
             {"name": "HF_HUB_OFFLINE", "value": "1"},
         ],
         "volumeMounts": [

@@ -95,6 +95,8 @@ def test_printer_columns() -> None:
         "ROUNDS",
         "BEST",
         "RATIO",
+        "COMPILED",
+        "GRAPHS",
     ]
     assert by_name["COPY-MB"]["jsonPath"] == ".status.lastStep.copyMb"
     assert by_name["STEP"]["jsonPath"] == ".status.progress.step"

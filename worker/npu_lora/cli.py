@@ -21,6 +21,14 @@ WORKER_COMMANDS: dict[str, tuple[str, str]] = {
         "npu_lora.commands.kernels",
         "build the host experts kernel for this venv (`build`) or show its cache (`status`)",
     ),
+    "compile-plan": (
+        "npu_lora.commands.compile_plan",
+        "list every device graph a run compiles, with its cache key (torch-free)",
+    ),
+    "precompile": (
+        "npu_lora.commands.precompile",
+        "compile one graph of a run's plan (or all) into the graph cache, atomically",
+    ),
     "rngd-check": (
         "npu_lora.commands.rngd_check",
         "compile every device graph with furiosa-torch's compiler on the CPU",

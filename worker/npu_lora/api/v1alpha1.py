@@ -468,6 +468,28 @@ class DeviceSpec(_Model):
         None,
         description="Volume for the furiosa compile cache, so a restarted run does not recompile.",
     )
+    precompile: Literal["auto", "true", "false"] = Field(
+        "auto",
+        description=(
+            "Compile the run's device graphs (`npu-lora compile-plan`) before the training Job, "
+            "one pod per graph of an Indexed Job on CPU nodes (no card requested), into "
+            "`compileCache` (a ReadWriteMany claim); graphs already there are skipped. `auto`: "
+            'on for backend `furiosa`, off elsewhere. Quote `"true"`/`"false"` in YAML '
+            "(booleans are accepted by `npu-lora run`)."
+        ),
+    )
+
+    @field_validator("precompile", mode="before")
+    @classmethod
+    def _precompile_bool(cls, v: Any) -> Any:
+        return ("true" if v else "false") if isinstance(v, bool) else v
+
+    @property
+    def precompile_enabled(self) -> bool:
+        """``precompile`` resolved: ``auto`` is on for ``furiosa`` (and ``auto`` with cards)."""
+        if self.precompile != "auto":
+            return self.precompile == "true"
+        return self.backend == "furiosa" or (self.backend == "auto" and self.cards > 0)
 
 
 class DistributedSpec(_Model):
@@ -1003,12 +1025,28 @@ class BenchmarkStatus(_Model):
     cases: list[BenchmarkCase] | None = Field(None, description="The tables, one per case.")
 
 
+class CompileStatus(_Model):
+    """The precompile Job's progress (``spec.device.precompile``; operator-owned)."""
+
+    done: int = Field(0, description="Graphs compiled or found in the cache.")
+    total: int = Field(0, description="Graphs in the run's compile plan.")
+    eta_seconds: float | None = Field(None, description="Estimated seconds until all are done.")
+    job_name: str | None = Field(None, description="The precompile Job.")
+
+
 class MoEFinetuneStatus(_Model):
     """Owned in disjoint subtrees: the operator writes phase..message, the worker the rest."""
 
     # operator-owned
-    phase: Literal["Pending", "Running", "Succeeded", "Failed", "Suspended"] | None = Field(
-        None, description="Pending, Running, Succeeded, Failed or Suspended (operator)."
+    phase: Literal["Pending", "Compiling", "Running", "Succeeded", "Failed", "Suspended"] | None = (
+        Field(
+            None,
+            description="Pending, Compiling (device.precompile), Running, Succeeded, Failed or "
+            "Suspended (operator).",
+        )
+    )
+    compile: CompileStatus | None = Field(
+        None, description="Device graphs precompiled before training (operator; device.precompile)."
     )
     conditions: list[Condition] | None = Field(None, description="Typed conditions (operator).")
     job_name: str | None = Field(None, description="The run's Job (operator).")

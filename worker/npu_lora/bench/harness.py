@@ -161,6 +161,26 @@ def _measure_memory(
     return memory
 
 
+def bench_plan_record(cfg: BenchConfig, engine: Any, any_hot: bool) -> dict[str, Any]:
+    """The bench's device graphs: the compile plan (``npu_lora.compile.plan``) of the spec the
+    engine was built from, on its backend: the same list ``compile-plan``, ``precompile`` and
+    ``rngd-check --plan`` use (names and keys; a plan error is recorded, never fatal)."""
+    from npu_lora.compile.plan import PLAN_BACKENDS, compile_plan
+
+    try:
+        spec = build_spec(cfg, placement="hot" if any_hot else "host-only")
+        name = engine.backend.name
+        plan = compile_plan(spec, backend=name if name in PLAN_BACKENDS else None)
+    except Exception as e:
+        return {"kind": "compile_plan", "error": f"{type(e).__name__}: {e}"}
+    return {
+        "kind": "compile_plan",
+        "backend": plan.backend,
+        "compiler": plan.compiler,
+        "graphs": [{"name": e.name, "key": e.key} for e in plan.entries],
+    }
+
+
 def run_bench(
     cfg: BenchConfig,
     *,
@@ -199,6 +219,7 @@ def run_bench(
         engine = _build_engine(cfg, any_hot, log, ours[0] if ours else None)
     built = machine_facts(engine)  # with the engine: hostDtype as resolved, experts' pages
     emit({"kind": "engine", **{k: built[k] for k in ("host", "experts_pages") if k in built}})
+    emit(bench_plan_record(cfg, engine, any_hot))
     if "experts_pages" in built:
         log(f"expert weights: {built['experts_pages']}")
     if engine.backend.device.type != "cpu" and any(v.is_peer for v in variants):

@@ -68,6 +68,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"where the graphs come from, MODULE:FUNC or FILE.py:FUNC (default {check.DEFAULT_SOURCE})",
     )
     parser.add_argument(
+        "--plan",
+        type=Path,
+        default=None,
+        help="check the compile plan of this MoEFinetune manifest (`npu-lora compile-plan`: "
+        "its graphs, shapes and names) instead of --widths/--seq-len",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="PATH=VALUE",
+        help="with --plan: override a spec field, e.g. training.seqLen=256",
+    )
+    parser.add_argument(
         "--dtype", default=None, help="device dtype passed to the graph factory (e.g. bfloat16)"
     )
     parser.add_argument(

@@ -97,6 +97,41 @@ def _status_reporter(ctx: Any) -> Any | None:
         return None
 
 
+def check_compile_cache(spec: Any, engine: Any, *, compile_misses: bool = True) -> Any:
+    """Before the first step, with a graph cache (``NPU_LORA_COMPILE_CACHE``, or
+    ``spec.device.compileCache``): look every key of the run's compile plan up, count hits and
+    misses, compile the misses into the cache (on ``furiosa`` or with ``device.precompile``
+    on; else only count: the cpu engine runs its graphs eagerly; ``NPU_LORA_COMPILE_MISSES=0|1``
+    decides instead), and return the record for summary.json (``compile``). None without a
+    cache. A precompiled run compiles nothing here. A plan or compile error is recorded and logged, never fatal here:
+    the engine still compiles what it needs (furiosa: at the first call)."""
+    from npu_lora.compile import cache
+
+    root = cache.cache_root(spec)
+    if root is None:
+        return None
+    from npu_lora.compile.plan import PLAN_BACKENDS, compile_plan
+
+    name = getattr(getattr(engine, "backend", None), "name", None)
+    try:
+        plan = compile_plan(spec, backend=name if name in PLAN_BACKENDS else None)
+        from npu_lora.compile.precompile import ensure_plan
+
+        env = os.environ.get("NPU_LORA_COMPILE_MISSES")
+        wanted = spec.device.precompile_enabled or plan.backend == "furiosa"
+        misses_ok = compile_misses and (wanted if env is None else env != "0")
+        rec = ensure_plan(plan, root, compile_misses=misses_ok)
+    except Exception as e:  # never stops training
+        log.warning("compile cache check failed: %s", e)
+        return {"cache": str(root), "error": f"{type(e).__name__}: {e}"}
+    print(
+        f"compile cache {root}: {rec['hits']}/{rec['total']} graphs present, "
+        f"{rec['compiled']} compiled here ({rec['seconds']:.1f} s)",
+        file=sys.stderr,
+    )
+    return rec
+
+
 # ---------------------------------------------------------------------------------------------
 
 
@@ -328,6 +363,9 @@ def _train(args: argparse.Namespace, manifest: Any, ctx: Any, callbacks: Any) ->
 
     # SpecError (bad model/backend) still writes nothing
     engine = build_shared(lambda: build_engine(spec, len(tok)), spec)
+    compiled = check_compile_cache(spec, engine, compile_misses=info.is_rank0)
+    if compiled is not None:  # summary.json "compile"
+        ctx.extra["compile"] = compiled
     host = getattr(engine, "host_choice", None)
     if host is not None:  # status.host (the reporter's on_start); the log line is in the engine
         ctx.extra["host"] = host.status()

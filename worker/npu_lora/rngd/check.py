@@ -153,7 +153,28 @@ def _absolute_source(source: str) -> str:
     return source
 
 
+def plan_of(args: argparse.Namespace) -> Any:
+    """``--plan FILE``: the compile plan of that manifest (``npu_lora.compile.plan``) for the
+    ``furiosa`` backend (``--set`` overrides applied); None without ``--plan``."""
+    if not getattr(args, "plan", None):
+        return None
+    from npu_lora.api.load import load_manifest
+    from npu_lora.compile.plan import compile_plan
+
+    spec = load_manifest(args.plan, list(getattr(args, "overrides", None) or [])).spec
+    return compile_plan(spec, backend="furiosa")
+
+
 def build_graphs(args: argparse.Namespace) -> list[Any]:
+    plan = plan_of(args)
+    if plan is not None:  # the run's own list of device graphs (the same one precompile uses)
+        from npu_lora.rngd.catalogue import plan_graphs
+
+        names = [e.name for e in plan.entries]
+        unknown = [n for n in (args.graphs or []) if n not in names]
+        if unknown:
+            raise ValueError(f"unknown graphs {unknown}; have {names}")
+        return plan_graphs(plan, args.graphs or None)
     factory = load_factory(args.source)
     kwargs: dict[str, Any] = {"widths": args.widths, "seq_len": args.seq_len}
     if args.buckets:
@@ -397,6 +418,10 @@ def _job_argv(args: argparse.Namespace) -> list[str]:
         argv += ["--buckets", ",".join(str(b) for b in args.buckets)]
     if args.dtype:
         argv += ["--dtype", args.dtype]
+    if getattr(args, "plan", None):
+        argv += ["--plan", str(Path(args.plan).resolve())]
+        for o in getattr(args, "overrides", None) or []:
+            argv += ["--set", o]
     return argv
 
 
@@ -513,14 +538,20 @@ def _run_check(args: argparse.Namespace, scratch: Path) -> int:
     except (ImportError, AttributeError, ValueError) as exc:
         _log(f"no device graphs from {args.source}: {type(exc).__name__}: {exc}")
         return 2
+    args._plan_keys = {g.name: getattr(g, "plan_key", None) for g in graphs}
+    args._plan_keys = {k: v for k, v in args._plan_keys.items() if v}
     if args.list:
         for g in graphs:
             shapes = ", ".join(f"{tuple(t.shape)} {t.dtype}" for t in g.example_inputs)
-            print(f"{g.name}: {shapes}")
+            key = args._plan_keys.get(g.name)
+            key = f"  key {key[:16]}" if key else ""
+            print(f"{g.name}: {shapes}{key}")
         return 0
     machine_start = machine_facts()
     _log(
-        f"{len(graphs)} graphs ({args.widths}, seq {args.seq_len}), tiers {tiers}, "
+        f"{len(graphs)} graphs "
+        f"({f'plan of {args.plan}' if getattr(args, 'plan', None) else args.widths}, "
+        f"seq {args.seq_len if not getattr(args, 'plan', None) else 'of the plan'}), tiers {tiers}, "
         f"furiosa-torch {'yes' if have_furiosa else 'NO'}, cache "
         f"{args.cache_dir or scratch / 'cache'}"
     )
@@ -595,6 +626,9 @@ def _write_json(
         "ok": all(r.ok for r in rows),
         "rows": [r.to_dict() for r in rows],
     }
+    keys = getattr(args, "_plan_keys", None)
+    if keys:  # --plan: each graph's content key (the graph cache's, npu-lora compile-plan's)
+        doc["plan_keys"] = keys
     args.json_out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.json_out.with_suffix(args.json_out.suffix + ".tmp")
     tmp.write_text(json.dumps(doc, indent=1, default=str))

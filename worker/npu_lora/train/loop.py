@@ -444,6 +444,8 @@ class Trainer:
         }
         if error:
             extra["error"] = error
+        if ctx.extra.get("compile") is not None:  # the graph cache check (commands.run)
+            extra["compile"] = ctx.extra["compile"]
         summary = build_summary(
             self.records,
             name=ctx.name,
