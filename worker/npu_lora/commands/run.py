@@ -192,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
     if info.distributed and info.rank is None:  # the launcher: spawn the local ranks
         from npu_lora.distributed.launch import launch
 
-        return launch(args, info, manifest.spec)
+        return launch(args, info, manifest.spec, run)
 
     from npu_lora.train.callbacks import CallbackList, ProgressBar, RunContext
 
