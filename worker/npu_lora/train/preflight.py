@@ -18,19 +18,17 @@ ancestors) when one is set, else ``MemAvailable`` of ``/proc/meminfo``.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from npu_lora.api.load import SpecError
-from npu_lora.api.memory import (
+from npu_lora.api.memory import (  # model_widths: re-exported (it moved to api.memory)
     GiB,
     MemoryEstimate,
     estimate,
-    preset_config,
+    model_widths,
     recommended_limit,
-    text_config,
 )
 
 _SUFFIX = {"": 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
@@ -71,26 +69,6 @@ def check_out_writable(run_dir: Path) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # memory
-
-
-def model_widths(spec: Any) -> dict[str, Any] | None:
-    """The model's config.json fields (presets: the packaged configs), or None if unknown."""
-    m = spec.model
-    if m.preset:
-        cfg = preset_config(m.preset)
-    else:
-        p = Path(m.path).expanduser()
-        if m.volume is not None and not p.is_absolute():
-            from npu_lora.data.tokenizer import volume_root
-
-            p = volume_root("model") / p
-        try:
-            cfg = json.loads((p / "config.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-    if not isinstance(cfg, dict):
-        return None
-    return text_config(cfg, m.layers)
 
 
 def estimate_memory(
