@@ -107,7 +107,10 @@ def test_tokenizer_without_template_uses_chatml_fallback():
 
 def test_sharegpt_spelling_equals_messages_spelling(tmp_path):
     share = [
-        {"from": {"system": "system", "user": "human", "assistant": "gpt"}[m["role"]], "value": m["content"]}
+        {
+            "from": {"system": "system", "user": "human", "assistant": "gpt"}[m["role"]],
+            "value": m["content"],
+        }
         for m in MULTI_TURN
     ]
     a = _read(_jsonl(tmp_path, [{"messages": MULTI_TURN}], "m.jsonl"))
@@ -197,7 +200,10 @@ def test_csv_reads_alpaca_text_and_nsmc_columns(tmp_path):
     n = tmp_path / "n.csv"
     n.write_text("id,document,label\n1,좋다,1\n2,별로,0\n", "utf-8")
     got = _read(n)
-    assert [(e.kind, e.text, e.label) for e in got] == [("classify", "좋다", 1), ("classify", "별로", 0)]
+    assert [(e.kind, e.text, e.label) for e in got] == [
+        ("classify", "좋다", 1),
+        ("classify", "별로", 0),
+    ]
     t = tmp_path / "t.csv"
     t.write_text("text\nhello\n", "utf-8")
     assert [(e.kind, e.text) for e in _read(t)] == [("text", "hello")]
@@ -252,7 +258,10 @@ def test_overflow_truncate_keeps_and_drop_removes_long_rows_and_counts_them(tmp_
     ("rows", "pattern"),
     [
         (
-            [*CHAT_ROWS, {"messages": [{"role": "user", "content": "a"}, {"role": "bot", "content": "b"}]}],
+            [
+                *CHAT_ROWS,
+                {"messages": [{"role": "user", "content": "a"}, {"role": "bot", "content": "b"}]},
+            ],
             r"d\.jsonl:3: messages\[1\]\.role: must be one of system, user, assistant, tool \(got 'bot'\)",
         ),
         (
@@ -271,7 +280,10 @@ def test_overflow_truncate_keeps_and_drop_removes_long_rows_and_counts_them(tmp_
             [ALPACA_ROWS[0], {"instruction": "x", "input": ""}],
             r"d\.jsonl:2: output: must be a non-empty string \(missing\)",
         ),
-        ([*CHAT_ROWS, {"text": "hi"}], r"d\.jsonl:3: expected a 'messages' \(or 'conversations'\) list"),
+        (
+            [*CHAT_ROWS, {"text": "hi"}],
+            r"d\.jsonl:3: expected a 'messages' \(or 'conversations'\) list",
+        ),
     ],
     ids=["role", "sharegpt-value", "no-assistant", "empty", "alpaca-output", "wrong-format"],
 )
@@ -325,3 +337,20 @@ def test_load_examples_reads_chat_example_from_spec(tmp_path):
     assert len(ex) == 200 and {e.kind for e in ex} == {"chat"}
     assert any(len(e.messages) >= 4 for e in ex)
     assert any(e.messages[0]["role"] == "system" for e in ex)
+
+
+def test_tiny_chat_example_runs(tmp_path):
+    """``npu-lora run examples/tiny-chat.yaml --steps 2``: chat rows, packed, assistant-only
+    labels; the summary's data stats carry the overflow and packing figures."""
+    from npu_lora.cli import main
+
+    out = tmp_path / "run"
+    cfg = REPO / "examples" / "tiny-chat.yaml"
+    args = ["run", str(cfg), "--steps", "2", "--out", str(out), "--quiet", "--no-plot"]
+    assert main(args) == 0
+    data = json.loads((out / "summary.json").read_text())["data"]
+    assert data["kinds"] == {"chat": data["examples"]} and data["packed"] is True
+    assert data["rows"] < data["examples"] and 0 <= data["pad_fraction"] < 0.3
+    assert {"truncated", "dropped", "real_tokens_per_step", "tokens_per_step"} <= data.keys()
+    recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs if "step" in r][:2] == [1, 2]

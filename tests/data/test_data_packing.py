@@ -94,7 +94,9 @@ def test_packed_row_loss_equals_the_examples_run_unpacked(engine):
     tok = byte_level_tokenizer()
     S = 256
     chats = _chat_examples(200)
-    short = sorted(range(200), key=lambda i: sum(len(m["content"].encode()) for m in chats[i].messages))
+    short = sorted(
+        range(200), key=lambda i: sum(len(m["content"].encode()) for m in chats[i].messages)
+    )
     ex = [chats[i] for i in sorted(short[:3])]
     plain = TokenizedDataset(ex, tok, S)
     lens = plain.attention_mask.sum(1).tolist()
@@ -109,7 +111,9 @@ def test_packed_row_loss_equals_the_examples_run_unpacked(engine):
     seg_of = {}
     for k in range(3):
         seg = tuple(row["input_ids"][0, bounds[k] : bounds[k + 1]].tolist())
-        seg_of[k] = next(i for i in range(3) if tuple(plain.input_ids[i, : lens[i]].tolist()) == seg)
+        seg_of[k] = next(
+            i for i in range(3) if tuple(plain.input_ids[i, : lens[i]].tolist()) == seg
+        )
 
     for k in range(3):
         one = {key: v.clone() for key, v in row.items()}
@@ -128,7 +132,11 @@ def test_packed_row_loss_equals_the_examples_run_unpacked(engine):
     whole_packed = _loss(engine, row)
     whole_plain = _loss(
         engine,
-        {"input_ids": plain.input_ids, "attention_mask": plain.attention_mask, "labels": plain.labels},
+        {
+            "input_ids": plain.input_ids,
+            "attention_mask": plain.attention_mask,
+            "labels": plain.labels,
+        },
     )
     assert whole_packed == pytest.approx(whole_plain, rel=1e-5, abs=1e-5)
     leaky = {k: v for k, v in row.items() if k != "position_ids"}

@@ -67,7 +67,9 @@ def training_chat_template(tok: Any) -> str:
 
 def _end_ids(tok: Any) -> set[int]:
     ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()
-    im_end = tok.convert_tokens_to_ids("<|im_end|>") if hasattr(tok, "convert_tokens_to_ids") else None
+    im_end = (
+        tok.convert_tokens_to_ids("<|im_end|>") if hasattr(tok, "convert_tokens_to_ids") else None
+    )
     if isinstance(im_end, int) and im_end != getattr(tok, "unk_token_id", None):
         ids.add(im_end)
     return ids

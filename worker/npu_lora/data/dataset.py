@@ -172,9 +172,7 @@ def encode_unpadded(
         prompt = bos + head + doc + tail
         ids = prompt + answer
         labels = [IGNORE_INDEX] * len(prompt) + answer
-    return Encoded(
-        ids, labels, truncated, answer_truncated, overflow=truncated or answer_truncated
-    )
+    return Encoded(ids, labels, truncated, answer_truncated, overflow=truncated or answer_truncated)
 
 
 def _use_chat(tok: Any) -> bool:
@@ -238,9 +236,7 @@ def pack_examples(
     ds = datasets.Dataset.from_dict(
         {"input_ids": [e.ids for e in encoded], "labels": [e.labels for e in encoded]}
     )
-    packed = pack_dataset(
-        ds, seq_len, strategy="bfd", map_kwargs={"batch_size": max(len(ds), 1)}
-    )
+    packed = pack_dataset(ds, seq_len, strategy="bfd", map_kwargs={"batch_size": max(len(ds), 1)})
     ids_rows, mask_rows, label_rows, pos_rows = [], [], [], []
     for row in packed.to_list():
         ids, labels, lengths = list(row["input_ids"]), list(row["labels"]), row["seq_lengths"]
@@ -327,9 +323,7 @@ class TokenizedDataset:
         if not examples:
             raise DataError("spec.data.path: no examples")
         if overflow not in ("truncate", "drop"):
-            raise DataError(
-                f"spec.data.overflow: must be truncate or drop (got {overflow!r})"
-            )
+            raise DataError(f"spec.data.overflow: must be truncate or drop (got {overflow!r})")
         self.seq_len = seq_len
         self.seed = seed
         self.packed = packing
