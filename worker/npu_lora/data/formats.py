@@ -105,7 +105,12 @@ def _text_field(obj: dict[str, Any], key: str, where: str, *, required: bool) ->
         return ""
     if not isinstance(v, str) or (required and not v.strip()):
         what = "a non-empty string" if required else "a string"
-        got = "missing" if key not in obj else f"got {type(v).__name__}"
+        if key not in obj:
+            got = "missing"
+        elif isinstance(v, str):
+            got = "got an empty string"
+        else:
+            got = f"got {type(v).__name__}"
         raise DataError(f"spec.data.path: {where}: {key}: must be {what} ({got})")
     return v
 
