@@ -59,11 +59,8 @@ def test_causal_mask_is_block_diagonal_for_packed_positions():
     assert not m[:, 5:].any()  # padding is never attended
 
 
-@pytest.fixture(scope="module")
-def engine():
-    from npu_lora.engine import build_engine
-
-    spec = MoEFinetuneSpec.model_validate(
+def _spec() -> MoEFinetuneSpec:
+    return MoEFinetuneSpec.model_validate(
         {
             "model": {"preset": "tiny-qwen3-moe"},
             "data": {"path": "example:chat-mini"},
@@ -72,7 +69,20 @@ def engine():
             "device": {"backend": "cpu"},
         }
     )
-    eng = build_engine(spec, vocab_size=BYTE_VOCAB_SIZE)
+
+
+def _shortest(n: int):
+    """The ``n`` shortest conversations of ``example:chat-mini`` (they fit one 256-byte row)."""
+    chats = _chat_examples(200)
+    size = [sum(len(m["content"].encode()) for m in c.messages) for c in chats]
+    return [chats[i] for i in sorted(sorted(range(len(chats)), key=size.__getitem__)[:n])]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from npu_lora.engine import build_engine
+
+    eng = build_engine(_spec(), vocab_size=BYTE_VOCAB_SIZE)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():  # non-zero LoRA B, so the adapters take part
         for n, p in eng.model.named_parameters():
@@ -141,3 +151,25 @@ def test_packed_row_loss_equals_the_examples_run_unpacked(engine):
     assert whole_packed == pytest.approx(whole_plain, rel=1e-5, abs=1e-5)
     leaky = {k: v for k, v in row.items() if k != "position_ids"}
     assert abs(_loss(engine, leaky) - whole_packed) > 1e-3
+
+
+def test_packed_row_matches_stock_transformers_given_the_position_ids(engine):
+    """The stock peft model, given only the packed row's ``position_ids`` (no attention mask),
+    builds its own block-diagonal mask (transformers' ``find_packed_sequence_indices``): its
+    loss equals the engine's on the packed row — the engine follows transformers' rule."""
+    from npu_lora.models import build_model
+
+    packed = TokenizedDataset(_shortest(3), byte_level_tokenizer(), 256, packing=True)
+    row = packed.batch(1, 0, 1, 1)
+    spec = _spec()
+    plain, _ = build_model(spec.model, spec.lora, seed=0, vocab_size=BYTE_VOCAB_SIZE)
+    plain.load_state_dict(engine.model.state_dict())
+    plain.eval()
+    with torch.no_grad():
+        stock = plain(
+            input_ids=row["input_ids"], position_ids=row["position_ids"], labels=row["labels"]
+        ).loss.item()
+        arange = torch.arange(256)[None]
+        leaky = plain(input_ids=row["input_ids"], position_ids=arange, labels=row["labels"])
+    assert _loss(engine, row) == pytest.approx(stock, rel=1e-5, abs=1e-5)
+    assert abs(leaky.loss.item() - stock) > 1e-3
