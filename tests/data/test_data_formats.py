@@ -354,3 +354,13 @@ def test_tiny_chat_example_runs(tmp_path):
     assert {"truncated", "dropped", "real_tokens_per_step", "tokens_per_step"} <= data.keys()
     recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in recs if "step" in r][:2] == [1, 2]
+
+
+def test_load_examples_takes_a_data_spec_alone(tmp_path):
+    """A held-out file described by a DataSpec reads through the same entry point."""
+    from npu_lora.api.v1alpha1 import DataSpec
+
+    p = _jsonl(tmp_path, ALPACA_ROWS)
+    ex = load_examples(DataSpec(path=str(p), format="auto"))
+    assert [e.kind for e in ex] == ["alpaca", "alpaca"]
+    assert load_examples(DataSpec(path=str(p), max_examples=1), seed=3)[0].source

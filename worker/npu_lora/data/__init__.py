@@ -33,7 +33,7 @@ from npu_lora.data.readers import (
 from npu_lora.data.tokenizer import BYTE_VOCAB_SIZE, byte_level_tokenizer, load_tokenizer
 
 if TYPE_CHECKING:
-    from npu_lora.api.v1alpha1 import MoEFinetuneSpec
+    from npu_lora.api.v1alpha1 import DataSpec, MoEFinetuneSpec
 
 __all__ = [
     "ANSWER_WORDS",
@@ -60,19 +60,25 @@ __all__ = [
 ]
 
 
-def load_examples(spec: MoEFinetuneSpec) -> list[Example]:
-    """Resolve, read, validate and select ``spec.data`` (raises DataError naming the field, and
-    for a bad row the file, line or row, and the row's field)."""
+def load_examples(spec: MoEFinetuneSpec | DataSpec, *, seed: int | None = None) -> list[Example]:
+    """Resolve, read, validate and select the data (raises DataError naming the field, and for
+    a bad row the file, line or row, and the row's field).
+
+    ``spec``: a whole spec (reads ``spec.data``, selects with ``spec.training.seed``) or a
+    :class:`DataSpec` alone (e.g. a held-out file; ``seed`` for ``maxExamples``, default 0).
+    """
     from npu_lora.data.readers import data_root
     from npu_lora.data.tokenizer import volume_root
 
-    base = volume_root("data") if spec.data.volume is not None else None
-    path = resolve_data_path(
-        spec.data.path, base=base, root=data_root(spec.data.volume is not None)
-    )
-    fmt = detect_format(path, spec.data.format)
+    data = getattr(spec, "data", spec)
+    if seed is None:
+        training = getattr(spec, "training", None)
+        seed = training.seed if training is not None else 0
+    base = volume_root("data") if data.volume is not None else None
+    path = resolve_data_path(data.path, base=base, root=data_root(data.volume is not None))
+    fmt = detect_format(path, data.format)
     examples = read_examples(path, fmt)
-    return select_examples(examples, spec.training.seed, spec.data.max_examples)
+    return select_examples(examples, seed, data.max_examples)
 
 
 def tokenize_examples(
