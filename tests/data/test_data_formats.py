@@ -364,3 +364,19 @@ def test_load_examples_takes_a_data_spec_alone(tmp_path):
     ex = load_examples(DataSpec(path=str(p), format="auto"))
     assert [e.kind for e in ex] == ["alpaca", "alpaca"]
     assert load_examples(DataSpec(path=str(p), max_examples=1), seed=3)[0].source
+
+
+def test_parquet_with_mixed_row_kinds_reads_each_row_by_its_own_fields(tmp_path):
+    """Columns a row lacks come back as None from ``datasets``: a text row next to a
+    prompt/completion row, and a sharegpt row next to a messages row, still read."""
+    import datasets
+
+    rows = [{"text": "hello"}, {"prompt": "q", "completion": "a"}]
+    cols = {"text": ["hello", None], "prompt": [None, "q"], "completion": [None, "a"]}
+    datasets.Dataset.from_dict(cols).to_parquet(str(tmp_path / "j.parquet"))
+    _same(_read(tmp_path / "j.parquet"), _read(_jsonl(tmp_path, rows, "j.jsonl")))
+    share = [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "안녕"}]
+    cols = {"messages": [CHAT_ROWS[1]["messages"], None], "conversations": [None, share]}
+    datasets.Dataset.from_dict(cols).to_parquet(str(tmp_path / "c.parquet"))
+    got = _read(tmp_path / "c.parquet")
+    assert got[0].messages == got[1].messages == tuple(CHAT_ROWS[1]["messages"])

@@ -43,13 +43,18 @@ SHAREGPT_ROLES = {
 ALPACA_PROMPT = "### Instruction:\n{instruction}\n\n{input_block}### Response:\n"
 
 
+def _has(row: dict[str, Any], key: str) -> bool:
+    """``key`` is set (a column of a ``datasets`` file is None in rows that lack it)."""
+    return row.get(key) is not None
+
+
 def detect_row_format(row: dict[str, Any]) -> RowFormat:
     """``format: auto`` for row data: by the first row's fields."""
-    if "messages" in row or "conversations" in row:
+    if _has(row, "messages") or _has(row, "conversations"):
         return "chat"
-    if "instruction" in row and "output" in row:
+    if _has(row, "instruction") and _has(row, "output"):
         return "alpaca"
-    if "document" in row and "label" in row:
+    if _has(row, "document") and _has(row, "label"):
         return "nsmc"
     return "jsonl"
 
@@ -68,7 +73,7 @@ def row_to_example(row: Any, fmt: RowFormat, where: str) -> Example:
 
 
 def jsonl_row(obj: dict[str, Any], where: str) -> Example:
-    if "prompt" in obj or "completion" in obj:
+    if _has(obj, "prompt") or _has(obj, "completion"):
         p, c = obj.get("prompt"), obj.get("completion")
         if not isinstance(p, str) or not isinstance(c, str) or not c:
             raise DataError(
@@ -76,7 +81,7 @@ def jsonl_row(obj: dict[str, Any], where: str) -> Example:
                 "strings (completion non-empty)"
             )
         return Example("prompt", p, completion=c, source=where)
-    if "text" in obj:
+    if _has(obj, "text"):
         t = obj["text"]
         if not isinstance(t, str) or not t:
             raise DataError(f"spec.data.path: {where}: 'text' must be a non-empty string")
@@ -129,7 +134,7 @@ def alpaca_row(obj: dict[str, Any], where: str) -> Example:
 def chat_row(obj: dict[str, Any], where: str) -> Example:
     """Validate a ``messages`` / ``conversations`` row in the spelling the file uses (errors name
     that spelling's fields), then convert with TRL's ``maybe_convert_to_chatml``."""
-    sharegpt = "messages" not in obj and "conversations" in obj
+    sharegpt = not _has(obj, "messages") and _has(obj, "conversations")
     key, role_key, content_key = (
         ("conversations", "from", "value") if sharegpt else ("messages", "role", "content")
     )
