@@ -380,3 +380,43 @@ def test_parquet_with_mixed_row_kinds_reads_each_row_by_its_own_fields(tmp_path)
     datasets.Dataset.from_dict(cols).to_parquet(str(tmp_path / "c.parquet"))
     got = _read(tmp_path / "c.parquet")
     assert got[0].messages == got[1].messages == tuple(CHAT_ROWS[1]["messages"])
+
+
+@pytest.mark.slow
+@pytest.mark.shared
+@pytest.mark.skipif(not (QWEN_TOK / "vocab.json").is_file(), reason="shared data not found")
+def test_chat_example_with_qwen3_template_trains_packed(tmp_path):
+    """example:chat-mini rendered by the real Qwen3 template, packed, through ``npu-lora run``."""
+    import math
+
+    from npu_lora.cli import main
+
+    cfg = tmp_path / "c.json"
+    cfg.write_text(
+        json.dumps(
+            {
+                "model": {"preset": "tiny-qwen3-moe", "tokenizer": str(QWEN_TOK)},
+                "data": {"path": "example:chat-mini", "packing": True, "maxExamples": 60},
+                "moe": {"placement": "host-only"},
+                "training": {"steps": 2, "seqLen": 256, "batchSize": 2},
+                "device": {"backend": "cpu"},
+            }
+        )
+    )
+    out = tmp_path / "run"
+    assert main(["run", str(cfg), "--out", str(out), "--quiet", "--no-plot"]) == 0
+    data = json.loads((out / "summary.json").read_text())["data"]
+    assert data["kinds"] == {"chat": 60} and data["rows"] < 20 and data["pad_fraction"] < 0.1
+    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all(math.isfinite(r["loss"]) for r in recs if "loss" in r)
+
+
+def test_json_file_may_hold_lines_an_array_or_a_pretty_printed_array(tmp_path):
+    ref = _read(_jsonl(tmp_path, ALPACA_ROWS))
+    lines = tmp_path / "lines.json"
+    lines.write_text("".join(json.dumps(r) + "\n" for r in ALPACA_ROWS), "utf-8")
+    pretty = tmp_path / "pretty.json"
+    pretty.write_text(json.dumps(ALPACA_ROWS, indent=2), "utf-8")
+    for p in (lines, pretty):
+        _same(_read(p), ref)
+    assert _read(lines)[1].source == f"{lines}:2" and _read(pretty)[1].source == f"{pretty}:row 1"

@@ -254,13 +254,17 @@ def read_jsonl(path: Path, fmt: str = "auto", *, limit: int | None = None) -> li
 
 
 def _json_lines(path: Path) -> bool:
-    """A ``.json`` file holding JSON lines (not one array/object): read it line by line."""
-    with _open_text(path) as f:
-        try:
-            head = f.read(4096).lstrip()
-        except UnicodeDecodeError:
-            return True  # the line reader reports the encoding error with a line number
-    return not head.startswith("[") and head.count("\n") > 0
+    """A ``.json`` file holding JSON lines (its first line is a whole JSON object), not one
+    array or pretty-printed document: read it line by line (errors then name the line)."""
+    try:
+        with path.open("r", encoding="utf-8") as f:
+            first = next((line for line in f if line.strip()), "")
+    except (OSError, UnicodeDecodeError):
+        return True  # the line reader reports it with a line number
+    try:
+        return isinstance(json.loads(first), dict)
+    except json.JSONDecodeError:
+        return False
 
 
 def read_examples(path: Path, fmt: str, *, limit: int | None = None) -> list[Example]:
