@@ -5,6 +5,10 @@
   (``id<TAB>document<TAB>label``, header, no quoting; label 1 positive, 0 negative), balanced.
 - ``jsonl-mini.jsonl``: ``{"prompt", "completion"}`` records (small arithmetic questions and
   sentiment questions) and ``{"text"}`` records (short sentences).
+- ``chat-mini.jsonl``: ``{"messages": [{"role", "content"}, ...]}`` conversations (Korean and
+  English: arithmetic with follow-up turns, review sentiment, word translation), some
+  multi-turn, some with a system prompt (``format: chat``; its own RNG, so adding it left the
+  other files unchanged).
 
 Everything is generated from word lists with ``random.Random(SEED)``: no real data is copied.
 Run twice, it writes byte-identical files::
@@ -25,6 +29,7 @@ SEED = 20261130
 N_NSMC = 400
 N_JSONL_PROMPT = 60
 N_JSONL_TEXT = 40
+N_CHAT = 200
 
 OUT = Path(__file__).resolve().parents[1] / "worker" / "npu_lora" / "data" / "examples"
 
@@ -117,9 +122,78 @@ def make_jsonl(rng: random.Random) -> str:
     return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
 
 
+SYSTEMS = ["당신은 친절한 도우미입니다.", "You are a helpful assistant.", "짧게 답하세요."]
+WORDS = [
+    ("사과", "apple"),
+    ("고양이", "cat"),
+    ("영화", "movie"),
+    ("학교", "school"),
+    ("바다", "sea"),
+    ("음악", "music"),
+    ("친구", "friend"),
+    ("하늘", "sky"),
+]
+
+
+def _arith(rng: random.Random) -> list[dict[str, str]]:
+    a, b = rng.randint(0, 20), rng.randint(0, 20)
+    k = rng.randint(2, 4)
+    if rng.random() < 0.5:
+        turns = [
+            ("user", f"{a} 더하기 {b}는?"),
+            ("assistant", f"{a + b}입니다."),
+            ("user", f"그럼 거기에 {k}를 곱하면?"),
+            ("assistant", f"{(a + b) * k}입니다."),
+        ]
+    else:
+        turns = [
+            ("user", f"What is {a} plus {b}?"),
+            ("assistant", f"{a + b}."),
+            ("user", f"And times {k}?"),
+            ("assistant", f"{(a + b) * k}."),
+        ]
+    return [{"role": r, "content": c} for r, c in turns[: 2 if rng.random() < 0.3 else 4]]
+
+
+def _sentiment(rng: random.Random) -> list[dict[str, str]]:
+    positive = rng.random() < 0.5
+    return [
+        {"role": "user", "content": f"이 리뷰는 긍정이야 부정이야? {review(rng, positive)}"},
+        {"role": "assistant", "content": "긍정" if positive else "부정"},
+    ]
+
+
+def _translate(rng: random.Random) -> list[dict[str, str]]:
+    (ko, en), (ko2, en2) = rng.sample(WORDS, 2)
+    msgs = [
+        {"role": "user", "content": f"'{ko}'를 영어로?"},
+        {"role": "assistant", "content": en},
+    ]
+    if rng.random() < 0.5:
+        msgs += [
+            {"role": "user", "content": f"'{ko2}'는?"},
+            {"role": "assistant", "content": en2},
+        ]
+    return msgs
+
+
+def make_chat(rng: random.Random) -> str:
+    records = []
+    for _ in range(N_CHAT):
+        msgs = rng.choice([_arith, _sentiment, _translate])(rng)
+        if rng.random() < 0.3:
+            msgs = [{"role": "system", "content": rng.choice(SYSTEMS)}, *msgs]
+        records.append({"messages": msgs})
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+
+
 def build() -> dict[str, str]:
     rng = random.Random(SEED)
-    return {"nsmc-mini.tsv": make_nsmc(rng), "jsonl-mini.jsonl": make_jsonl(rng)}
+    return {
+        "nsmc-mini.tsv": make_nsmc(rng),
+        "jsonl-mini.jsonl": make_jsonl(rng),
+        "chat-mini.jsonl": make_chat(random.Random(SEED + 1)),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -238,22 +238,31 @@ class ModelSpec(_Model):
 
 
 class DataSpec(_Model):
-    """Training data: NSMC TSV or JSONL, tokenised to a fixed length."""
+    """Training data: NSMC TSV, JSONL, chat or alpaca rows (also from parquet / JSON / CSV files
+    and `datasets.save_to_disk` directories), tokenised to a fixed length (docs/data.md)."""
 
     path: str = Field(
         ...,
         min_length=1,
         description=(
-            "Data file. Relative to the volume root when `volume` is set. `example:<name>` picks "
-            "a dataset shipped inside the package (`example:nsmc-mini`, `example:jsonl-mini`)."
+            "Data file or directory. Relative to the volume root when `volume` is set. "
+            "`.tsv`/`.txt`: NSMC; `.jsonl`: JSON lines; `.parquet`, `.json`, `.csv` and a "
+            "`datasets.save_to_disk` directory are read with Hugging Face `datasets`. "
+            "`example:<name>` picks a dataset shipped inside the package (`example:nsmc-mini`, "
+            "`example:jsonl-mini`, `example:chat-mini`)."
         ),
     )
-    format: Literal["auto", "nsmc", "jsonl"] = Field(
+    format: Literal["auto", "nsmc", "jsonl", "chat", "alpaca"] = Field(
         "auto",
         description=(
-            "`nsmc`: TSV `id<TAB>document<TAB>label` with a header, no quoting; `jsonl`: one JSON "
-            'object a line, `{"text": ...}` or `{"prompt": ..., "completion": ...}`; `auto`: by '
-            "file extension (.jsonl/.json → jsonl, else nsmc)."
+            "`nsmc`: `id<TAB>document<TAB>label` (TSV with a header, no quoting; or `document` + "
+            '`label` columns); `jsonl`: rows `{"text": ...}` or `{"prompt": ..., "completion": '
+            '...}`; `chat`: rows `{"messages": [{"role", "content"}, ...]}` (or the sharegpt '
+            '`{"conversations": [{"from", "value"}, ...]}`), rendered with the tokenizer\'s chat '
+            "template, loss on assistant tokens only; `alpaca`: rows `{instruction, input, "
+            "output}`, loss on the output only; `auto`: `.tsv`/`.txt` → nsmc, else by the first "
+            "row's fields (messages/conversations → chat, instruction + output → alpaca, "
+            "document + label → nsmc, else jsonl)."
         ),
     )
     template: str | None = Field(
@@ -261,6 +270,22 @@ class DataSpec(_Model):
         description=(
             "Prompt template for classification data (NSMC); `{text}` is replaced by the document "
             "and the answer (label word) follows. Default: a short Korean sentiment prompt."
+        ),
+    )
+    overflow: Literal["truncate", "drop"] = Field(
+        "truncate",
+        description=(
+            "An example longer than `training.seqLen`: `truncate` keeps its first seqLen tokens "
+            "(NSMC / prompt rows: the document or prompt is cut, the answer kept), `drop` leaves "
+            "it out. Both are counted in the summary's data stats (`truncated`, `dropped`)."
+        ),
+    )
+    packing: bool = Field(
+        False,
+        description=(
+            "Pack several examples into one seqLen row (best-fit decreasing) with attention kept "
+            "inside each example (block-diagonal causal mask, positions restart per example): "
+            "fewer padding tokens per step, same static shapes."
         ),
     )
     max_examples: int | None = Field(

@@ -6,7 +6,16 @@ Layout of one sequence (right-padded to ``seq_len``)::
     labels: -100 ...             | answer eos | -100 ...
 
 Only the document (or the prompt) is truncated, never the answer. HF convention: ``labels`` equal
-``input_ids`` where a loss is taken (the model shifts internally), -100 elsewhere.
+``input_ids`` where a loss is taken (the model shifts internally), -100 elsewhere. Chat rows
+(and alpaca rows with a tokenizer that has its own chat template) are rendered with the chat
+template (:mod:`npu_lora.data.chat`), loss on the assistant tokens; a conversation longer than
+``seq_len`` is cut at ``seq_len`` (``data.overflow: truncate``) or left out (``drop``).
+
+Packing (``data.packing``): the encoded examples (unpadded) are packed into ``seq_len`` rows by
+TRL's ``pack_dataset`` (best-fit decreasing); each row then carries ``position_ids`` that restart
+at 0 for every example, from which the engine builds a block-diagonal causal mask
+(:func:`npu_lora.device.graphs.causal_mask`); the first token of each example gets no label
+(nothing inside its example predicts it, exactly as in an unpacked row).
 
 The order of samples is a pure function of ``(seed, step)``: epoch ``e`` visits the examples in
 the permutation ``randperm(N, seed=f(seed, e))``; the sample for step ``s`` (1-based), micro-batch
@@ -33,22 +42,46 @@ IGNORE_INDEX = -100
 
 @dataclass
 class TokenStats:
+    """Data stats (the summary's ``data``). ``examples``: examples encoded; ``truncated`` /
+    ``dropped``: longer than seqLen and cut / left out (``data.overflow``); ``no_label``: left out
+    because truncation left no label token; ``rows``: the ``[rows, seq_len]`` training rows
+    (fewer than the examples when packed); ``pad_fraction``: padding share of those rows;
+    ``real_tokens_per_step`` / ``tokens_per_step``: real / all tokens of one optimizer step."""
+
     examples: int = 0
     truncated: int = 0
     answer_truncated: int = 0
     label_tokens: int = 0
     real_tokens: int = 0
     kinds: dict[str, int] = field(default_factory=dict)
+    dropped: int = 0
+    no_label: int = 0
+    rows: int = 0
+    seq_len: int = 0
+    packed: bool = False
+    rows_per_step: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        slots = self.rows * self.seq_len
+        per_row = self.real_tokens / self.rows if self.rows else 0.0
+        out: dict[str, Any] = {
             "examples": self.examples,
             "truncated": self.truncated,
             "answer_truncated": self.answer_truncated,
+            "dropped": self.dropped,
+            "no_label": self.no_label,
             "label_tokens": self.label_tokens,
             "real_tokens": self.real_tokens,
             "kinds": dict(self.kinds),
+            "rows": self.rows,
+            "packed": self.packed,
+            "real_tokens_per_row": round(per_row, 2),
+            "pad_fraction": round(1.0 - self.real_tokens / slots, 4) if slots else 0.0,
         }
+        if self.rows_per_step:
+            out["tokens_per_step"] = self.rows_per_step * self.seq_len
+            out["real_tokens_per_step"] = round(self.rows_per_step * per_row, 1)
+        return out
 
 
 def _split_template(template: str) -> tuple[str, str]:
@@ -61,19 +94,29 @@ def _split_template(template: str) -> tuple[str, str]:
     return prefix, suffix
 
 
-def encode_example(
+@dataclass
+class Encoded:
+    """One example, unpadded: ``ids`` and ``labels`` (same length), and what was cut."""
+
+    ids: list[int]
+    labels: list[int]
+    truncated: bool = False
+    answer_truncated: bool = False
+    overflow: bool = False  # longer than seq_len before any cut (``data.overflow: drop``)
+
+
+def encode_unpadded(
     ex: Example,
     tok: Any,
     seq_len: int,
     *,
     template: str | None = None,
-    stats: TokenStats | None = None,
     cache: dict[str, list[int]] | None = None,
-) -> tuple[list[int], list[int], list[int]]:
-    """``(input_ids, attention_mask, labels)``, each of length ``seq_len``.
-
-    ``cache``: pre-computed ``text -> ids`` (see :func:`batch_encode`).
-    """
+    chat_template: str | None = None,
+) -> Encoded:
+    """Tokenise ``ex`` to at most ``seq_len`` tokens (no padding). ``chat_template``: the
+    training chat template (:func:`npu_lora.data.chat.training_chat_template`); chat rows need
+    it, alpaca rows use it when the tokenizer has a template of its own."""
 
     def enc(text: str) -> list[int]:
         if not text:
@@ -82,9 +125,17 @@ def encode_example(
             return list(cache[text])
         return list(tok.encode(text, add_special_tokens=False))
 
+    if ex.kind == "chat" or (ex.kind == "alpaca" and _use_chat(tok)):
+        from npu_lora.data.chat import encode_chat, training_chat_template
+
+        tpl = chat_template or training_chat_template(tok)
+        ids, labels = encode_chat(ex.messages or (), tok, tpl)
+        if len(ids) <= seq_len:
+            return Encoded(ids, labels)
+        return Encoded(ids[:seq_len], labels[:seq_len], truncated=True, overflow=True)
+
     bos = [tok.bos_token_id] if getattr(tok, "bos_token_id", None) is not None else []
     eos = [tok.eos_token_id]
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     truncated = answer_truncated = False
 
     if ex.kind == "text":
@@ -101,7 +152,7 @@ def encode_example(
             if ex.label not in ANSWER_WORDS:
                 raise DataError(f"spec.data.path: {ex.source}: label must be 0 or 1")
             answer = enc(ANSWER_WORDS[ex.label]) + eos
-        else:  # prompt / completion
+        else:  # prompt / completion (and alpaca in the prompt layout)
             head, doc, tail = [], enc(ex.text), []
             answer = enc(ex.completion or "") + eos
         fixed = len(bos) + len(head) + len(tail)
@@ -121,19 +172,88 @@ def encode_example(
         prompt = bos + head + doc + tail
         ids = prompt + answer
         labels = [IGNORE_INDEX] * len(prompt) + answer
+    return Encoded(ids, labels, truncated, answer_truncated, overflow=truncated or answer_truncated)
 
-    n = len(ids)
+
+def _use_chat(tok: Any) -> bool:
+    """Alpaca rows become a user/assistant conversation when the tokenizer has its own chat
+    template (an instruct model), else they use the ``ALPACA_PROMPT`` layout."""
+    from npu_lora.data.chat import has_native_template
+
+    return has_native_template(tok)
+
+
+def _pad_id(tok: Any) -> int:
+    return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+
+
+def encode_example(
+    ex: Example,
+    tok: Any,
+    seq_len: int,
+    *,
+    template: str | None = None,
+    stats: TokenStats | None = None,
+    cache: dict[str, list[int]] | None = None,
+    chat_template: str | None = None,
+) -> tuple[list[int], list[int], list[int]]:
+    """``(input_ids, attention_mask, labels)``, each of length ``seq_len`` (right-padded).
+
+    ``cache``: pre-computed ``text -> ids`` (see :func:`batch_encode`).
+    """
+    e = encode_unpadded(
+        ex, tok, seq_len, template=template, cache=cache, chat_template=chat_template
+    )
+    n = len(e.ids)
     mask = [1] * n + [0] * (seq_len - n)
-    ids = ids + [pad] * (seq_len - n)
-    labels = labels + [IGNORE_INDEX] * (seq_len - n)
+    ids = e.ids + [_pad_id(tok)] * (seq_len - n)
+    labels = e.labels + [IGNORE_INDEX] * (seq_len - n)
     if stats is not None:
-        stats.examples += 1
-        stats.truncated += int(truncated)
-        stats.answer_truncated += int(answer_truncated)
-        stats.label_tokens += sum(1 for x in labels if x != IGNORE_INDEX)
-        stats.real_tokens += n
-        stats.kinds[ex.kind] = stats.kinds.get(ex.kind, 0) + 1
+        _count(stats, ex, e)
     return ids, mask, labels
+
+
+def _count(stats: TokenStats, ex: Example, e: Encoded) -> None:
+    stats.examples += 1
+    stats.truncated += int(e.truncated)
+    stats.answer_truncated += int(e.answer_truncated)
+    stats.label_tokens += sum(1 for x in e.labels if x != IGNORE_INDEX)
+    stats.real_tokens += len(e.ids)
+    stats.kinds[ex.kind] = stats.kinds.get(ex.kind, 0) + 1
+
+
+def pack_examples(
+    encoded: list[Encoded], seq_len: int, pad_id: int
+) -> tuple[list[list[int]], list[list[int]], list[list[int]], list[list[int]]]:
+    """Pack unpadded examples into ``seq_len`` rows with TRL's ``pack_dataset`` (best-fit
+    decreasing, whole examples only). Returns ``(input_ids, attention_mask, labels,
+    position_ids)`` rows; positions restart at 0 for each example (and run on over the padding
+    of the row's last example); the first token of each example carries no label."""
+    import datasets
+    from trl.data_utils import pack_dataset
+
+    datasets.disable_progress_bars()
+    ds = datasets.Dataset.from_dict(
+        {"input_ids": [e.ids for e in encoded], "labels": [e.labels for e in encoded]}
+    )
+    packed = pack_dataset(ds, seq_len, strategy="bfd", map_kwargs={"batch_size": max(len(ds), 1)})
+    ids_rows, mask_rows, label_rows, pos_rows = [], [], [], []
+    for row in packed.to_list():
+        ids, labels, lengths = list(row["input_ids"]), list(row["labels"]), row["seq_lengths"]
+        pos: list[int] = []
+        start = 0
+        for n in lengths:
+            labels[start] = IGNORE_INDEX
+            pos.extend(range(n))
+            start += n
+        real = len(ids)
+        pad = seq_len - real
+        last = lengths[-1]
+        ids_rows.append(ids + [pad_id] * pad)
+        mask_rows.append([1] * real + [0] * pad)
+        label_rows.append(labels + [IGNORE_INDEX] * pad)
+        pos_rows.append(pos + list(range(last, last + pad)))
+    return ids_rows, mask_rows, label_rows, pos_rows
 
 
 def pieces(ex: Example, template: str | None) -> list[str]:
@@ -143,6 +263,8 @@ def pieces(ex: Example, template: str | None) -> list[str]:
     if ex.kind == "classify":
         prefix, suffix = _split_template(template or DEFAULT_TEMPLATE)
         return [prefix, ex.text, suffix, *ANSWER_WORDS.values()]
+    if ex.kind == "chat":
+        return []  # rendered by the chat template
     return [ex.text, ex.completion or ""]
 
 
@@ -176,7 +298,13 @@ def select_examples(examples: list[Example], seed: int, max_examples: int | None
 
 
 class TokenizedDataset:
-    """All examples tokenised to ``[N, seq_len]`` tensors, with a step-indexed sample order."""
+    """All examples tokenised to ``[rows, seq_len]`` tensors, with a step-indexed sample order.
+
+    ``overflow``: ``truncate`` (cut at ``seq_len``) or ``drop`` (leave out examples longer than
+    ``seq_len``). ``packing``: pack several examples a row (``position_ids`` restart per
+    example; :meth:`batch` then also returns ``position_ids``). ``rows_per_step`` (batch size ×
+    accumulation × world) only feeds the tokens-per-step figures of :attr:`stats`.
+    """
 
     def __init__(
         self,
@@ -186,22 +314,62 @@ class TokenizedDataset:
         *,
         template: str | None = None,
         seed: int = 0,
+        overflow: str = "truncate",
+        packing: bool = False,
+        rows_per_step: int | None = None,
     ) -> None:
         import torch
 
         if not examples:
             raise DataError("spec.data.path: no examples")
+        if overflow not in ("truncate", "drop"):
+            raise DataError(f"spec.data.overflow: must be truncate or drop (got {overflow!r})")
         self.seq_len = seq_len
         self.seed = seed
-        self.stats = TokenStats()
+        self.packed = packing
+        self.stats = TokenStats(seq_len=seq_len, packed=packing, rows_per_step=rows_per_step)
         cache = batch_encode(tok, examples, template)
-        rows = [
-            encode_example(e, tok, seq_len, template=template, stats=self.stats, cache=cache)
-            for e in examples
-        ]
-        self.input_ids = torch.tensor([r[0] for r in rows], dtype=torch.long)
-        self.attention_mask = torch.tensor([r[1] for r in rows], dtype=torch.long)
-        self.labels = torch.tensor([r[2] for r in rows], dtype=torch.long)
+        chat_template = None
+        if any(e.kind == "chat" for e in examples) or (
+            any(e.kind == "alpaca" for e in examples) and _use_chat(tok)
+        ):
+            from npu_lora.data.chat import training_chat_template
+
+            chat_template = training_chat_template(tok)
+        kept: list[Encoded] = []
+        for ex in examples:
+            e = encode_unpadded(
+                ex, tok, seq_len, template=template, cache=cache, chat_template=chat_template
+            )
+            if overflow == "drop" and e.overflow:
+                self.stats.dropped += 1
+                continue
+            if not any(x != IGNORE_INDEX for x in e.labels[1:]):
+                self.stats.no_label += 1  # truncation cut every answer token
+                continue
+            _count(self.stats, ex, e)
+            kept.append(e)
+        if not kept:
+            raise DataError(
+                f"spec.data.overflow: no example is left: all {len(examples)} are longer than "
+                f"spec.training.seqLen ({seq_len}) ({self.stats.dropped} dropped, "
+                f"{self.stats.no_label} without an answer token after truncation); raise seqLen "
+                "or use overflow: truncate"
+            )
+        pad = _pad_id(tok)
+        self.position_ids: torch.Tensor | None = None
+        if packing:
+            ids, mask, labels, pos = pack_examples(kept, seq_len, pad)
+            self.position_ids = torch.tensor(pos, dtype=torch.long)
+            self.stats.label_tokens = sum(1 for r in labels for x in r if x != IGNORE_INDEX)
+        else:
+            ids = [e.ids + [pad] * (seq_len - len(e.ids)) for e in kept]
+            mask = [[1] * len(e.ids) + [0] * (seq_len - len(e.ids)) for e in kept]
+            labels = [e.labels + [IGNORE_INDEX] * (seq_len - len(e.labels)) for e in kept]
+        self.input_ids = torch.tensor(ids, dtype=torch.long)
+        self.attention_mask = torch.tensor(mask, dtype=torch.long)
+        self.labels = torch.tensor(labels, dtype=torch.long)
+        self.stats.rows = len(ids)
         self._perm_epoch = -1
         self._perm: list[int] = []
 
@@ -228,11 +396,14 @@ class TokenizedDataset:
         * world``."""
         start = ((step - 1) * accum + micro) * batch_size * world + rank * batch_size
         idx = [self.index(start + b) for b in range(batch_size)]
-        return {
+        out = {
             "input_ids": self.input_ids[idx].clone(),
             "attention_mask": self.attention_mask[idx].clone(),
             "labels": self.labels[idx].clone(),
         }
+        if self.position_ids is not None:
+            out["position_ids"] = self.position_ids[idx].clone()
+        return out
 
     def iter_batches(self, start_step: int, batch_size: int, accum: int):
         """Infinite iterator of ``(step, [micro-batches])`` from ``start_step`` (1-based)."""

@@ -1,6 +1,7 @@
-"""Readers for the training data formats: NSMC TSV and JSONL.
+"""Readers for the training data: NSMC TSV and JSON lines (rows: see :mod:`npu_lora.data.formats`);
+parquet / JSON / CSV files and ``save_to_disk`` directories go through :mod:`npu_lora.data.hf`.
 
-Both return a list of :class:`Example`. A reader raises :class:`DataError` (a
+All return a list of :class:`Example`. A reader raises :class:`DataError` (a
 :class:`~npu_lora.api.load.SpecError`) naming the field (``spec.data.path``) and, for a
 malformed row, the file and line number.
 """
@@ -22,7 +23,11 @@ from npu_lora.api.load import SpecError
 EXAMPLES: dict[str, str] = {
     "nsmc-mini": "nsmc-mini.tsv",
     "jsonl-mini": "jsonl-mini.jsonl",
+    "chat-mini": "chat-mini.jsonl",
 }
+
+#: File suffixes read with Hugging Face ``datasets`` (a directory: ``load_from_disk``).
+DATASETS_SUFFIXES = {".parquet": "parquet", ".csv": "csv", ".json": "json"}
 
 NSMC_HEADER = ("id", "document", "label")
 
@@ -38,13 +43,18 @@ class Example:
     ``kind == "text"``: ``text`` is trained on in full. ``kind == "classify"``: ``text`` is the
     document, ``label`` the class (0/1), the template and answer words make the prompt.
     ``kind == "prompt"``: ``text`` is the prompt, ``completion`` the answer (loss on it only).
+    ``kind == "chat"``: ``messages`` (``{"role", "content"}`` dicts), loss on assistant turns.
+    ``kind == "alpaca"``: ``text`` is the alpaca prompt layout, ``completion`` the output, and
+    ``messages`` the same as a user/assistant conversation (used when the tokenizer has a chat
+    template of its own).
     """
 
-    kind: Literal["text", "classify", "prompt"]
+    kind: Literal["text", "classify", "prompt", "chat", "alpaca"]
     text: str
     label: int | None = None
     completion: str | None = None
     source: str = ""  # "file:line", for error messages
+    messages: tuple[dict[str, str], ...] | None = None
 
 
 def data_root(has_volume: bool) -> Path | None:
@@ -96,6 +106,13 @@ def resolve_data_path(path: str, *, base: Path | None = None, root: Path | None 
         )
     if not p.exists():
         raise DataError(f"spec.data.path: no such file: {p}")
+    if p.is_dir():
+        if not (p / "dataset_info.json").is_file() and not (p / "dataset_dict.json").is_file():
+            raise DataError(
+                f"spec.data.path: not a regular file: {p} (a directory must be a "
+                "`datasets.save_to_disk` one, with dataset_info.json or dataset_dict.json)"
+            )
+        return p
     if not p.is_file():
         raise DataError(f"spec.data.path: not a regular file: {p}")
     return p
@@ -116,13 +133,37 @@ def _echo_keys(obj: dict[str, object]) -> str:
     return repr(keys) + (f" and {more} more" if more else "")
 
 
-def detect_format(path: Path, fmt: str) -> Literal["nsmc", "jsonl"]:
-    """``format: auto`` → by extension (.jsonl/.json → jsonl, anything else → nsmc)."""
-    if fmt == "auto":
-        return "jsonl" if path.suffix.lower() in (".jsonl", ".json") else "nsmc"
-    if fmt not in ("nsmc", "jsonl"):
-        raise DataError(f"spec.data.format: unsupported {fmt!r} (allowed: auto, nsmc, jsonl)")
-    return fmt  # type: ignore[return-value]
+FORMATS = ("auto", "nsmc", "jsonl", "chat", "alpaca")
+
+
+def detect_format(path: Path, fmt: str) -> str:
+    """Resolve ``format: auto``: a TSV/text file → ``nsmc``; a JSON-lines file → by its first
+    row's fields (:func:`formats.detect_row_format`); a ``datasets`` file or directory stays
+    ``auto`` (its reader decides from the first row after loading)."""
+    if fmt not in FORMATS:
+        raise DataError(f"spec.data.format: unsupported {fmt!r} (allowed: {', '.join(FORMATS)})")
+    if fmt != "auto" or path.is_dir():
+        return fmt
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".ndjson") or (suffix == ".json" and _json_lines(path)):
+        return _first_row_format(path)
+    if suffix in DATASETS_SUFFIXES:
+        return "auto"
+    return "nsmc"
+
+
+def _first_row_format(path: Path) -> str:
+    from npu_lora.data.formats import detect_row_format
+
+    try:
+        with path.open("r", encoding="utf-8") as f:
+            for raw in f:
+                if raw.strip():
+                    obj = json.loads(raw)
+                    return detect_row_format(obj) if isinstance(obj, dict) else "jsonl"
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        pass  # the reader reports it with the line number
+    return "jsonl"
 
 
 def _open_text(path: Path):
@@ -180,8 +221,11 @@ def read_nsmc(path: Path, *, limit: int | None = None) -> list[Example]:
     return out
 
 
-def read_jsonl(path: Path, *, limit: int | None = None) -> list[Example]:
-    """JSONL: one object a line, ``{"text": str}`` or ``{"prompt": str, "completion": str}``."""
+def read_jsonl(path: Path, fmt: str = "auto", *, limit: int | None = None) -> list[Example]:
+    """JSON lines: one object a line, validated as ``fmt`` (``auto``: by the first row's fields;
+    see :mod:`npu_lora.data.formats`). Errors name ``FILE:LINE`` and the field."""
+    from npu_lora.data.formats import detect_row_format, row_to_example
+
     out: list[Example] = []
     with _open_text(path) as f:
         lineno = 0
@@ -197,26 +241,9 @@ def read_jsonl(path: Path, *, limit: int | None = None) -> list[Example]:
                     raise DataError(f"spec.data.path: {where}: not valid JSON: {e.msg}") from None
                 if not isinstance(obj, dict):
                     raise DataError(f"spec.data.path: {where}: expected a JSON object")
-                if "prompt" in obj or "completion" in obj:
-                    p, c = obj.get("prompt"), obj.get("completion")
-                    if not isinstance(p, str) or not isinstance(c, str) or not c:
-                        raise DataError(
-                            f"spec.data.path: {where}: 'prompt' and 'completion' must both be "
-                            "strings (completion non-empty)"
-                        )
-                    out.append(Example("prompt", p, completion=c, source=where))
-                elif "text" in obj:
-                    t = obj["text"]
-                    if not isinstance(t, str) or not t:
-                        raise DataError(
-                            f"spec.data.path: {where}: 'text' must be a non-empty string"
-                        )
-                    out.append(Example("text", t, source=where))
-                else:
-                    raise DataError(
-                        f"spec.data.path: {where}: expected a 'text' field or 'prompt' + "
-                        f"'completion' fields, got keys {_echo_keys(obj)}"
-                    )
+                if fmt == "auto":
+                    fmt = detect_row_format(obj)
+                out.append(row_to_example(obj, fmt, where))  # type: ignore[arg-type]
                 if limit is not None and len(out) >= limit:
                     break
         except UnicodeDecodeError as e:
@@ -226,10 +253,33 @@ def read_jsonl(path: Path, *, limit: int | None = None) -> list[Example]:
     return out
 
 
-def read_examples(
-    path: Path, fmt: Literal["nsmc", "jsonl"], *, limit: int | None = None
-) -> list[Example]:
-    examples = read_nsmc(path, limit=limit) if fmt == "nsmc" else read_jsonl(path, limit=limit)
+def _json_lines(path: Path) -> bool:
+    """A ``.json`` file holding JSON lines (its first line is a whole JSON object), not one
+    array or pretty-printed document: read it line by line (errors then name the line)."""
+    try:
+        with path.open("r", encoding="utf-8") as f:
+            first = next((line for line in f if line.strip()), "")
+    except (OSError, UnicodeDecodeError):
+        return True  # the line reader reports it with a line number
+    try:
+        return isinstance(json.loads(first), dict)
+    except json.JSONDecodeError:
+        return False
+
+
+def read_examples(path: Path, fmt: str, *, limit: int | None = None) -> list[Example]:
+    """Read ``path`` (resolved) as ``fmt`` (from :func:`detect_format`)."""
+    suffix = path.suffix.lower()
+    if path.is_dir() or (
+        suffix in DATASETS_SUFFIXES and not (suffix == ".json" and _json_lines(path))
+    ):
+        from npu_lora.data.hf import read_datasets_file
+
+        examples = read_datasets_file(path, fmt, limit=limit)
+    elif fmt == "nsmc" and suffix not in (".jsonl", ".ndjson", ".json"):
+        examples = read_nsmc(path, limit=limit)
+    else:
+        examples = read_jsonl(path, fmt, limit=limit)
     if not examples:
         raise DataError(f"spec.data.path: {path}: no examples (the file has no data rows)")
     return examples

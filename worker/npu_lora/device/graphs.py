@@ -49,20 +49,35 @@ from .ops import cross_entropy_int32, eager_attention, head_label_logits
 
 
 def causal_mask(
-    attention_mask_BS: torch.Tensor | None, B: int, S: int, dtype: torch.dtype
+    attention_mask_BS: torch.Tensor | None,
+    B: int,
+    S: int,
+    dtype: torch.dtype,
+    position_ids_BS: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Additive mask ``[B, 1, S, S]``: 0 where query t may attend key s (s <= t and key s is a
-    real token), ``finfo(dtype).min`` elsewhere — the same values transformers' eager mask has."""
+    real token), ``finfo(dtype).min`` elsewhere — the same values transformers' eager mask has.
+
+    ``position_ids_BS`` (packed rows, ``data.packing``): a new example starts wherever the
+    position is 0, and t may attend s only inside the same example (block-diagonal causal, as
+    transformers' ``find_packed_sequence_indices`` reads packed position ids). Built on the
+    host: the device graph's inputs keep their shapes."""
     causal_SS = torch.ones(S, S, dtype=torch.bool).tril()
     allowed = causal_SS[None, None].expand(B, 1, S, S)
     if attention_mask_BS is not None:
         allowed = allowed & attention_mask_BS.to(torch.bool)[:, None, None, :]
+    if position_ids_BS is not None:
+        seg_BS = (position_ids_BS == 0).cumsum(dim=1)
+        allowed = allowed & (seg_BS[:, None, :, None] == seg_BS[:, None, None, :])
     zero = torch.zeros((), dtype=dtype)
     return torch.where(allowed, zero, torch.tensor(torch.finfo(dtype).min, dtype=dtype))
 
 
-def positions(B: int, S: int) -> torch.Tensor:
-    """``[B, S] int32`` positions 0..S-1 (what transformers uses without a cache)."""
+def positions(B: int, S: int, position_ids_BS: torch.Tensor | None = None) -> torch.Tensor:
+    """``[B, S] int32`` positions 0..S-1 (what transformers uses without a cache), or the given
+    ``position_ids_BS`` (packed rows: restarting at 0 per example, so RoPE matches unpacked)."""
+    if position_ids_BS is not None:
+        return position_ids_BS.to(torch.int32).contiguous()
     return torch.arange(S, dtype=torch.int32)[None].expand(B, S).contiguous()
 
 

@@ -237,7 +237,8 @@ class HybridEngine:
         """One micro-batch: forward, mean CE over label tokens, backward of ``loss * loss_scale``.
 
         ``batch``: CPU tensors ``input_ids [B,S] int64``, ``attention_mask [B,S]`` (1 = real
-        token; optional), ``labels [B,S] int64`` in the Hugging Face convention (== input_ids
+        token; optional), ``position_ids [B,S]`` (optional; packed rows: restart at 0 per
+        example, attention stays inside each example), ``labels [B,S] int64`` in the Hugging Face convention (== input_ids
         at answer positions, -100 elsewhere; the logits at t predict ``labels[t+1]``).
         Gradients accumulate into ``.grad``. Returns the micro-batch's ``StepProfile``
         (``loss`` unscaled; 0.0 when the batch has no label token).
@@ -256,8 +257,9 @@ class HybridEngine:
         dt = self.device_dtype
 
         # host-side inputs (static shapes), then to the device
-        mask = be.to_device(causal_mask(am, B, S, dt))
-        pos = be.to_device(positions(B, S))
+        pid = batch.get("position_ids")  # packed rows (data.packing): block-diagonal attention
+        mask = be.to_device(causal_mask(am, B, S, dt, pid))
+        pos = be.to_device(positions(B, S, pid))
         lg = label_gather(labels, dt)
         sel, lab, w = (be.to_device(t) for t in (lg.sel_BNS, lg.labels_BN, lg.w_BN))
         ids_d = be.to_device(ids.to(torch.int32))
