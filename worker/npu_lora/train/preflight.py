@@ -4,6 +4,10 @@
 component of its path is a regular file, and the directory (or its nearest existing ancestor) is
 writable (``access(W_OK)``, which also reports a read-only filesystem).
 
+:func:`check_model`: ``spec.model.path`` is a model directory with a ``config.json``, and the
+requested device backend is usable here (here, not in ``npu_lora.commands.run``, so that the
+layers below ``commands`` can call it too).
+
 :func:`check_memory`: the run's memory estimate (:mod:`npu_lora.api.memory`, the same
 torch-free arithmetic the operator sizes ``memory: auto`` with, here with the host dtype resolved
 on this CPU) against this process's memory limit, before a single weight is loaded; for presets
@@ -30,6 +34,7 @@ from npu_lora.api.memory import (  # model_widths: re-exported (it moved to api.
     model_widths,
     recommended_limit,
 )
+from npu_lora.api.volumes import volume_root
 
 _SUFFIX = {"": 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
 
@@ -65,6 +70,37 @@ def check_out_writable(run_dir: Path) -> None:
             pass
         target = run_dir if existing == p else existing
         raise SpecError(f"--out: cannot write the run directory {run_dir}: {target}: {reason}")
+
+
+# ---------------------------------------------------------------------------------------------
+# the model and the device
+
+
+def check_model(spec: Any) -> None:
+    """``spec.model.path`` is a model directory; the requested device backend is usable."""
+    if spec.model.path:
+        p = Path(spec.model.path).expanduser()
+        if spec.model.volume is not None and not p.is_absolute():
+            p = volume_root("model") / p
+        if not p.is_dir():
+            raise SpecError(f"spec.model.path: no such directory: {p}")
+        if not (p / "config.json").is_file():
+            raise SpecError(
+                f"spec.model.path: {p} has no config.json (expected a Hugging Face model directory)"
+            )
+    backend = spec.device.backend
+    if backend in ("cuda", "furiosa"):
+        from npu_lora.backends import furiosa_available
+        from npu_lora.backends.cuda import CudaBackend
+
+        ok = CudaBackend.available() if backend == "cuda" else furiosa_available()
+        if not ok:
+            raise SpecError(
+                f"spec.device.backend: {backend!r} is not available on this machine "
+                "(allowed here: auto, cpu"
+                + (", cuda" if backend != "cuda" and CudaBackend.available() else "")
+                + ")"
+            )
 
 
 # ---------------------------------------------------------------------------------------------
