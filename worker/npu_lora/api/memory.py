@@ -41,7 +41,10 @@ import json
 import math
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 from typing import Any
+
+from npu_lora.api.volumes import volume_root
 
 GiB = 1 << 30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -94,6 +97,24 @@ def text_config(cfg: dict[str, Any], layers: int | None = None) -> dict[str, Any
     if layers is not None:
         out["num_hidden_layers"] = layers
     return out
+
+
+def model_widths(spec: Any) -> dict[str, Any] | None:
+    """The model's config.json fields (presets: the packaged configs), or None if unknown."""
+    m = spec.model
+    if m.preset:
+        cfg = preset_config(m.preset)
+    else:
+        p = Path(m.path).expanduser()
+        if m.volume is not None and not p.is_absolute():
+            p = volume_root("model") / p
+        try:
+            cfg = json.loads((p / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+    if not isinstance(cfg, dict):
+        return None
+    return text_config(cfg, m.layers)
 
 
 def _int(cfg: dict[str, Any], key: str, default: int | None = None) -> int | None:

@@ -31,7 +31,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from npu_lora.api import record
-from npu_lora.bench.variant import HOST_MODIFIERS, PEER_MODIFIERS, Variant
+from npu_lora.api.variant import HOST_MODIFIERS, PEER_MODIFIERS, Variant
 
 GROUP = "npu-lora.io"
 VERSION = "v1alpha1"
@@ -630,7 +630,7 @@ class ResourceRequirements(_Model):
 
 #: The seed's four variants (``npu-lora bench``'s default).
 BENCHMARK_VARIANTS = ("host-only", "host-only+keep_graph", "hot", "hot+keep_graph")
-#: ``npu-lora bench``'s variant grammar (``npu_lora.bench.variant``) as a regular expression, for
+#: ``npu-lora bench``'s variant grammar (``npu_lora.api.variant``) as a regular expression, for
 #: the CRD's admission check; the combination rules (e.g. ``+sequential`` only with ``hot``) are
 #: ``Variant.parse``'s, applied by ``BenchmarkSpec``.
 VARIANT_PATTERN = (

@@ -1,9 +1,9 @@
 """``cpu``: the host stands in for the device (tests, laptops). Calls and the bytes a device
-would move are still counted (``Backend`` traffic)."""
+would move are still counted (``Backend`` traffic). The LM head's streaming kernel on this
+backend is chosen one layer up (:func:`npu_lora.moe.stream_linear.head_linear`): ``backends``
+sits below ``moe``."""
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 
@@ -21,13 +21,6 @@ class CpuBackend(Backend):
 
     def _copy_to_host(self, t: torch.Tensor) -> torch.Tensor:
         return t.view_as(t)
-
-    def frozen_linear(self) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
-        """The streaming kernel (``npu_lora.moe.stream_linear``): the head's weight read once per
-        direction at close to memory bandwidth; ``F.linear`` where it does not apply."""
-        from npu_lora.moe.stream_linear import frozen_linear
-
-        return frozen_linear
 
     @staticmethod
     def available() -> bool:

@@ -18,6 +18,7 @@ from npu_lora.bench.variant import Variant
 from npu_lora.moe.experts import expert_bytes
 from npu_lora.moe.host_dtype import STREAM
 from npu_lora.moe.mode import EngineMode
+from npu_lora.moe.stream_linear import head_linear
 
 
 class _CastBlock(torch.nn.Module):
@@ -176,7 +177,7 @@ class VariantRunner:
         eng.set_mode(EngineMode(v.placement, v.keep_graph, v.overlap))  # type: ignore[arg-type]
         eng.legacy_traffic = v.legacy
         if hasattr(eng.head, "linear"):  # the DeviceHead module (eager backends)
-            eng.head.linear = None if v.torch_head else eng.backend.frozen_linear()
+            eng.head.linear = None if v.torch_head else head_linear(eng.backend)
         for m in eng.mlps:
             if m.hot is not None:
                 m.hot.capacity = "max" if v.padmax else "cost"

@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from npu_lora.rngd import check
 
@@ -100,6 +101,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # a probe/compile job in a child process (``check.run_job_subprocess``)
     parser.add_argument("--_job", help=argparse.SUPPRESS)
     parser.add_argument("--_job-out", dest="job_out", type=Path, help=argparse.SUPPRESS)
+    parser.set_defaults(load_plan=load_plan)
+
+
+def load_plan(args: argparse.Namespace) -> Any:
+    """``--plan FILE``: the compile plan (``npu_lora.compile.plan``) of that manifest for the
+    ``furiosa`` backend, ``--set`` overrides applied (``check.plan_of`` calls it)."""
+    from npu_lora.api.load import load_manifest
+    from npu_lora.compile.plan import compile_plan
+
+    spec = load_manifest(args.plan, list(getattr(args, "overrides", None) or [])).spec
+    return compile_plan(spec, backend="furiosa")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -34,6 +34,7 @@ from typing import Any
 from npu_lora.api.load import SpecError
 from npu_lora.api.v1alpha1 import EXIT_CONFIG_ERROR
 from npu_lora.distributed.group import RendezvousTimeout
+from npu_lora.train.preflight import check_model
 
 log = logging.getLogger("npu_lora.run")
 
@@ -192,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
     if info.distributed and info.rank is None:  # the launcher: spawn the local ranks
         from npu_lora.distributed.launch import launch
 
-        return launch(args, info, manifest.spec)
+        return launch(args, info, manifest.spec, run)
 
     from npu_lora.train.callbacks import CallbackList, ProgressBar, RunContext
 
@@ -271,35 +272,6 @@ def _remove_temporaries(run_dir: Path) -> None:
                 shutil.rmtree(p, ignore_errors=True)
             else:
                 p.unlink(missing_ok=True)
-
-
-def check_model(spec: Any) -> None:
-    """``spec.model.path`` is a model directory; the requested device backend is usable."""
-    if spec.model.path:
-        p = Path(spec.model.path).expanduser()
-        if spec.model.volume is not None and not p.is_absolute():
-            from npu_lora.data.tokenizer import volume_root
-
-            p = volume_root("model") / p
-        if not p.is_dir():
-            raise SpecError(f"spec.model.path: no such directory: {p}")
-        if not (p / "config.json").is_file():
-            raise SpecError(
-                f"spec.model.path: {p} has no config.json (expected a Hugging Face model directory)"
-            )
-    backend = spec.device.backend
-    if backend in ("cuda", "furiosa"):
-        from npu_lora.backends import furiosa_available
-        from npu_lora.backends.cuda import CudaBackend
-
-        ok = CudaBackend.available() if backend == "cuda" else furiosa_available()
-        if not ok:
-            raise SpecError(
-                f"spec.device.backend: {backend!r} is not available on this machine "
-                "(allowed here: auto, cpu"
-                + (", cuda" if backend != "cuda" and CudaBackend.available() else "")
-                + ")"
-            )
 
 
 def _check_world_size(plan: Any, world: int) -> None:

@@ -1,9 +1,9 @@
 """The compile plan: every device graph a run compiles, from its spec alone, each with a content key.
 
 Torch-free (the operator computes it too): the model's widths come from the preset's packaged
-config or the model directory's ``config.json`` (:func:`npu_lora.train.preflight.model_widths`
-arithmetic, :mod:`npu_lora.api.memory`), the graphs' source is read as text from the package
-files, and library/compiler versions come from ``importlib.metadata`` (no import).
+config or the model directory's ``config.json`` (:func:`npu_lora.api.memory.model_widths`),
+the graphs' source is read as text from the package files, and library/compiler versions come
+from ``importlib.metadata`` (no import).
 
 The graphs, as the engine builds them (:mod:`npu_lora.engine.hybrid`, :mod:`npu_lora.moe.hot`)::
 
@@ -196,7 +196,7 @@ def widths(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def model_config(spec: Any) -> dict[str, Any]:
     """The spec's model config (preset: the packaged config; path: its ``config.json``)."""
-    from npu_lora.train.preflight import model_widths
+    from npu_lora.api.memory import model_widths
 
     cfg = model_widths(spec)
     if cfg is None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from npu_lora.data.readers import DataError
+from npu_lora.data.base import DataError
 
 IGNORE_INDEX = -100
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from npu_lora.data.readers import DataError, Example, _echo, _echo_keys
+from npu_lora.data.base import DataError, Example, _echo, _echo_keys
 
 RowFormat = Literal["nsmc", "jsonl", "chat", "alpaca"]
 

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from npu_lora.data.readers import DATASETS_SUFFIXES, DataError, Example
+from npu_lora.data.base import DATASETS_SUFFIXES, DataError, Example
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:

@@ -11,13 +11,15 @@ from __future__ import annotations
 import csv
 import json
 import os
-import re
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Literal
 
-from npu_lora.api.load import SpecError
+from npu_lora.data.base import (  # re-exported: readers.DataError, readers.Example, ...
+    DATASETS_SUFFIXES,
+    DataError,
+    Example,
+    _echo,
+)
 
 #: ``example:<name>`` → file name inside ``npu_lora/data/examples``.
 EXAMPLES: dict[str, str] = {
@@ -26,35 +28,7 @@ EXAMPLES: dict[str, str] = {
     "chat-mini": "chat-mini.jsonl",
 }
 
-#: File suffixes read with Hugging Face ``datasets`` (a directory: ``load_from_disk``).
-DATASETS_SUFFIXES = {".parquet": "parquet", ".csv": "csv", ".json": "json"}
-
 NSMC_HEADER = ("id", "document", "label")
-
-
-class DataError(SpecError):
-    """Invalid data file or data settings (exit code 2, like any other spec error)."""
-
-
-@dataclass(frozen=True)
-class Example:
-    """One training example.
-
-    ``kind == "text"``: ``text`` is trained on in full. ``kind == "classify"``: ``text`` is the
-    document, ``label`` the class (0/1), the template and answer words make the prompt.
-    ``kind == "prompt"``: ``text`` is the prompt, ``completion`` the answer (loss on it only).
-    ``kind == "chat"``: ``messages`` (``{"role", "content"}`` dicts), loss on assistant turns.
-    ``kind == "alpaca"``: ``text`` is the alpaca prompt layout, ``completion`` the output, and
-    ``messages`` the same as a user/assistant conversation (used when the tokenizer has a chat
-    template of its own).
-    """
-
-    kind: Literal["text", "classify", "prompt", "chat", "alpaca"]
-    text: str
-    label: int | None = None
-    completion: str | None = None
-    source: str = ""  # "file:line", for error messages
-    messages: tuple[dict[str, str], ...] | None = None
 
 
 def data_root(has_volume: bool) -> Path | None:
@@ -116,21 +90,6 @@ def resolve_data_path(path: str, *, base: Path | None = None, root: Path | None 
     if not p.is_file():
         raise DataError(f"spec.data.path: not a regular file: {p}")
     return p
-
-
-_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
-
-
-def _echo(value: str) -> str:
-    """A field value in an error: only when short and plain (a label typo), never free text."""
-    v = value.strip()
-    return repr(v) if len(v) <= 8 and _WORD.fullmatch(v) else f"a value of {len(value)} characters"
-
-
-def _echo_keys(obj: dict[str, object]) -> str:
-    keys = sorted(k for k in obj if _WORD.fullmatch(k))[:8]
-    more = len(obj) - len(keys)
-    return repr(keys) + (f" and {more} more" if more else "")
 
 
 FORMATS = ("auto", "nsmc", "jsonl", "chat", "alpaca")

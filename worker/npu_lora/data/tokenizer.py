@@ -7,12 +7,12 @@ give its embedding (``build_engine(spec, vocab_size=len(tok))``). Nothing is dow
 
 from __future__ import annotations
 
-import os
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from npu_lora.api.load import SpecError
+from npu_lora.api.volumes import volume_root  # re-exported: data.tokenizer.volume_root
 
 if TYPE_CHECKING:
     from npu_lora.api.v1alpha1 import ModelSpec
@@ -65,16 +65,6 @@ def _byte_level_tokenizer_cached() -> Any:
     )
     assert len(tok) == BYTE_VOCAB_SIZE
     return tok
-
-
-def volume_root(kind: str) -> Path:
-    """Where a volume is mounted (``NPU_LORA_<KIND>_ROOT``; default: the operator's mounts).
-
-    The operator rewrites paths to absolute ones under these mounts and drops the volumes from
-    the worker's config, so this matters only for a manifest with volumes run by hand.
-    """
-    default = {"model": "/mnt/model", "data": "/mnt/data", "output": "/mnt/output"}[kind]
-    return Path(os.environ.get(f"NPU_LORA_{kind.upper()}_ROOT", default))
 
 
 def tokenizer_dir(model: ModelSpec) -> tuple[Path | None, str]:

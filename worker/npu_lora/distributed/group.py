@@ -311,9 +311,3 @@ def distributed_status(record: dict[str, Any], info: Any, sig: Any) -> dict[str,
     if record.get("allreduce_bytes") is not None:
         out["allreduceBytes"] = int(record["allreduce_bytes"])
     return out
-
-
-def label_count(batch: dict[str, Any]) -> int:
-    """Label tokens of a micro-batch as the loss counts them (HF shift: ``labels[:, 1:]``)."""
-    labels = batch["labels"]
-    return int((labels[:, 1:] != -100).sum())

@@ -30,6 +30,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from npu_lora.distributed.env import RankInfo
@@ -92,6 +93,7 @@ def build_shared(build: Any, spec: Any) -> Any:
 
 
 def _rank_main(
+    run: Callable[[argparse.Namespace], int],
     local_rank: int,
     info: RankInfo,
     args: argparse.Namespace,
@@ -104,8 +106,6 @@ def _rank_main(
     os.environ.update(me.child_env())
     os.environ.update(extra_env)
     _SHARING = (queue, lock, local_rank, info.local_world)
-    from npu_lora.commands.run import run
-
     sys.exit(run(args))
 
 
@@ -115,12 +115,17 @@ def _code(exitcode: int | None) -> int:
     return 128 - exitcode if exitcode < 0 else exitcode
 
 
-def launch(args: argparse.Namespace, info: RankInfo, spec: Any) -> int:
-    """Spawn ``info.local_world`` ranks, wait; exit code as described in the module doc."""
+def launch(
+    args: argparse.Namespace,
+    info: RankInfo,
+    spec: Any,
+    run: Callable[[argparse.Namespace], int],
+) -> int:
+    """Spawn ``info.local_world`` ranks, each calling ``run(args)`` (``npu_lora.commands.run.run``,
+    passed in: ``distributed`` sits below ``commands``; a module-level function, so it pickles
+    for ``spawn``), wait; exit code as described in the module doc."""
     if info.local_world == 1:  # one rank a pod (e.g. an Indexed Job pod): be that rank
         os.environ.update(info.for_local(0).child_env())
-        from npu_lora.commands.run import run
-
         return run(args)
     import torch.multiprocessing as mp
 
@@ -138,7 +143,7 @@ def launch(args: argparse.Namespace, info: RankInfo, spec: Any) -> int:
     for local in range(info.local_world):
         p = ctx.Process(
             target=_rank_main,
-            args=(local, info, args, queue, lock, extra),
+            args=(run, local, info, args, queue, lock, extra),
             name=f"npu-lora-rank{info.first_rank() + local}",
             daemon=False,
         )

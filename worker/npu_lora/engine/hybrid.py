@@ -13,7 +13,7 @@ One micro-batch (``forward_backward``)::
 
 The decomposition is exact: it computes what the stock ``PeftModel(input_ids, attention_mask,
 labels).loss`` computes (tested), apart from GEMM reduction order in the hot bmm and, on the
-``cpu`` backend, in the LM head's streaming kernel (``Backend.frozen_linear``), and the summation
+``cpu`` backend, in the LM head's streaming kernel (``moe.stream_linear.head_linear``), and the summation
 order of the mean (``sum(w * ce)`` with ``w = 1/#labels``).
 """
 
@@ -58,6 +58,7 @@ from npu_lora.moe.hot import (
     select_hot_memory,
 )
 from npu_lora.moe.mode import EngineMode
+from npu_lora.moe.stream_linear import head_linear
 
 EXPERTS_FILE = "experts.safetensors"
 #: ``moe.placement: auto``: trial rounds after the hot set is chosen; round r runs one
@@ -159,7 +160,7 @@ class HybridEngine:
                 inner.norm,
                 self.lm.lm_head,
                 int(self.lm.lm_head.weight.shape[0]),
-                linear=backend.frozen_linear(),
+                linear=head_linear(backend),
             ).to(backend.device)
         )
         self.bucket_sizes = tuple(sorted(bucket_sizes)) if bucket_sizes else None

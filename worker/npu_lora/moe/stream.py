@@ -79,8 +79,8 @@ import torch
 import torch.nn.functional as F
 
 from npu_lora.moe import kernels
-from npu_lora.moe.experts import Routing, _check_module, build_routing
 from npu_lora.moe.kernels import ops
+from npu_lora.moe.routing import Routing, build_routing, check_module
 
 NAME = "npu_lora_stream"
 
@@ -254,7 +254,7 @@ def npu_lora_stream_experts_forward(
     top_k_index: torch.Tensor,
     top_k_weights: torch.Tensor,
 ) -> torch.Tensor:
-    _check_module(self)
+    check_module(self, NAME)
     return stream_experts(
         hidden_states, top_k_index, top_k_weights, self.gate_up_proj, self.down_proj
     )

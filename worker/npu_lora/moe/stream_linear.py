@@ -106,3 +106,12 @@ def frozen_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if usable(x, weight):
         return StreamLinearFunction.apply(x, weight)
     return F.linear(x, weight)
+
+
+def head_linear(backend: Any) -> Any:
+    """How the frozen LM head computes ``x Wᵀ`` on ``backend`` (``DeviceHead(linear=...)``): this
+    streaming kernel where the host is the device (``cpu``), else the backend's own
+    (``Backend.frozen_linear``; ``None``: the module's forward)."""
+    if backend.name == "cpu":
+        return frozen_linear
+    return backend.frozen_linear()

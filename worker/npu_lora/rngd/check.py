@@ -154,15 +154,12 @@ def _absolute_source(source: str) -> str:
 
 
 def plan_of(args: argparse.Namespace) -> Any:
-    """``--plan FILE``: the compile plan of that manifest (``npu_lora.compile.plan``) for the
-    ``furiosa`` backend (``--set`` overrides applied); None without ``--plan``."""
+    """``--plan FILE``: the compile plan of that manifest for the ``furiosa`` backend (``--set``
+    overrides applied), made by ``args.load_plan`` (:func:`npu_lora.commands.rngd_check.load_plan`,
+    the parser's default: ``rngd`` sits below ``compile``); None without ``--plan``."""
     if not getattr(args, "plan", None):
         return None
-    from npu_lora.api.load import load_manifest
-    from npu_lora.compile.plan import compile_plan
-
-    spec = load_manifest(args.plan, list(getattr(args, "overrides", None) or [])).spec
-    return compile_plan(spec, backend="furiosa")
+    return args.load_plan(args)
 
 
 def build_graphs(args: argparse.Namespace) -> list[Any]:

@@ -116,6 +116,13 @@ def _finite(x: float) -> bool:
     return isinstance(x, int | float) and math.isfinite(x)
 
 
+def label_count(batch: dict[str, Any]) -> int:
+    """Label tokens of a micro-batch as the loss counts them (HF shift: ``labels[:, 1:]``); the
+    data-parallel loss weights (``DataParallel.loss_weights``) are computed from these."""
+    labels = batch["labels"]
+    return int((labels[:, 1:] != -100).sum())
+
+
 class Trainer:
     """Runs (or resumes) one run in ``ctx.run_dir`` with an already built engine and dataset."""
 
@@ -230,8 +237,6 @@ class Trainer:
             batches = [self.dataset.batch(step, m, t.batch_size, accum) for m in range(accum)]
             weights = [1.0] * accum
         else:
-            from npu_lora.distributed.group import label_count
-
             batches = [
                 self.dataset.batch(step, m, t.batch_size, accum, rank=dist.rank, world=dist.world)
                 for m in range(accum)

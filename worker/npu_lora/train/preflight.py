@@ -4,6 +4,10 @@
 component of its path is a regular file, and the directory (or its nearest existing ancestor) is
 writable (``access(W_OK)``, which also reports a read-only filesystem).
 
+:func:`check_model`: ``spec.model.path`` is a model directory with a ``config.json``, and the
+requested device backend is usable here (here, not in ``npu_lora.commands.run``, so that the
+layers below ``commands`` can call it too).
+
 :func:`check_memory`: the run's memory estimate (:mod:`npu_lora.api.memory`, the same
 torch-free arithmetic the operator sizes ``memory: auto`` with, here with the host dtype resolved
 on this CPU) against this process's memory limit, before a single weight is loaded; for presets
@@ -18,20 +22,19 @@ ancestors) when one is set, else ``MemAvailable`` of ``/proc/meminfo``.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from npu_lora.api.load import SpecError
-from npu_lora.api.memory import (
+from npu_lora.api.memory import (  # model_widths: re-exported (it moved to api.memory)
     GiB,
     MemoryEstimate,
     estimate,
-    preset_config,
+    model_widths,
     recommended_limit,
-    text_config,
 )
+from npu_lora.api.volumes import volume_root
 
 _SUFFIX = {"": 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
 
@@ -70,27 +73,38 @@ def check_out_writable(run_dir: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# memory
+# the model and the device
 
 
-def model_widths(spec: Any) -> dict[str, Any] | None:
-    """The model's config.json fields (presets: the packaged configs), or None if unknown."""
-    m = spec.model
-    if m.preset:
-        cfg = preset_config(m.preset)
-    else:
-        p = Path(m.path).expanduser()
-        if m.volume is not None and not p.is_absolute():
-            from npu_lora.data.tokenizer import volume_root
-
+def check_model(spec: Any) -> None:
+    """``spec.model.path`` is a model directory; the requested device backend is usable."""
+    if spec.model.path:
+        p = Path(spec.model.path).expanduser()
+        if spec.model.volume is not None and not p.is_absolute():
             p = volume_root("model") / p
-        try:
-            cfg = json.loads((p / "config.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-    if not isinstance(cfg, dict):
-        return None
-    return text_config(cfg, m.layers)
+        if not p.is_dir():
+            raise SpecError(f"spec.model.path: no such directory: {p}")
+        if not (p / "config.json").is_file():
+            raise SpecError(
+                f"spec.model.path: {p} has no config.json (expected a Hugging Face model directory)"
+            )
+    backend = spec.device.backend
+    if backend in ("cuda", "furiosa"):
+        from npu_lora.backends import furiosa_available
+        from npu_lora.backends.cuda import CudaBackend
+
+        ok = CudaBackend.available() if backend == "cuda" else furiosa_available()
+        if not ok:
+            raise SpecError(
+                f"spec.device.backend: {backend!r} is not available on this machine "
+                "(allowed here: auto, cpu"
+                + (", cuda" if backend != "cuda" and CudaBackend.available() else "")
+                + ")"
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# memory
 
 
 def estimate_memory(

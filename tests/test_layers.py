@@ -1,0 +1,61 @@
+"""The worker's layers hold (``[tool.importlinter]`` in pyproject.toml, docs/architecture.md).
+
+``lint-imports`` checks every import, also those inside functions: the layer order of
+``npu_lora``'s packages, no cycle between the modules of one package, the operator without
+torch / the engine / the ML stack, and the worker without the operator packages. A second test
+adds an upward import to a copy of the tree and expects the check to fail, so the contracts
+cannot pass by checking nothing (a wrong root, a renamed package).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("importlinter")
+
+ROOT = Path(__file__).resolve().parents[1]
+PYPROJECT = ROOT / "pyproject.toml"
+
+
+def _lint(src: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``lint-imports`` on the packages under ``src`` (worker/ and operator/)."""
+    env = dict(os.environ)
+    paths = [str(src / "worker"), str(src / "operator")]
+    env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    code = (
+        "import sys; from importlinter.cli import lint_imports; "
+        f"sys.exit(lint_imports(config_filename={str(PYPROJECT)!r}, no_cache=True, no_logo=True))"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_import_contracts_are_kept(tmp_path: Path) -> None:
+    out = _lint(ROOT, tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "0 broken" in out.stdout
+
+
+def test_an_upward_import_inside_a_function_breaks_the_layers(tmp_path: Path) -> None:
+    skip = shutil.ignore_patterns("__pycache__", "*.so", "*.o", "build")
+    for top in ("worker", "operator"):
+        shutil.copytree(ROOT / top, tmp_path / top, ignore=skip)
+    variant = tmp_path / "worker/npu_lora/api/variant.py"
+    variant.write_text(
+        variant.read_text() + "\n\ndef _up():\n    from npu_lora.bench import harness  # noqa\n"
+    )
+    out = _lint(tmp_path, tmp_path)
+    assert out.returncode != 0, out.stdout
+    assert "npu_lora.api is not allowed to import npu_lora.bench" in out.stdout, out.stdout

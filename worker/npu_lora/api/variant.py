@@ -1,0 +1,113 @@
+"""The variant grammar of ``npu-lora bench`` (torch-free: the API validates manifests with it).
+
+``Variant.parse`` is the one parser: the CLI's ``--variants``, ``spec.benchmark.variants`` of a
+``MoEFinetune`` (``npu_lora.api.v1alpha1.BenchmarkSpec``) and the harness all use it, so a
+variant a manifest admits is one the bench runs. It lives in ``api`` (the lowest layer, see
+docs/architecture.md) so the API imports it without reaching up; ``npu_lora.bench.variant``
+re-exports it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["HOST_MODIFIERS", "PEER_MODIFIERS", "Variant"]
+
+#: Modifiers of ``host-only``/``hot`` variants and of ``peer`` variants.
+HOST_MODIFIERS = (
+    "keep_graph",
+    "sequential",
+    "padmax",
+    "overlap",
+    "legacy",
+    "torch_head",
+    "fp32",
+    "4k",
+)
+PEER_MODIFIERS = ("fp32", "sdpa")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """``<placement>[+keep_graph][+sequential][+fp32][@<experts_impl>]`` or ``peer[+fp32][@...]``.
+
+    ``+overlap``: hot placement with the overlapped device call (``HostMLP.overlap``; only
+    differs on a non-CPU device); ``+sequential``: without it (the default, named explicitly).
+    ``+padmax``: hot groups padded to
+    the largest group (``HotLayer.capacity="max"``, no host overflow) instead of the cost rule.
+    ``+legacy``: the copies and gathers as before issue 13 (zero-row concatenation gather,
+    separate cast, the first layer's zero input copied to the device), for A/B.
+    ``+torch_head``: the LM head computed by ``lm_head`` itself (torch's ``mm``) instead of the
+    backend's ``frozen_linear`` (the streaming kernel on ``cpu``), for A/B.
+    ``+fp32``: the variant with fp32 expert weights whatever ``hostDtype`` the engine holds (an
+    fp32 copy of each MoE block, made once and kept for the run: 2x the bf16 experts' bytes).
+    ``peer+fp32``: on a CPU without native bf16 (AVX2) torch's bf16 matmuls are the cliff of
+    issue 10, so a user of stock transformers + peft there runs fp32: the fair peer for our bf16.
+    ``host-only+fp32``: our engine with fp32 instead of bf16 expert storage in the same run (the
+    engine's expert tensors are pointed at the fp32 copy for that variant's steps), so bf16 vs
+    fp32 storage is an A/B in one process; host-only placement only (the hot set's device copy
+    was made from the stored weights).
+    ``+4k``: the variant with its expert weights in the allocator's memory (a copy, made once)
+    instead of where the engine placed them (huge pages where THP is ``madvise``,
+    :mod:`npu_lora.moe.pages`), so the placement is an A/B in one process; host-only only,
+    combinable with ``+fp32``.
+    ``peer+sdpa``: the stock model with transformers' default attention (``sdpa``: torch's
+    ``scaled_dot_product_attention``, a fused CPU kernel) instead of ``eager``, the
+    implementation the engine's models are built with (our device graphs write eager attention
+    out, the form RNGD compiles). A user of stock transformers + peft who sets nothing gets
+    ``sdpa``; combinable with ``+fp32``."""
+
+    name: str
+    placement: str  # host-only | hot | peer
+    keep_graph: bool
+    experts_impl: str | None  # None: the bench default
+    sequential: bool = False
+    padmax: bool = False
+    overlap: bool = False
+    legacy: bool = False
+    torch_head: bool = False
+    fp32: bool = False  # fp32 expert weights (an fp32 copy when hostDtype is bf16)
+    plain_pages: bool = False  # +4k: expert weights in the allocator's memory, not placed
+    sdpa: bool = False  # peer+sdpa: the stock model on transformers' sdpa attention
+
+    @property
+    def is_peer(self) -> bool:
+        return self.placement == "peer"
+
+    @classmethod
+    def parse(cls, text: str) -> Variant:
+        name = text.strip()
+        base, _, impl = name.partition("@")
+        parts = base.split("+")
+        placement, flags = parts[0], set(parts[1:])
+        if placement not in ("host-only", "hot", "peer"):
+            raise ValueError(f"variant {name!r}: placement must be host-only, hot or peer")
+        allowed = set(PEER_MODIFIERS if placement == "peer" else HOST_MODIFIERS)
+        if flags - allowed:
+            raise ValueError(
+                f"variant {name!r}: unknown modifiers {sorted(flags - allowed)} "
+                f"(allowed with {placement}: {sorted(allowed)})"
+            )
+        hot_only = flags & {"sequential", "padmax", "overlap"}
+        if {"sequential", "overlap"} <= flags:
+            raise ValueError(f"variant {name!r}: +sequential and +overlap exclude each other")
+        if hot_only and placement != "hot":
+            raise ValueError(f"variant {name!r}: +{min(hot_only)} applies to hot placement only")
+        if "fp32" in flags and placement == "hot":
+            raise ValueError(f"variant {name!r}: +fp32 applies to host-only placement and peers")
+        if "4k" in flags and placement != "host-only":
+            raise ValueError(f"variant {name!r}: +4k applies to host-only placement only")
+        return cls(
+            name,
+            placement,
+            "keep_graph" in flags,
+            impl or None,
+            "sequential" in flags,
+            "padmax" in flags,
+            "overlap" in flags,
+            "legacy" in flags,
+            "torch_head" in flags,
+            "fp32" in flags,
+            "4k" in flags,
+            "sdpa" in flags,
+        )
