@@ -560,7 +560,17 @@ class PodTemplateSpec(_Model):
         None, description="Pod imagePullSecrets (`[{name: ...}]`)."
     )
     env: list[dict[str, Any]] | None = Field(
-        None, description="Extra environment variables for the worker container (core/v1 EnvVar)."
+        None,
+        max_length=128,
+        description="Extra environment variables for the worker container (core/v1 EnvVar). "
+        "The operator's policy refuses names the worker owns and `valueFrom` sources it does "
+        "not allow.",
+    )
+    env_from: list[dict[str, Any]] | None = Field(
+        None,
+        max_length=16,
+        description="Environment from ConfigMaps/Secrets the operator's policy allows "
+        "(core/v1 EnvFromSource; a `prefix` is required).",
     )
     volumes: list[dict[str, Any]] | None = Field(
         None, description="Extra pod volumes (core/v1 Volume); mount them with `volumeMounts`."
