@@ -577,6 +577,34 @@ class OutputSpec(_Model):
         None, description="Volume for the run directory (a cluster run without one loses it)."
     )
 
+    @field_validator("path")
+    @classmethod
+    def _own_directory(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        parts = [p for p in v.replace("\\", "/").split("/") if p not in ("", ".")]
+        if not parts:
+            raise ValueError(
+                "output.path must name a directory of its own, not the volume root "
+                "(e.g. the run's name)"
+            )
+        if ".." in parts or "\x00" in v:
+            raise ValueError("output.path must not contain '..'")
+        return v
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.path) || (self.path.matches('[^./]') && "
+                    "!self.path.matches('(^|/)[.][.](/|$)'))",
+                    "path must name a directory of its own (not the volume root, no '..')",
+                    field_path=".path",
+                )
+            ]
+        }
+    )
+
 
 class CheckpointSpec(_Model):
     every_steps: int = Field(
