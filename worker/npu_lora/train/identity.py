@@ -263,11 +263,8 @@ def apply_plan(plan: RunPlan, run_dir: Path) -> None:
     if plan.move_aside is not None:
         # only this run's own directory moves: a sibling name in the same parent, never a root
         # or a directory holding other runs (check_own_directory ran in plan_run)
-        if (
-            plan.move_aside.parent != run_dir.parent
-            or not (run_dir / RUN_FILE).exists()
-            and (saved_identity(run_dir) is None)
-        ):
+        own = (run_dir / RUN_FILE).exists() or saved_identity(run_dir) is not None
+        if plan.move_aside.parent != run_dir.parent or not own:
             raise SpecError(f"--out: refusing to move {run_dir} aside")
         with _old_run_stopped(run_dir):
             os.replace(run_dir, plan.move_aside)
