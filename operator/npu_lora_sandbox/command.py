@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 import threading
@@ -225,6 +226,8 @@ def start_sandbox(
     kubelet = LocalKubelet(emu, root=root, runtime=pod_runtime).start()
     kc = Path(kubeconfig).resolve() if kubeconfig else root / "kubeconfig"
     emu.write_kubeconfig(kc)
+    # no pod's hostPath may reach the admin kubeconfig (the sandbox root is private already)
+    kubelet.private_paths = (kc,)
     parts: dict[str, Any] = {
         "emulator": emu,
         "kubelet": kubelet,
@@ -277,6 +280,25 @@ def stop_sandbox(parts: dict[str, Any]) -> None:
     parts["emulator"].stop()
 
 
+#: seconds a shutdown may take after SIGTERM/SIGINT before the process exits regardless
+SHUTDOWN_GRACE = 20.0
+
+
+def _arm_watchdog(grace: float, code: int) -> threading.Timer:
+    """Exit the process with ``code`` after ``grace`` seconds unless it has exited by then
+    (a wedged controller, a hung request or a child that ignores SIGTERM cannot keep it)."""
+
+    def _exit() -> None:
+        print(f"npu-lora sandbox: shutdown took longer than {grace:.0f}s; exiting", file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(code)
+
+    t = threading.Timer(grace, _exit)
+    t.daemon = True
+    t.start()
+    return t
+
+
 def run(args: argparse.Namespace) -> int:
     import kopf
 
@@ -291,6 +313,17 @@ def run(args: argparse.Namespace) -> int:
     # "OS signals are ignored: running not in the main thread": expected, the sandbox handles them
     logging.getLogger("kopf._core.reactor.running").setLevel(logging.ERROR)
 
+    done = threading.Event()
+
+    def _stop(signum: int, _frame: Any) -> None:
+        if done.is_set():  # a second signal: stop now
+            os._exit(128 + signum)
+        done.set()
+        _arm_watchdog(SHUTDOWN_GRACE, 128 + signum)
+
+    # before anything starts: a SIGTERM during start-up or a wedged shutdown still stops it
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
     parts = start_sandbox(
         args.root,
         kubeconfig=args.kubeconfig,
@@ -326,13 +359,9 @@ def run(args: argparse.Namespace) -> int:
         "Ctrl-C stops everything.",
         flush=True,
     )
-    done = threading.Event()
-
-    def _stop(signum: int, _frame: Any) -> None:
-        done.set()
-
-    signal.signal(signal.SIGINT, _stop)
-    signal.signal(signal.SIGTERM, _stop)
+    if done.is_set():
+        stop_sandbox(parts)
+        return 0
     try:
         while not done.wait(1.0):
             op = parts.get("operator")
