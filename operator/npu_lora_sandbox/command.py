@@ -11,7 +11,7 @@ The emulator serves the MoEFinetune CRD (generated from the models, with schema 
 CEL) and authenticates as a cluster does: the user's kubeconfig carries the sandbox admin's
 random token, the operator runs as its own ServiceAccount under the chart's ClusterRole, each
 worker pod's kubeconfig carries its ServiceAccount's token (see :mod:`.auth`). The kubelet runs each Job's worker as a local subprocess (PVC ``runs`` is the directory
-``<root>/pvc/runs``) and the operator runs in a thread with its own event loop. The worker
+``<root>/pvc/<namespace>/runs``) and the operator runs in a thread with its own event loop. The worker
 command is this interpreter's ``python -m npu_lora.cli`` (the kubelet maps ``python`` to
 ``sys.executable``), so the pods run this checkout's ``npu-lora run``.
 
@@ -104,7 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--root",
         metavar="DIR",
         default=".sandbox",
-        help="state directory: pvc/<claim> volumes, pods/<ns>_<pod> logs (default: .sandbox)",
+        help="state directory: pvc/<namespace>/<claim> volumes, pods/<ns>_<pod> logs (default: .sandbox)",
     )
     parser.add_argument("--port", type=int, default=0, help="API port (default: a free one)")
     parser.add_argument("--host", default="127.0.0.1", help="API address (default: 127.0.0.1)")
@@ -355,7 +355,7 @@ def run(args: argparse.Namespace) -> int:
         f"  kubectl apply -f {example}\n"
         f"  kubectl get mft -w            # -o wide for TOTAL, ETA, NODE, CALLS/LAYER\n"
         f"  kubectl describe mft tiny-sandbox; kubectl logs job/tiny-sandbox\n"
-        f"  ls {parts['root']}/pvc/runs/tiny-sandbox\n\n"
+        f"  ls {parts['root']}/pvc/default/runs/tiny-sandbox\n\n"
         "Ctrl-C stops everything.",
         flush=True,
     )

@@ -68,7 +68,7 @@ Kubelet (every pod, Job-owned or bare, runs once: ``restartPolicy`` is not emula
   ``PATH`` starts with the directory of ``python_executable`` (a venv's console scripts work);
 - ``/var/run/secrets/kubernetes.io/serviceaccount`` maps to a directory with ``namespace``,
   ``token`` (the pod's ServiceAccount token) and ``ca.crt`` (the emulator's serving certificate);
-- volumes become local directories: a PVC ``claimName`` → ``<root>/pvc/<claimName>[/subPath]``;
+- volumes become local directories: a PVC ``claimName`` → ``<root>/pvc/<namespace>/<claimName>[/subPath]``;
   ``emptyDir`` (and unknown kinds) → ``<root>/pods/<ns>_<pod>/volumes/<name>``; ``configMap`` and
   ``secret`` → files materialised there (``items`` honoured); ``hostPath`` → itself;
 - **path rewriting**: a container sees paths like ``/output``; the kubelet replaces every
