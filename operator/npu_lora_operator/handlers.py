@@ -391,6 +391,7 @@ def ensure_run(
         msg = bounded(f"invalid spec: {e}")
         fail_run(state, namespace, name, "InvalidSpec", msg)
         raise kopf.PermanentError(msg) from e
+    admit(state, run, [], logger)  # the spec first: a refused run costs no memory estimate
     children = builders.build_children(run, state.config)
     admit(state, run, children, logger)
     created = []

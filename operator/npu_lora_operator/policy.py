@@ -463,9 +463,9 @@ def _check_env(env: Any, policy: PodPolicy) -> tuple[list[Violation], dict[str, 
             out.append(
                 Violation(
                     f"{where}.name",
-                    f"{name} is reserved for the worker and its runtime (reserved: "
-                    f"{', '.join(sorted(RESERVED_ENV_NAMES))} and the prefixes "
-                    f"{', '.join(p + '*' for p in RESERVED_ENV_PREFIXES)})",
+                    f"{name} is reserved for the worker and its runtime (e.g. PYTHON*, LD_*, "
+                    "HOME, PATH, XDG_*, NPU_LORA_*, TORCH*, FURIOSA*, OMP_*, MKL_*; see "
+                    "docs/security.md)",
                 )
             )
         vf = e.get("valueFrom")
