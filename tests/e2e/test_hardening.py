@@ -314,7 +314,9 @@ def test_orphaned_children_are_not_adopted_by_a_recreated_run(
     cluster: Cluster, operator: OperatorProcess
 ) -> None:
     emu = cluster.emulator
-    cluster.apply(manifest("orphan", suspend=True))
+    # explicit resources: no memory estimate needed (it is not what this test is about)
+    res = {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "1Gi"}}
+    cluster.apply(manifest("orphan", suspend=True, resources=res))
     _wait(lambda: cluster.jobs("orphan"), 180, "the Job", operator)
     old_uid = cluster.mft("orphan")["metadata"]["uid"]
     cluster.kubectl("delete", "mft", "orphan", "--cascade=orphan", "--wait=true")
@@ -331,7 +333,7 @@ def test_orphaned_children_are_not_adopted_by_a_recreated_run(
         operator,
     )
     # re-created with a new spec: the old Job and ConfigMap (old spec) must not be adopted
-    cluster.apply(manifest("orphan", steps=3, suspend=True))
+    cluster.apply(manifest("orphan", steps=3, suspend=True, resources=res))
     _wait(lambda: cluster.status("orphan").get("phase") == "Failed", 180, "conflict", operator)
     st = cluster.status("orphan")
     (cond,) = [c for c in st["conditions"] if c["status"] == "True"]
@@ -358,7 +360,8 @@ def test_planted_configmap_is_a_conflict_not_the_runs_config(
             "data": {"config.yaml": "spec: {model: {path: /etc}}"},
         }
     )
-    cluster.apply(manifest("planted"))
+    res = {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "1Gi"}}
+    cluster.apply(manifest("planted", resources=res))
     _wait(lambda: cluster.status("planted").get("phase") == "Failed", 180, "planted", operator)
     st = cluster.status("planted")
     assert "ConfigMap default/planted-config" in st["message"] and cluster.jobs("planted") == []
