@@ -55,11 +55,7 @@ def test_duplicate_json_keys_are_refused_under_strict(emulator: ApiEmulator) -> 
     assert emulator.get("v1", "ConfigMap", "dup", "default") is None
     # Warn: created, with a warning; Ignore: silently the last
     code, _, headers = _request(emulator, "POST", CM + "?fieldValidation=Warn", body)
-    assert (
-        (code == 201
-        and 'duplicate field \\"a\\"' in headers.get("Warning", ""))
-        or ("duplicate field" in headers.get("Warning", ""))
-    )
+    assert code == 201 and "duplicate field" in headers.get("Warning", "")
     body2 = (_cm("dup2") + ', "data": {"a": "1", "a": "2"}}').encode()
     code, out, _ = _request(emulator, "POST", CM + "?fieldValidation=Ignore", body2)
     assert code == 201 and out["data"] == {"a": "2"}
