@@ -349,7 +349,9 @@ def admit(state: State, run: builders.Run, children: list[Body], logger: logging
     fails the run (reason ``PolicyViolation``, a Warning Event, the fields named) and raises
     ``kopf.PermanentError``. A run whose Job exists already (admitted under an earlier policy,
     the operator restarted) is let through with a warning."""
-    violations = policy.check(run.spec, children, state.config.policy, state.config.worker_image)
+    cfg = state.config
+    extra = [k for k, _ in cfg.extra_env]
+    violations = policy.check(run.spec, children, cfg.policy, cfg.worker_image, extra)
     if not violations:
         return
     msg = policy.describe(violations)

@@ -246,8 +246,11 @@ def _host_paths(spec: Any) -> list[tuple[str, str]]:
     return out
 
 
-def check_spec(spec: Any, policy: PodPolicy, worker_image: str) -> list[Violation]:
-    """The violations of a :class:`~npu_lora.api.v1alpha1.MoEFinetuneSpec` (empty: allowed)."""
+def check_spec(
+    spec: Any, policy: PodPolicy, worker_image: str, operator_env: Iterable[str] = ()
+) -> list[Violation]:
+    """The violations of a :class:`~npu_lora.api.v1alpha1.MoEFinetuneSpec` (empty: allowed).
+    ``operator_env``: names the operator's own configuration sets in the worker (reserved too)."""
     out: list[Violation] = []
     images = policy.allowed_images or (worker_image,)
     if spec.image and spec.image != worker_image and not _matches(spec.image, images):
@@ -281,7 +284,7 @@ def check_spec(spec: Any, policy: PodPolicy, worker_image: str) -> list[Violatio
         if ref is not None and ref.sub_path is not None:
             out += _check_sub_path(f"{fld}.subPath", ref.sub_path)
     if pt is not None:
-        out += check_pod_template(pt.to_api(), policy)
+        out += check_pod_template(pt.to_api(), policy, operator_env)
     return out
 
 
@@ -437,7 +440,9 @@ def _check_sub_path(where: str, sub: Any) -> list[Violation]:
     return []
 
 
-def _check_env(env: Any, policy: PodPolicy) -> tuple[list[Violation], dict[str, str | None]]:
+def _check_env(
+    env: Any, policy: PodPolicy, operator_env: Iterable[str] = ()
+) -> tuple[list[Violation], dict[str, str | None]]:
     """Violations of ``podTemplate.env`` and the literal values by name (None: not literal)."""
     out: list[Violation] = []
     values: dict[str, str | None] = {}
@@ -459,7 +464,9 @@ def _check_env(env: Any, policy: PodPolicy) -> tuple[list[Violation], dict[str, 
                 Violation(f"{where}.name", "must be a C identifier ([A-Za-z_][A-Za-z0-9_]*)")
             )
             continue
-        if reserved_env(name):
+        if name in set(operator_env):
+            out.append(Violation(f"{where}.name", f"{name} is set by the operator's configuration"))
+        elif reserved_env(name):
             out.append(
                 Violation(
                     f"{where}.name",
@@ -815,11 +822,13 @@ def _check_affinity(aff: Any, policy: PodPolicy) -> list[Violation]:
     return out
 
 
-def check_pod_template(pt: Mapping[str, Any], policy: PodPolicy) -> list[Violation]:
+def check_pod_template(
+    pt: Mapping[str, Any], policy: PodPolicy, operator_env: Iterable[str] = ()
+) -> list[Violation]:
     """The violations of ``spec.podTemplate`` (API keys): env, envFrom, volumes, mounts,
     tolerations, nodeSelector, affinity, priorityClassName, imagePullSecrets."""
     out: list[Violation] = []
-    env_out, env_values = _check_env(pt.get("env"), policy)
+    env_out, env_values = _check_env(pt.get("env"), policy, operator_env)
     out += env_out
     out += _check_env_from(pt.get("envFrom"), policy)
     vol_out, vol_names = _check_volumes(pt.get("volumes"), policy)
@@ -895,11 +904,15 @@ def check_pod_spec(pod: Mapping[str, Any], where: str) -> list[Violation]:
 
 
 def check(
-    spec: Any, children: Iterable[Body], policy: PodPolicy, worker_image: str
+    spec: Any,
+    children: Iterable[Body],
+    policy: PodPolicy,
+    worker_image: str,
+    operator_env: Iterable[str] = (),
 ) -> list[Violation]:
     """Every violation of a run: its spec (:func:`check_spec`) and, unless ``allowPrivileged``,
     the privileged settings of each pod template among its built ``children``."""
-    out = check_spec(spec, policy, worker_image)
+    out = check_spec(spec, policy, worker_image, operator_env)
     if not policy.allow_privileged:
         for child in children:
             tmpl = (child.get("spec") or {}).get("template") if child.get("kind") == "Job" else None

@@ -71,6 +71,13 @@ def test_env_names_the_worker_owns_are_refused(name: str) -> None:
     assert fields({"env": [{"name": name, "value": "x"}]}) == ["spec.podTemplate.env[0].name"]
 
 
+def test_env_may_not_override_the_operators_configured_env() -> None:
+    r = run(podTemplate={"env": [{"name": "HTTPS_PROXY", "value": "http://evil:3128"}]})
+    found = pol.check_spec(r.spec, FAST, WORKER, operator_env=["HTTPS_PROXY"])
+    assert [v.field for v in found] == ["spec.podTemplate.env[0].name"]
+    assert "evil" not in found[0].message
+
+
 def test_env_of_plain_names_is_allowed() -> None:
     assert fields({"env": [{"name": "WANDB_MODE", "value": "offline"}, {"name": "MY_FLAG"}]}) == []
 
