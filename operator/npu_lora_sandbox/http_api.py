@@ -26,7 +26,7 @@ MAX_YAML_NODES = 100_000
 MAX_YAML_ALIASES = 100
 
 
-def _load_yaml(text: str) -> Any:
+def _load_yaml(text: str, strict: bool = False) -> Any:
     """``yaml.safe_load`` after a scan of the event stream that bounds alias expansion, the
     node count and the depth (no alias bomb, no RecursionError)."""
     depth = aliases = nodes = 0
@@ -57,6 +57,13 @@ def _load_yaml(text: str) -> Any:
             raise yaml.YAMLError(
                 f"more than {MAX_YAML_NODES} nodes once aliases are expanded (alias bomb?)"
             )
+    if strict:  # fieldValidation=Strict: a key twice in one mapping is an error, as for JSON
+        from npu_lora.api.limits import DuplicateKeyError, _UniqueKeyLoader
+
+        try:
+            return yaml.load(text, Loader=_UniqueKeyLoader)
+        except DuplicateKeyError as e:
+            raise ApiError(400, "BadRequest", f"strict decoding error: yaml: {e}") from None
     return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
@@ -353,7 +360,7 @@ class HttpApi:
         warnings: list[str] = []
         if patch_type == "apply":
             try:
-                data = _load_yaml(body.decode() or "{}")
+                data = _load_yaml(body.decode() or "{}", q.get("fieldValidation") == "Strict")
             except (yaml.YAMLError, UnicodeDecodeError) as exc:
                 raise ApiError(400, "BadRequest", f"error decoding YAML: {exc}") from exc
         else:
@@ -424,7 +431,7 @@ class HttpApi:
             raise ApiError(400, "BadRequest", "the JSON body is nested too deeply") from exc
         except ValueError:
             try:
-                return _load_yaml(body.decode())
+                return _load_yaml(body.decode(), field_validation == "Strict")
             except (yaml.YAMLError, UnicodeDecodeError) as exc:
                 raise ApiError(
                     400, "BadRequest", f"the body of the request was in an unknown format: {exc}"

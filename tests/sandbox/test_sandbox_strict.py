@@ -198,3 +198,19 @@ def test_sigterm_stops_a_wedged_sandbox_within_the_grace(tmp_path: Path) -> None
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+def test_duplicate_yaml_keys_are_refused_under_strict(emulator: ApiEmulator) -> None:
+    doc = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: ydup}\ndata: {a: '1', a: '2'}\n"
+    code, out, _ = _request(
+        emulator,
+        "PATCH",
+        CM + "/ydup?fieldManager=t&fieldValidation=Strict",
+        doc.encode(),
+        "application/apply-patch+yaml",
+    )
+    assert code == 400 and "duplicate key 'a'" in out["message"]
+    code, _, _ = _request(
+        emulator, "POST", CM + "?fieldValidation=Strict", doc.encode(), "application/yaml"
+    )
+    assert code == 400
