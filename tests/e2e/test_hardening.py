@@ -6,6 +6,10 @@
   everywhere, the admin token reads secrets.
 - The admission policy: a disallowed image, hostPath or serviceAccountName ends Failed with the
   reason ``PolicyViolation`` naming the field, a Warning Event, and no child object.
+- Issue 28: the podTemplate allow-list end to end (a Secret through env, PYTHONPATH, a projected
+  token, mountPropagation, the control plane), Secret values never in status or Events, and
+  children that do not carry the run's identity (left by ``--cascade=orphan``, planted) fail the
+  run (``ChildConflict``) instead of being adopted.
 """
 
 from __future__ import annotations
