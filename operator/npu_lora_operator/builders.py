@@ -505,6 +505,8 @@ def build_job(run: Run, config: OperatorConfig) -> Body:
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
+    if pt.get("envFrom"):
+        container["envFrom"] = pt["envFrom"]
     res = _resources(run, config)
     if res:
         container["resources"] = res

@@ -178,6 +178,12 @@ def _convert(node: dict[str, Any], defs: dict[str, Any], where: str) -> dict[str
                 "anyOf": [{"type": "integer"}, {"type": "string"}],
                 "x-kubernetes-int-or-string": True,
             }
+            # value checks apply to their own type only (pattern: strings; minimum: integers),
+            # as controller-gen writes resource.Quantity
+            for v in non_null:
+                for k in ("pattern", "maxLength", "minimum", "maximum"):
+                    if k in v:
+                        out[k] = v[k]
             if description:
                 out["description"] = description
             return out

@@ -44,12 +44,15 @@ from npu_lora_operator import builders, policy
 from npu_lora_operator import metrics as prom
 from npu_lora_operator import status as st
 from npu_lora_operator.kube import Kube, KubeError, plural_of
+from npu_lora_operator.messages import bounded
 from npu_lora_operator.settings import OperatorConfig
 
 Body = dict[str, Any]
 log = logging.getLogger("npu_lora_operator")
 
 RUN_NAME_ANNOTATION = builders.RUN_NAME_ANNOTATION
+#: condition reason of a run whose child name is held by an object that is not its own
+CONFLICT_REASON = "ChildConflict"
 
 #: The handlers live in their own registry (``kopf.operator(registry=registry)``).
 registry = kopf.OperatorRegistry()
@@ -162,13 +165,64 @@ def _owned_by(obj: Body, uid: str | None) -> bool:
 def _post(body: Body, events: Iterable[tuple[str, str, str]]) -> None:
     for etype, reason, message in events:
         try:
-            kopf.event(body, type=etype, reason=reason or "Update", message=message[:1000])
+            kopf.event(body, type=etype, reason=reason or "Update", message=bounded(message))
         except Exception as e:  # no event loop (unit tests) or posting failed
             log.debug("event not posted: %s %s: %s (%s)", etype, reason, message, e)
 
 
-def ensure_object(kube: Kube, obj: Body, owner: builders.Run) -> tuple[Body, bool]:
-    """Create ``obj``; on 409 adopt the existing one. Returns (object, created)."""
+class ChildConflict(Exception):
+    """An object under a child's name that does not carry this run's identity."""
+
+    def __init__(self, obj: Body, why: str):
+        meta = obj.get("metadata") or {}
+        self.object = f"{obj.get('kind')} {meta.get('namespace') or ''}/{meta.get('name')}"
+        super().__init__(
+            f"{self.object} exists and is not this run's ({why}); the operator does not adopt "
+            "it: delete it, or re-create the run under another name"
+        )
+
+
+#: how many times a run waits for the garbage collector to remove its predecessor's child
+#: (a deleted run of the same name) before it fails
+MAX_PREDECESSOR_RETRIES = 24
+
+
+def _identity_of(existing: Body, obj: Body, owner: builders.Run) -> str | None:
+    """None when ``existing`` carries ``owner``'s identity (an owner reference with its uid and
+    its run label), else why not."""
+    meta = existing.get("metadata") or {}
+    if not _owned_by(existing, owner.uid):
+        refs = meta.get("ownerReferences") or []
+        if not refs:
+            return "it has no owner reference to this run"
+        return "its owner is " + ", ".join(
+            f"{r.get('kind', '')}/{r.get('name', '')} uid {r.get('uid', '')}" for r in refs[:3]
+        )
+    want = (obj.get("metadata") or {}).get("labels", {}).get(builders.RUN_LABEL)
+    if (meta.get("labels") or {}).get(builders.RUN_LABEL) != want:
+        return f"its label {builders.RUN_LABEL} is not this run's"
+    return None
+
+
+def _predecessor(existing: Body, owner: builders.Run) -> bool:
+    """``existing`` belongs to a deleted run of the same name (the garbage collector removes
+    it) or is being deleted."""
+    meta = existing.get("metadata") or {}
+    if meta.get("deletionTimestamp"):
+        return True
+    return any(
+        r.get("kind") == api.KIND and r.get("name") == owner.name and r.get("uid") != owner.uid
+        for r in meta.get("ownerReferences") or []
+    )
+
+
+def ensure_object(kube: Kube, obj: Body, owner: builders.Run, retry: int = 0) -> tuple[Body, bool]:
+    """Create ``obj``; on 409 adopt the existing one only when it carries this run's identity
+    (owner reference with this uid + run label; a ConfigMap's data is then rewritten to what
+    was built). Returns (object, created). A predecessor's object (a deleted run of the same
+    name, not yet collected) is waited for (``kopf.TemporaryError``, at most
+    :data:`MAX_PREDECESSOR_RETRIES` times); anything else under the name raises
+    :class:`ChildConflict`."""
     meta = obj["metadata"]
     try:
         return kube.create(obj), True
@@ -179,25 +233,33 @@ def ensure_object(kube: Kube, obj: Body, owner: builders.Run) -> tuple[Body, boo
     existing = kube.get(obj["apiVersion"], plural, meta["name"], meta.get("namespace"))
     if existing is None:  # deleted in between: try once more
         return kube.create(obj), True
-    if _owned_by(existing, owner.uid):
+    why = _identity_of(existing, obj, owner)
+    if why is None:
+        if obj["kind"] == "ConfigMap" and existing.get("data") != obj.get("data"):
+            existing = kube.merge_patch(
+                obj["apiVersion"],
+                plural,
+                meta["name"],
+                meta.get("namespace"),
+                {"data": {**{k: None for k in existing.get("data") or {}}, **obj["data"]}},
+            )
         return existing, False
-    refs = (existing.get("metadata") or {}).get("ownerReferences") or []
-    if any(r.get("controller") for r in refs):
+    if _predecessor(existing, owner) and retry < MAX_PREDECESSOR_RETRIES:
         raise kopf.TemporaryError(
-            f"{obj['kind']} {meta['name']} exists and belongs to another owner "
-            f"({', '.join(r.get('kind', '') + '/' + r.get('name', '') for r in refs)}); "
-            "waiting for it to go away",
+            f"{obj['kind']} {meta['name']} still belongs to a deleted run of the same name; "
+            "waiting for the garbage collector",
             delay=5,
         )
-    # an orphan with our name (e.g. left by `kubectl delete --cascade=orphan`): adopt it
-    patched = kube.merge_patch(
-        obj["apiVersion"],
-        plural,
-        meta["name"],
-        meta.get("namespace"),
-        {"metadata": {"ownerReferences": [*refs, builders.owner_reference(owner)]}},
-    )
-    return patched, False
+    raise ChildConflict(existing, why)
+
+
+def _owned_child(
+    kube: Kube, api_version: str, plural: str, name: str, namespace: str, uid: str | None
+) -> bool:
+    """The child ``name`` exists and carries the run's owner reference (never patch another
+    run's object that happens to have the name)."""
+    obj = kube.get(api_version, plural, name, namespace)
+    return obj is not None and uid is not None and _owned_by(obj, uid)
 
 
 def run_name_of(child: Body) -> str | None:
@@ -266,6 +328,7 @@ def fail_run(state: State, namespace: str, name: str, reason: str, message: str)
         if mft is None:
             return
         old = mft.get("status") or {}
+        message = bounded(message)
         obs = st.Observed("Failed", reason, message, "Failed")
         generation = (mft.get("metadata") or {}).get("generation")
         now = st.now_iso()
@@ -286,7 +349,9 @@ def admit(state: State, run: builders.Run, children: list[Body], logger: logging
     fails the run (reason ``PolicyViolation``, a Warning Event, the fields named) and raises
     ``kopf.PermanentError``. A run whose Job exists already (admitted under an earlier policy,
     the operator restarted) is let through with a warning."""
-    violations = policy.check(run.spec, children, state.config.policy, state.config.worker_image)
+    cfg = state.config
+    extra = [k for k, _ in cfg.extra_env]
+    violations = policy.check(run.spec, children, cfg.policy, cfg.worker_image, extra)
     if not violations:
         return
     msg = policy.describe(violations)
@@ -312,6 +377,7 @@ def ensure_run(
     namespace: str,
     logger: logging.Logger,
     memo: kopf.Memo,
+    retry: int = 0,
     **_: Any,
 ) -> None:
     """Create (or adopt) the ConfigMap, the per-run RBAC and the Job."""
@@ -324,15 +390,19 @@ def ensure_run(
     try:
         run = builders.Run.from_body(raw)
     except ValueError as e:  # the server's schema should have refused it (CRD not up to date?)
-        msg = f"invalid spec: {e}"
+        msg = bounded(f"invalid spec: {e}")
         fail_run(state, namespace, name, "InvalidSpec", msg)
         raise kopf.PermanentError(msg) from e
+    admit(state, run, [], logger)  # the spec first: a refused run costs no memory estimate
     children = builders.build_children(run, state.config)
     admit(state, run, children, logger)
     created = []
     for child in children:
         try:
-            _, was_created = ensure_object(state.kube, child, run)
+            _, was_created = ensure_object(state.kube, child, run, retry)
+        except ChildConflict as e:
+            fail_run(state, namespace, name, CONFLICT_REASON, str(e))
+            raise kopf.PermanentError(bounded(str(e))) from e
         except KubeError as e:
             if e.code in (400, 422):  # the server rejects what we built: retrying cannot help
                 msg = f"cannot create {child['kind']} {child['metadata']['name']}: {e.message}"
@@ -375,6 +445,10 @@ def suspend_changed(
         _post(dict(body), [("Normal", "Resumed", "resume left to Kueue admission")])
         reconcile_status(state, namespace, name)
         return
+    uid = (body.get("metadata") or {}).get("uid")
+    if not _owned_child(state.kube, "batch/v1", "jobs", builders.job_name(name), namespace, uid):
+        logger.info("no Job of this run to %s", "suspend" if suspend else "resume")
+        return
     try:
         state.kube.merge_patch(
             "batch/v1", "jobs", builders.job_name(name), namespace, {"spec": {"suspend": suspend}}
@@ -411,7 +485,12 @@ def spec_changed(
     spec = raw.get("spec") or {}
     changed = {str(d[1][0]) for d in diff if d[1]}  # field paths are relative to `spec`
     kube = state.kube
+    uid = (raw.get("metadata") or {}).get("uid")
     job_patch = {k: spec.get(k) for k in _JOB_MUTABLE if k in changed}
+    if job_patch and not _owned_child(
+        kube, "batch/v1", "jobs", builders.job_name(name), namespace, uid
+    ):
+        job_patch = {}  # no Job of this run (yet, or its name is another run's)
     if job_patch:
         try:
             kube.merge_patch(
@@ -425,7 +504,11 @@ def spec_changed(
         try:
             cm = builders.build_configmap(builders.Run.from_body(raw))
         except ValueError as e:  # the server's schema should have refused it
-            raise kopf.PermanentError(f"invalid spec: {e}") from e
+            raise kopf.PermanentError(bounded(f"invalid spec: {e}")) from e
+        cm_name = cm["metadata"]["name"]
+        if not _owned_child(kube, "v1", "configmaps", cm_name, namespace, uid):
+            changed -= set(_CONFIG_FIELDS)  # not this run's ConfigMap: never rewrite it
+    if changed & set(_CONFIG_FIELDS):
         try:
             kube.merge_patch(
                 "v1", "configmaps", cm["metadata"]["name"], namespace, {"data": cm["data"]}

@@ -31,6 +31,8 @@ from typing import Any
 
 from npu_lora.api.v1alpha1 import EXIT_CONFIG_ERROR, EXIT_NONFINITE_LOSS, EXIT_RENDEZVOUS_TIMEOUT
 
+from npu_lora_operator.messages import MAX_MESSAGE, bounded
+
 Body = dict[str, Any]
 
 OPERATOR_KEYS = (
@@ -53,7 +55,8 @@ EXIT_MEANING = {
     EXIT_NONFINITE_LOSS: "the loss became non-finite",
     EXIT_RENDEZVOUS_TIMEOUT: "not every rank joined the process group in time",
 }
-_MAX_MESSAGE = 2000
+#: the worker's own text inside a message (the rest names pod and exit code)
+_MAX_MESSAGE = MAX_MESSAGE - 200
 
 
 def now_iso() -> str:
@@ -107,10 +110,7 @@ def _last_failed_pod(pods: list[Body]) -> Body | None:
 
 
 def _short(text: str) -> str:
-    text = (text or "").strip()
-    if len(text) > _MAX_MESSAGE:
-        return "…" + text[-_MAX_MESSAGE:]
-    return text
+    return bounded((text or "").strip(), _MAX_MESSAGE, keep="tail")
 
 
 def worker_failure(pod: Body | None) -> tuple[int | None, str]:
@@ -143,7 +143,13 @@ class Observed:
 
 
 def observe(body: Body, job: Body | None, pods: list[Body]) -> Observed:
-    """Classify the run's state (no timestamps, no side effects)."""
+    """Classify the run's state (no timestamps, no side effects); the message bounded
+    (:func:`.messages.bounded`)."""
+    obs = _observe(body, job, pods)
+    return Observed(obs.phase, obs.reason, bounded(obs.message), obs.condition)
+
+
+def _observe(body: Body, job: Body | None, pods: list[Body]) -> Observed:
     spec = body.get("spec") or {}
     name = (body.get("metadata") or {}).get("name", "")
     if job is None:

@@ -11,7 +11,7 @@ The emulator serves the MoEFinetune CRD (generated from the models, with schema 
 CEL) and authenticates as a cluster does: the user's kubeconfig carries the sandbox admin's
 random token, the operator runs as its own ServiceAccount under the chart's ClusterRole, each
 worker pod's kubeconfig carries its ServiceAccount's token (see :mod:`.auth`). The kubelet runs each Job's worker as a local subprocess (PVC ``runs`` is the directory
-``<root>/pvc/runs``) and the operator runs in a thread with its own event loop. The worker
+``<root>/pvc/<namespace>/runs``) and the operator runs in a thread with its own event loop. The worker
 command is this interpreter's ``python -m npu_lora.cli`` (the kubelet maps ``python`` to
 ``sys.executable``), so the pods run this checkout's ``npu-lora run``.
 
@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 import threading
@@ -103,7 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--root",
         metavar="DIR",
         default=".sandbox",
-        help="state directory: pvc/<claim> volumes, pods/<ns>_<pod> logs (default: .sandbox)",
+        help="state directory: pvc/<namespace>/<claim> volumes, pods/<ns>_<pod> logs (default: .sandbox)",
     )
     parser.add_argument("--port", type=int, default=0, help="API port (default: a free one)")
     parser.add_argument("--host", default="127.0.0.1", help="API address (default: 127.0.0.1)")
@@ -225,6 +226,8 @@ def start_sandbox(
     kubelet = LocalKubelet(emu, root=root, runtime=pod_runtime).start()
     kc = Path(kubeconfig).resolve() if kubeconfig else root / "kubeconfig"
     emu.write_kubeconfig(kc)
+    # no pod's hostPath may reach the admin kubeconfig (the sandbox root is private already)
+    kubelet.private_paths = (kc,)
     parts: dict[str, Any] = {
         "emulator": emu,
         "kubelet": kubelet,
@@ -277,6 +280,25 @@ def stop_sandbox(parts: dict[str, Any]) -> None:
     parts["emulator"].stop()
 
 
+#: seconds a shutdown may take after SIGTERM/SIGINT before the process exits regardless
+SHUTDOWN_GRACE = 20.0
+
+
+def _arm_watchdog(grace: float, code: int) -> threading.Timer:
+    """Exit the process with ``code`` after ``grace`` seconds unless it has exited by then
+    (a wedged controller, a hung request or a child that ignores SIGTERM cannot keep it)."""
+
+    def _exit() -> None:
+        print(f"npu-lora sandbox: shutdown took longer than {grace:.0f}s; exiting", file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(code)
+
+    t = threading.Timer(grace, _exit)
+    t.daemon = True
+    t.start()
+    return t
+
+
 def run(args: argparse.Namespace) -> int:
     import kopf
 
@@ -291,6 +313,17 @@ def run(args: argparse.Namespace) -> int:
     # "OS signals are ignored: running not in the main thread": expected, the sandbox handles them
     logging.getLogger("kopf._core.reactor.running").setLevel(logging.ERROR)
 
+    done = threading.Event()
+
+    def _stop(signum: int, _frame: Any) -> None:
+        if done.is_set():  # a second signal: stop now
+            os._exit(128 + signum)
+        done.set()
+        _arm_watchdog(SHUTDOWN_GRACE, 128 + signum)
+
+    # before anything starts: a SIGTERM during start-up or a wedged shutdown still stops it
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
     parts = start_sandbox(
         args.root,
         kubeconfig=args.kubeconfig,
@@ -322,17 +355,13 @@ def run(args: argparse.Namespace) -> int:
         f"  kubectl apply -f {example}\n"
         f"  kubectl get mft -w            # -o wide for TOTAL, ETA, NODE, CALLS/LAYER\n"
         f"  kubectl describe mft tiny-sandbox; kubectl logs job/tiny-sandbox\n"
-        f"  ls {parts['root']}/pvc/runs/tiny-sandbox\n\n"
+        f"  ls {parts['root']}/pvc/default/runs/tiny-sandbox\n\n"
         "Ctrl-C stops everything.",
         flush=True,
     )
-    done = threading.Event()
-
-    def _stop(signum: int, _frame: Any) -> None:
-        done.set()
-
-    signal.signal(signal.SIGINT, _stop)
-    signal.signal(signal.SIGTERM, _stop)
+    if done.is_set():
+        stop_sandbox(parts)
+        return 0
     try:
         while not done.wait(1.0):
             op = parts.get("operator")

@@ -20,6 +20,65 @@ from .resources import (
 )
 from .selectors import _truthy
 
+#: YAML bodies: at most this many nodes once aliases are expanded (an apiserver refuses alias
+#: bombs too), and this many aliases
+MAX_YAML_NODES = 100_000
+MAX_YAML_ALIASES = 100
+
+
+def _load_yaml(text: str, strict: bool = False) -> Any:
+    """``yaml.safe_load`` after a scan of the event stream that bounds alias expansion, the
+    node count and the depth (no alias bomb, no RecursionError)."""
+    depth = aliases = nodes = 0
+    sizes: dict[str, int] = {}
+    starts: list[tuple[str | None, int]] = []
+    for ev in yaml.parse(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+        if isinstance(ev, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > 100:
+                raise yaml.YAMLError("nested deeper than 100 levels")
+            starts.append((ev.anchor, nodes))
+            nodes += 1
+        elif isinstance(ev, yaml.CollectionEndEvent):
+            depth -= 1
+            anchor, start = starts.pop()
+            if anchor is not None:
+                sizes[anchor] = nodes - start
+        elif isinstance(ev, yaml.ScalarEvent):
+            nodes += 1
+            if ev.anchor is not None:
+                sizes[ev.anchor] = 1
+        elif isinstance(ev, yaml.AliasEvent):
+            aliases += 1
+            if aliases > MAX_YAML_ALIASES:
+                raise yaml.YAMLError(f"more than {MAX_YAML_ALIASES} aliases")
+            nodes += sizes.get(ev.anchor or "", 1)
+        if nodes > MAX_YAML_NODES:
+            raise yaml.YAMLError(
+                f"more than {MAX_YAML_NODES} nodes once aliases are expanded (alias bomb?)"
+            )
+    if strict:  # fieldValidation=Strict: a key twice in one mapping is an error, as for JSON
+        from npu_lora.api.limits import DuplicateKeyError, _UniqueKeyLoader
+
+        try:
+            return yaml.load(text, Loader=_UniqueKeyLoader)
+        except DuplicateKeyError as e:
+            raise ApiError(400, "BadRequest", f"strict decoding error: yaml: {e}") from None
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
+def _pairs_hook(dups: list[str]) -> Any:
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in pairs:
+            if k in out:
+                dups.append(k)
+            out[k] = v
+        return out
+
+    return hook
+
+
 #: PATCH Content-Type -> patch type
 PATCH_TYPES = {
     "application/merge-patch+json": "merge",
@@ -199,7 +258,7 @@ class HttpApi:
                 rt,
                 pp.namespace,
                 pp.name,
-                self._decode(raw, body),
+                self._decode(raw, body, q.get("fieldValidation"), warnings),
                 pp.subresource,
                 dry_run=q.get("dryRun") == "All",
                 field_validation=q.get("fieldValidation"),
@@ -238,7 +297,7 @@ class HttpApi:
             obj = self._create(
                 rt,
                 pp.namespace,
-                self._decode(raw, body),
+                self._decode(raw, body, q.get("fieldValidation"), warnings),
                 dry_run=dry_run,
                 field_validation=q.get("fieldValidation"),
                 warnings=warnings,
@@ -298,15 +357,15 @@ class HttpApi:
                 "UnsupportedMediaType",
                 f'the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json ("{ctype}")',
             )
+        warnings: list[str] = []
         if patch_type == "apply":
             try:
-                data = yaml.safe_load(body.decode() or "{}")
-            except yaml.YAMLError as exc:
+                data = _load_yaml(body.decode() or "{}", q.get("fieldValidation") == "Strict")
+            except (yaml.YAMLError, UnicodeDecodeError) as exc:
                 raise ApiError(400, "BadRequest", f"error decoding YAML: {exc}") from exc
         else:
-            data = self._decode(raw, body)
+            data = self._decode(raw, body, q.get("fieldValidation"), warnings)
         existed = self._key(rt, pp.namespace, pp.name) in self._store[rt.storage_key]
-        warnings: list[str] = []
         obj = self._patch(
             rt,
             pp.namespace,
@@ -350,7 +409,12 @@ class HttpApi:
         return {"Warning": ", ".join(f'299 - "{w}"' for w in warnings)}
 
     @staticmethod
-    def _decode(raw: aiohttp.web.BaseRequest, body: bytes) -> Any:
+    def _decode(
+        raw: aiohttp.web.BaseRequest,
+        body: bytes,
+        field_validation: str | None = None,
+        warnings: list[str] | None = None,
+    ) -> Any:
         if "protobuf" in (raw.headers.get("Content-Type") or ""):
             try:
                 return protobuf.decode(body)
@@ -360,15 +424,27 @@ class HttpApi:
                     "UnsupportedMediaType",
                     f"the sandbox API emulator cannot decode this protobuf body ({exc}); use JSON (kubectl apply)",
                 ) from exc
+        dups: list[str] = []
         try:
-            return json.loads(body or b"null")
+            data = json.loads(body or b"null", object_pairs_hook=_pairs_hook(dups))
+        except RecursionError as exc:
+            raise ApiError(400, "BadRequest", "the JSON body is nested too deeply") from exc
         except ValueError:
             try:
-                return yaml.safe_load(body.decode())
+                return _load_yaml(body.decode(), field_validation == "Strict")
             except (yaml.YAMLError, UnicodeDecodeError) as exc:
                 raise ApiError(
                     400, "BadRequest", f"the body of the request was in an unknown format: {exc}"
                 ) from exc
+
+        if dups:
+            # the apiserver's strict JSON decoder: an error under Strict, a warning under Warn
+            detail = ", ".join(f'json: duplicate field "{d[:80]}"' for d in dups[:5])
+            if (field_validation or "") == "Strict":
+                raise ApiError(400, "BadRequest", f"strict decoding error: {detail}")
+            if (field_validation or "Warn") == "Warn" and warnings is not None:
+                warnings.extend(f'duplicate field "{d[:80]}"' for d in dups[:5])
+        return data
 
     def _list_body(self, rt: ResourceType, objs: list[dict[str, Any]]) -> dict[str, Any]:
         return {

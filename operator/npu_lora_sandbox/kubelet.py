@@ -68,7 +68,7 @@ Kubelet (every pod, Job-owned or bare, runs once: ``restartPolicy`` is not emula
   ``PATH`` starts with the directory of ``python_executable`` (a venv's console scripts work);
 - ``/var/run/secrets/kubernetes.io/serviceaccount`` maps to a directory with ``namespace``,
   ``token`` (the pod's ServiceAccount token) and ``ca.crt`` (the emulator's serving certificate);
-- volumes become local directories: a PVC ``claimName`` → ``<root>/pvc/<claimName>[/subPath]``;
+- volumes become local directories: a PVC ``claimName`` → ``<root>/pvc/<namespace>/<claimName>[/subPath]``;
   ``emptyDir`` (and unknown kinds) → ``<root>/pods/<ns>_<pod>/volumes/<name>``; ``configMap`` and
   ``secret`` → files materialised there (``items`` honoured); ``hostPath`` → itself;
 - **path rewriting**: a container sees paths like ``/output``; the kubelet replaces every
@@ -99,6 +99,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import sys
 import time
 from collections.abc import Mapping
@@ -116,6 +117,9 @@ __all__ = ["LocalKubelet"]
 
 
 log = logging.getLogger(__name__)
+
+
+_DNS1123 = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 class LocalKubelet(JobController, PodRunner, PodEnvironment):
@@ -177,6 +181,8 @@ class LocalKubelet(JobController, PodRunner, PodEnvironment):
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ready: asyncio.Event | None = None
         self.kubeconfig = self.root / "kubeconfig"
+        #: paths no pod's hostPath may reach besides the root (e.g. an admin kubeconfig elsewhere)
+        self.private_paths: tuple[Path, ...] = (self.kubeconfig,)
 
     def start(self) -> LocalKubelet:
         (self.root / "pvc").mkdir(parents=True, exist_ok=True)
@@ -213,8 +219,14 @@ class LocalKubelet(JobController, PodRunner, PodEnvironment):
     def pod_dir(self, namespace: str, name: str) -> Path:
         return self.root / "pods" / f"{namespace}_{name}"
 
-    def pvc_dir(self, claim: str) -> Path:
-        return self.root / "pvc" / claim
+    def pvc_dir(self, claim: str, namespace: str = "default") -> Path:
+        """The directory standing in for PersistentVolumeClaim ``claim`` of ``namespace``
+        (``<root>/pvc/<namespace>/<claim>``; claims are per namespace, as in a cluster). Raises
+        ValueError for a name that is not a DNS-1123 name (``..``, ``/``)."""
+        for what, value in (("claimName", claim), ("namespace", namespace)):
+            if not isinstance(value, str) or len(value) > 253 or not _DNS1123.fullmatch(value):
+                raise ValueError(f"{what} {value!r:.80} is not a DNS-1123 name")
+        return self.root / "pvc" / namespace / claim
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)

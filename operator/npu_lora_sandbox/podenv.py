@@ -74,6 +74,16 @@ def _rewriter(mapping: Mapping[str, Path]) -> Any:
     return rewrite
 
 
+def _write_private(path: Path, data: bytes) -> None:
+    """Write ``path`` readable by its owner only (0600, also when it existed)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
 class PodEnvironment:
     """The pod environment: volumes as local directories, materialised configMaps and
     secrets, the service account, the container's environment and path rewriting.
@@ -85,21 +95,50 @@ class PodEnvironment:
         self, pod: dict[str, Any], container: dict[str, Any], pdir: Path
     ) -> dict[str, Path]:
         volumes = {v.get("name"): v for v in (pod.get("spec") or {}).get("volumes") or []}
+        ns = pod["metadata"]["namespace"]
         mapping: dict[str, Path] = {}
         for vm in container.get("volumeMounts") or []:
             vol = volumes.get(vm.get("name"), {})
             if "persistentVolumeClaim" in vol:
-                local = self.pvc_dir(vol["persistentVolumeClaim"].get("claimName", vm.get("name")))
+                claim = vol["persistentVolumeClaim"].get("claimName", vm.get("name"))
+                try:
+                    local = self.pvc_dir(claim, ns)
+                except ValueError as e:
+                    raise _StartError(f"sandbox kubelet: volume {vm.get('name')!r}: {e}") from None
             elif "hostPath" in vol:
                 local = Path(vol["hostPath"].get("path", "/"))
+                self._check_host_path(local, vm)
             else:
                 local = pdir / "volumes" / str(vm.get("name"))
-            if vm.get("subPath"):
-                local = local / vm["subPath"]
+            sub = vm.get("subPath")
+            if sub:
+                # the kubelet refuses a subPath that is absolute or climbs out of its volume
+                if str(sub).startswith("/") or ".." in str(sub).split("/"):
+                    raise _StartError(
+                        f"sandbox kubelet: volumeMount {vm.get('name')!r}: subPath must be a "
+                        "relative path without '..'"
+                    )
+                local = local / sub
             if "hostPath" not in vol:
                 local.mkdir(parents=True, exist_ok=True)
             mapping[str(vm.get("mountPath", "")).rstrip("/") or "/"] = local
         return mapping
+
+    def _check_host_path(self, local: Path, vm: dict[str, Any]) -> None:
+        """A hostPath may not reach the sandbox's own state (its root holds the admin
+        kubeconfig, the tokens and every pod's files)."""
+        try:
+            path = local.resolve()
+            root = Path(self.root).resolve()
+        except OSError:
+            return
+        private = [root, *(Path(p).resolve() for p in getattr(self, "private_paths", ()))]
+        for q in private:
+            if path == q or q.is_relative_to(path) or path.is_relative_to(q):
+                raise _StartError(
+                    f"sandbox kubelet: volumeMount {vm.get('name')!r}: a hostPath may not reach "
+                    "the sandbox's private state (its root, the admin kubeconfig)"
+                )
 
     def _materialise(
         self, pod: dict[str, Any], container: dict[str, Any], pdir: Path, rewrite: Any
@@ -259,10 +298,13 @@ class PodEnvironment:
         else:
             kubeconfig, token = self.kubeconfig, "sandbox"
         sa_dir = pdir / "serviceaccount"
-        sa_dir.mkdir(exist_ok=True)
+        sa_dir.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(sa_dir, 0o700)
         (sa_dir / "namespace").write_text(ns)
-        (sa_dir / "token").write_text(token)
+        _write_private(sa_dir / "token", token.encode())
         (sa_dir / "ca.crt").write_bytes(self.emu.tls.cert_pem)
+        if self.pod_identity:
+            os.chmod(kubeconfig, 0o600)
         return Path(kubeconfig), sa_dir
 
     def _argv(

@@ -6,6 +6,10 @@
   everywhere, the admin token reads secrets.
 - The admission policy: a disallowed image, hostPath or serviceAccountName ends Failed with the
   reason ``PolicyViolation`` naming the field, a Warning Event, and no child object.
+- Issue 28: the podTemplate allow-list end to end (a Secret through env, PYTHONPATH, a projected
+  token, mountPropagation, the control plane), Secret values never in status or Events, and
+  children that do not carry the run's identity (left by ``--cascade=orphan``, planted) fail the
+  run (``ChildConflict``) instead of being adopted.
 """
 
 from __future__ import annotations
@@ -185,6 +189,64 @@ POLICY_CASES = [
         },
         "spec.podTemplate.volumes[0].hostPath",
     ),
+    # issue 28: the podTemplate allow-list
+    (
+        "env-secret",
+        {
+            "podTemplate": {
+                "env": [
+                    {
+                        "name": "T",
+                        "valueFrom": {"secretKeyRef": {"name": "db-password", "key": "p"}},
+                    }
+                ]
+            }
+        },
+        "spec.podTemplate.env[0].valueFrom.secretKeyRef.name",
+    ),
+    (
+        "env-pythonpath",
+        {"podTemplate": {"env": [{"name": "PYTHONPATH", "value": "/mnt/extra/evil"}]}},
+        "spec.podTemplate.env[0].name",
+    ),
+    (
+        "projected-token",
+        {
+            "podTemplate": {
+                "volumes": [
+                    {
+                        "name": "tok",
+                        "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]},
+                    }
+                ]
+            }
+        },
+        "spec.podTemplate.volumes[0].projected",
+    ),
+    (
+        "propagation",
+        {
+            "podTemplate": {
+                "volumes": [{"name": "s", "emptyDir": {}}],
+                "volumeMounts": [
+                    {"name": "s", "mountPath": "/data/s", "mountPropagation": "Bidirectional"}
+                ],
+            }
+        },
+        "spec.podTemplate.volumeMounts[0].mountPropagation",
+    ),
+    (
+        "control-plane",
+        {
+            "podTemplate": {
+                "tolerations": [
+                    {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}
+                ],
+                "priorityClassName": "system-node-critical",
+            }
+        },
+        "spec.podTemplate.tolerations[0].key",
+    ),
 ]
 
 
@@ -220,3 +282,90 @@ def test_admission_policy_refuses_before_any_child(
         assert field in warnings()[name]
     described = cluster.kubectl("describe", "mft", "bad-image").stdout
     assert "PolicyViolation" in described and "spec.image" in described
+
+
+def test_secret_values_never_reach_status_or_events(
+    cluster: Cluster, operator: OperatorProcess
+) -> None:
+    emu = cluster.emulator
+    secret = "hunter2-" + "x" * 20
+    emu.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "leaky", "namespace": "default"},
+            "stringData": {"v": secret},
+        }
+    )
+    pt = {
+        "env": [
+            {
+                "name": "NPU_LORA_MEMORY_LIMIT",
+                "valueFrom": {"secretKeyRef": {"name": "leaky", "key": "v"}},
+            },
+            {"name": "XDG_CACHE_HOME", "value": secret},
+        ]
+    }
+    cluster.apply(manifest("leak", podTemplate=pt))
+    _wait(lambda: cluster.status("leak").get("phase") == "Failed", 180, "leak", operator)
+    st = cluster.status("leak")
+    assert secret not in json.dumps(st) and cluster.jobs("leak") == []
+    events = [e.get("message", "") for e in emu.list("v1", "Event", namespace="default")]
+    assert not any(secret in m for m in events)
+
+
+def test_orphaned_children_are_not_adopted_by_a_recreated_run(
+    cluster: Cluster, operator: OperatorProcess
+) -> None:
+    emu = cluster.emulator
+    # explicit resources: no memory estimate needed (it is not what this test is about)
+    res = {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "1Gi"}}
+    cluster.apply(manifest("orphan", suspend=True, resources=res))
+    _wait(lambda: cluster.jobs("orphan"), 180, "the Job", operator)
+    old_uid = cluster.mft("orphan")["metadata"]["uid"]
+    cluster.kubectl("delete", "mft", "orphan", "--cascade=orphan", "--wait=true")
+    _wait(lambda: cluster.mft("orphan") is None, 30, "deletion", operator)
+    cm = emu.get("v1", "ConfigMap", "orphan-config", namespace="default")
+    _wait(
+        lambda: (
+            not (emu.get("batch/v1", "Job", "orphan", namespace="default") or {})
+            .get("metadata", {})
+            .get("ownerReferences")
+        ),
+        30,
+        "orphaning",
+        operator,
+    )
+    # re-created with a new spec: the old Job and ConfigMap (old spec) must not be adopted
+    cluster.apply(manifest("orphan", steps=3, suspend=True, resources=res))
+    _wait(lambda: cluster.status("orphan").get("phase") == "Failed", 180, "conflict", operator)
+    st = cluster.status("orphan")
+    (cond,) = [c for c in st["conditions"] if c["status"] == "True"]
+    assert cond["reason"] == "ChildConflict", st
+    assert "default/orphan" in st["message"] and "not this run's" in st["message"]
+    new_uid = cluster.mft("orphan")["metadata"]["uid"]
+    assert new_uid != old_uid
+    for kind, api, nm in (("Job", "batch/v1", "orphan"), ("ConfigMap", "v1", "orphan-config")):
+        obj = emu.get(api, kind, nm, namespace="default")
+        refs = obj["metadata"].get("ownerReferences") or []
+        assert all(r.get("uid") != new_uid for r in refs), (kind, refs)
+    assert emu.get("v1", "ConfigMap", "orphan-config", namespace="default")["data"] == cm["data"]
+
+
+def test_planted_configmap_is_a_conflict_not_the_runs_config(
+    cluster: Cluster, operator: OperatorProcess
+) -> None:
+    emu = cluster.emulator
+    emu.create(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "planted-config", "namespace": "default"},
+            "data": {"config.yaml": "spec: {model: {path: /etc}}"},
+        }
+    )
+    res = {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "1Gi"}}
+    cluster.apply(manifest("planted", resources=res))
+    _wait(lambda: cluster.status("planted").get("phase") == "Failed", 180, "planted", operator)
+    st = cluster.status("planted")
+    assert "ConfigMap default/planted-config" in st["message"] and cluster.jobs("planted") == []

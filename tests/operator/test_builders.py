@@ -218,7 +218,7 @@ def test_minimal_job_defaults() -> None:
     [
         ({"backend": "cpu", "cards": 1}, {}),
         ({"backend": "cuda", "cards": 2}, {"nvidia.com/gpu": 2}),
-        ({"backend": "furiosa", "cards": 0}, {}),
+        ({"backend": "auto", "cards": 0}, {}),
         ({"backend": "auto", "cards": 4}, {"furiosa.ai/rngd": 4}),
     ],
 )

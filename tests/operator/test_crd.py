@@ -325,3 +325,84 @@ def test_placement_rules_agree_with_pydantic(moe, lora, steps, ok) -> None:
     except ValidationError:
         valid = False
     assert valid is ok
+
+
+# -- formats (issue 28): the CRD and pydantic refuse the same values ----------------------------
+
+
+def _set(obj: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    obj = copy.deepcopy(obj)
+    cur = obj["spec"]
+    *head, last = path.split(".")
+    for k in head:
+        cur = cur.setdefault(k, {})
+    cur[last] = value
+    return obj
+
+
+def _pydantic_ok(obj: dict[str, Any]) -> bool:
+    try:
+        api.MoEFinetuneSpec.model_validate(obj["spec"])
+    except ValueError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        ("output.volume", {"claimName": "Not_A_DNS_Name"}),
+        ("output.volume", {"claimName": "../../etc"}),
+        ("output.volume", {"claimName": "a" * 254}),
+        ("output.volume", {"hostPath": "relative/dir"}),
+        ("output.volume", {"claimName": "runs", "subPath": "../up"}),
+        ("output.volume", {"claimName": "runs", "subPath": "a/../../b"}),
+        ("output.volume", {"claimName": "runs", "subPath": "/abs"}),
+        ("output.volume", {"claimName": "runs", "subPath": ".."}),
+        ("resources", {"requests": {"cpu": "lots"}}),
+        ("resources", {"limits": {"memory": "-5Gi"}}),
+        ("resources", {"requests": {"cpu": -1}}),
+        ("resources", {"requests": {"memory": "1 Gi"}}),
+        ("queueName", "team queue"),
+        ("queueName", "-leading"),
+        ("queueName", "q" * 64),
+        ("image", "x" * 513),
+        ("image", "evil image:1"),
+        ("image", "img\n:1"),
+        ("device", {"backend": "furiosa", "cards": 0}),
+        ("device", {"backend": "cuda", "cards": 0}),
+        ("podTemplate", {"priorityClassName": "System Critical"}),
+        ("podTemplate", {"serviceAccountName": "../default"}),
+        ("podTemplate", {"tolerations": [{"key": "k"}] * 33}),
+        ("output.path", "p" * 5000),
+        ("output.path", "."),
+        ("output.path", "./"),
+        ("output.path", "runs/../.."),
+        ("data.template", "{text}" * 1000),
+        ("lora.targetModules", ["q" * 200]),
+    ],
+)
+def test_bad_formats_refused_by_crd_and_pydantic(path: str, value: Any) -> None:
+    obj = _set(_example(), path, value)
+    _, errors = _admit(obj)
+    assert errors, f"the CRD admits {path}={str(value)[:80]}"
+    assert not _pydantic_ok(obj), f"pydantic admits {path}={str(value)[:80]}"
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        ("output.volume", {"claimName": "runs.v2", "subPath": "team/a/..b/...c/.d"}),
+        ("resources", {"requests": {"cpu": "500m", "memory": "64Gi"}, "limits": {"cpu": 8}}),
+        ("resources", {"requests": {"cpu": "1.5", "memory": "1e9"}}),
+        ("queueName", "team-a.q_1"),
+        ("image", "registry.example.com:5000/team/worker@sha256:" + "a" * 64),
+        ("device", {"backend": "cpu", "cards": 0}),
+        ("device", {"backend": "furiosa", "cards": 2}),
+    ],
+)
+def test_good_formats_pass_both(path: str, value: Any) -> None:
+    obj = _set(_example(), path, value)
+    _, errors = _admit(obj)
+    assert errors == []
+    assert _pydantic_ok(obj)

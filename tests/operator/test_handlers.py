@@ -51,15 +51,15 @@ def test_create_is_idempotent(env: Any) -> None:
     assert job["metadata"]["ownerReferences"][0]["uid"] == body["metadata"]["uid"]
 
 
-def test_orphan_is_adopted_foreign_owner_waits(env: Any) -> None:
+def test_orphan_is_a_conflict_predecessor_is_waited_for(env: Any) -> None:
     emu, body, state = env
     run = builders.Run.from_body(body)
     cm = builders.build_configmap(run)
+    # left by `kubectl delete --cascade=orphan` (or planted): never adopted
     orphan = {**cm, "metadata": {k: v for k, v in cm["metadata"].items() if k != "ownerReferences"}}
     emu.create(orphan)
-    obj, created = handlers.ensure_object(state.kube, cm, run)
-    assert not created
-    assert obj["metadata"]["ownerReferences"][0]["uid"] == body["metadata"]["uid"]
+    with pytest.raises(handlers.ChildConflict, match="ConfigMap default/r1-config exists"):
+        handlers.ensure_object(state.kube, cm, run)
 
     job = builders.build_job(run, state.config)
     foreign = {
@@ -72,6 +72,97 @@ def test_orphan_is_adopted_foreign_owner_waits(env: Any) -> None:
     emu.create(foreign)
     with pytest.raises(kopf.TemporaryError):
         handlers.ensure_object(state.kube, job, run)
+    # ... but not forever: then a conflict naming the object
+    with pytest.raises(handlers.ChildConflict, match="Job default/r1"):
+        handlers.ensure_object(state.kube, job, run, retry=handlers.MAX_PREDECESSOR_RETRIES)
+
+
+def test_planted_configmap_fails_the_run_and_is_not_used(env: Any) -> None:
+    emu, body, state = env
+    emu.create(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "r1-config", "namespace": "default"},
+            "data": {"config.yaml": "planted: true"},
+        }
+    )
+    with pytest.raises(kopf.PermanentError):
+        handlers.ensure_run(
+            body=body, name="r1", namespace="default", logger=_log(), memo=_memo(state)
+        )
+    mft = emu.get(*MFT, "r1", namespace="default")
+    assert mft["status"]["phase"] == "Failed"
+    (cond,) = [c for c in mft["status"]["conditions"] if c["type"] == "Failed"]
+    assert cond["reason"] == "ChildConflict" and "ConfigMap default/r1-config" in cond["message"]
+    assert emu.list("batch/v1", "Job", namespace="default") == []
+    cm = emu.get("v1", "ConfigMap", "r1-config", namespace="default")
+    assert cm["data"] == {"config.yaml": "planted: true"} and not cm["metadata"].get(
+        "ownerReferences"
+    )
+
+
+def test_own_configmap_with_other_data_is_rewritten(env: Any) -> None:
+    emu, body, state = env
+    run = builders.Run.from_body(body)
+    cm = builders.build_configmap(run)
+    emu.create({**cm, "data": {"config.yaml": "tampered: true", "extra": "x"}})
+    obj, created = handlers.ensure_object(state.kube, cm, run)
+    assert not created and obj["data"] == cm["data"]
+
+
+def test_crafted_name_equal_to_another_runs_job_name_fails_once(env: Any) -> None:
+    emu, _, state = env
+    long = "a" * 60
+    spec = {"model": {"preset": "tiny-qwen3-moe"}, "data": {"path": "example:nsmc-mini"}}
+    first = emu.create(
+        {**_mft(long, spec)},
+    )
+    r1 = builders.Run.from_body(first)
+    for child in builders.build_children(r1, state.config):
+        handlers.ensure_object(state.kube, child, r1)
+    crafted = builders.job_name(long)
+    assert crafted != long and len(crafted) <= 52
+    second = emu.create(_mft(crafted, spec))
+    with pytest.raises(kopf.PermanentError):
+        handlers.ensure_run(
+            body=second, name=crafted, namespace="default", logger=_log(), memo=_memo(state)
+        )
+    mft = emu.get(*MFT, crafted, namespace="default")
+    assert (
+        mft["status"]["phase"] == "Failed" and f"Job default/{crafted}" in mft["status"]["message"]
+    )
+    # the crafted run's suspend never touches the other run's Job
+    handlers.suspend_changed(
+        old=False,
+        new=True,
+        body=mft,
+        spec=mft["spec"],
+        name=crafted,
+        namespace="default",
+        logger=_log(),
+        memo=_memo(state),
+    )
+    assert not emu.get("batch/v1", "Job", crafted, namespace="default")["spec"].get("suspend")
+
+
+def _mft(name: str, spec: dict) -> dict:
+    return {
+        "apiVersion": "npu-lora.io/v1alpha1",
+        "kind": "MoEFinetune",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": spec,
+    }
+
+
+def _log() -> Any:
+    import logging
+
+    return logging.getLogger("test")
+
+
+def _memo(state: Any) -> Any:
+    return kopf.Memo(state=state)
 
 
 def test_reconcile_writes_only_operator_keys(env: Any) -> None:

@@ -63,7 +63,7 @@ def test_every_host_path_is_named() -> None:
                 {"name": "ok", "emptyDir": {}},
                 {"name": "root", "hostPath": {"path": "/etc"}},
             ],
-            "volumeMounts": [{"name": "root", "mountPath": "/host-etc"}],
+            "volumeMounts": [{"name": "root", "mountPath": "/data/host-etc"}],
         },
     )
     assert [f for f, _ in violations(r)] == [

@@ -129,3 +129,100 @@ def test_validating_admission_policy_follows_the_policy_values() -> None:
     # hostPath prefixes need path normalisation: the operator checks them, not CEL
     allowed = _vap_rules({**values, "policy": {**values["policy"], "allowedHostPaths": ["/srv"]}})
     assert _refused(allowed, {"output": {"volume": {"hostPath": "/srv/x"}}}) == []
+
+
+# -- issue 28: the podTemplate allow-list in the ValidatingAdmissionPolicy ----------------------
+
+
+def _vap_default() -> list[dict]:
+    return _vap_rules({"validatingAdmissionPolicy": {"enabled": True}})
+
+
+@pytest.mark.parametrize(
+    ("pt", "field"),
+    [
+        ({"env": [{"name": "PYTHONPATH", "value": "/x"}]}, "spec.podTemplate.env"),
+        ({"env": [{"name": "ld_preload", "value": "/x"}]}, "spec.podTemplate.env"),
+        ({"env": [{"name": "HOME", "value": "/x"}]}, "spec.podTemplate.env"),
+        (
+            {"env": [{"name": "T", "valueFrom": {"secretKeyRef": {"name": "db", "key": "k"}}}]},
+            "spec.podTemplate.env",
+        ),
+        ({"envFrom": [{"secretRef": {"name": "db"}, "prefix": "A_"}]}, "spec.podTemplate.envFrom"),
+        ({"volumes": [{"name": "s", "secret": {"secretName": "db"}}]}, "spec.podTemplate.volumes"),
+        ({"volumes": [{"name": "p", "projected": {"sources": []}}]}, "spec.podTemplate.volumes"),
+        (
+            {"volumeMounts": [{"name": "v", "mountPath": "/data/v", "subPath": "../x"}]},
+            "spec.podTemplate.volumeMounts",
+        ),
+        (
+            {
+                "volumeMounts": [
+                    {"name": "v", "mountPath": "/d", "mountPropagation": "Bidirectional"}
+                ]
+            },
+            "spec.podTemplate.volumeMounts",
+        ),
+        (
+            {
+                "tolerations": [
+                    {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}
+                ]
+            },
+            "spec.podTemplate.tolerations",
+        ),
+        ({"tolerations": [{"operator": "Exists"}]}, "spec.podTemplate.tolerations"),
+        (
+            {"nodeSelector": {"node-role.kubernetes.io/control-plane": ""}},
+            "spec.podTemplate.nodeSelector",
+        ),
+        ({"priorityClassName": "system-node-critical"}, "spec.podTemplate.priorityClassName"),
+        ({"affinity": {"podAffinity": {}}}, "spec.podTemplate.affinity.podAffinity"),
+    ],
+)
+def test_validating_admission_policy_refuses_hostile_pod_templates(pt: dict, field: str) -> None:
+    assert field in _refused(_vap_default(), {"podTemplate": pt})
+
+
+def test_validating_admission_policy_admits_what_the_operator_admits() -> None:
+    pt = {
+        "env": [
+            {"name": "WANDB_MODE", "value": "offline"},
+            {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        ],
+        "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"}}],
+        "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm", "subPath": "a/b"}],
+        "tolerations": [{"key": "furiosa.ai/rngd", "operator": "Exists"}],
+        "nodeSelector": {"furiosa.ai/model": "rngd"},
+    }
+    assert _refused(_vap_default(), {"podTemplate": pt}) == []
+    r = policy.check_pod_template(pt, policy.PodPolicy())
+    assert r == []
+
+
+def test_validating_admission_policy_follows_the_new_policy_lists() -> None:
+    values = {
+        "validatingAdmissionPolicy": {"enabled": True},
+        "policy": {
+            "allowedSecrets": ["db"],
+            "allowedPriorityClasses": ["batch-*", "system-cluster-critical"],
+            "allowedTolerationKeys": ["*"],
+        },
+    }
+    rules = _vap_rules(values)
+    sec = {"env": [{"name": "T", "valueFrom": {"secretKeyRef": {"name": "db", "key": "k"}}}]}
+    assert _refused(rules, {"podTemplate": sec}) == []
+    assert _refused(rules, {"podTemplate": {"priorityClassName": "batch-low"}}) == []
+    assert _refused(rules, {"podTemplate": {"priorityClassName": "system-cluster-critical"}}) == []
+    assert _refused(rules, {"podTemplate": {"priorityClassName": "system-node-critical"}}) != []
+    assert _refused(rules, {"podTemplate": {"tolerations": [{"operator": "Exists"}]}}) == []
+    cp = {"tolerations": [{"key": "node-role.kubernetes.io/master", "operator": "Exists"}]}
+    assert _refused(rules, {"podTemplate": cp}) != []  # `*` never reaches the control plane
+
+
+def test_vap_reserved_env_lists_match_the_operator() -> None:
+    text = (CHART / "templates" / "admissionpolicy.yaml").read_text()
+    for name in policy.RESERVED_ENV_NAMES:
+        assert f'"{name}"' in text, name
+    for prefix in policy.RESERVED_ENV_PREFIXES:
+        assert f'"{prefix}"' in text, prefix

@@ -61,8 +61,41 @@ def read_manifest_text(path: Path, limit: int = MAX_MANIFEST_BYTES) -> str:
     return text.removeprefix("\ufeff")
 
 
-def _loader() -> type:
+class DuplicateKeyError(ManifestLimitError):
+    """A mapping names the same key twice (YAML and JSON alike: the last would silently win)."""
+
+
+def _base_loader() -> type:
     return getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _UniqueKeyLoader(_base_loader()):  # type: ignore[misc]
+    """The safe loader, refusing a key repeated in one mapping (merge keys ``<<`` may still be
+    overridden, as YAML intends)."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    hash(key)
+                except TypeError:
+                    continue  # the base class reports unhashable keys
+                line = key_node.start_mark.line + 1 if key_node.start_mark else 0
+                if key in seen:
+                    raise DuplicateKeyError(
+                        f"line {line}: duplicate key {short_repr(key)} (first at line "
+                        f"{seen[key]}; a mapping may name each key once)"
+                    )
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _loader() -> type:
+    return _UniqueKeyLoader
 
 
 def check_yaml_events(text: str) -> None:

@@ -55,11 +55,18 @@ def format_validation_error(err: ValidationError, prefix: str = "spec") -> str:
     return "\n".join(lines)
 
 
+#: ``--set`` paths: at most this many keys, and this many characters in all
+MAX_SET_DEPTH = 16
+MAX_SET_LENGTH = 512
+
+
 def parse_value(text: str) -> Any:
     """``--set`` value: YAML scalar/flow syntax (``3``, ``true``, ``[q_proj, v_proj]``, ``null``)."""
     try:
         docs = limits.load_yaml_documents(text)
-    except (yaml.YAMLError, limits.ManifestLimitError):
+    except limits.DuplicateKeyError as e:
+        raise SpecError(f"--set value: {e}") from None
+    except (yaml.YAMLError, limits.ManifestLimitError, RecursionError):
         return text
     return docs[0] if len(docs) == 1 else text
 
@@ -69,7 +76,16 @@ def apply_set(doc: dict[str, Any], dotted: str, value: Any) -> None:
 
     A leading ``spec.`` is optional.
     """
+    if len(dotted) > MAX_SET_LENGTH:
+        raise SpecError(
+            f"--set {limits.short_repr(dotted)}: field path longer than {MAX_SET_LENGTH} characters"
+        )
     keys = [k for k in dotted.split(".") if k]
+    if len(keys) > MAX_SET_DEPTH:
+        raise SpecError(
+            f"--set {limits.short_repr(dotted)}: field path deeper than {MAX_SET_DEPTH} keys "
+            "(no MoEFinetune field is that deep)"
+        )
     if not keys:
         raise SpecError(f"--set {dotted!r}: empty field path")
     if keys[0] == "spec":
@@ -81,7 +97,9 @@ def apply_set(doc: dict[str, Any], dotted: str, value: Any) -> None:
             nxt = cur[k] = {}
         if not isinstance(nxt, dict):
             where = "spec." + ".".join(keys[: i + 1])
-            raise SpecError(f"--set {dotted}: {where} is not a mapping (it is {nxt!r})")
+            raise SpecError(
+                f"--set {dotted}: {where} is not a mapping (it is {limits.short_repr(nxt)})"
+            )
         cur = nxt
     cur[keys[-1]] = value
 

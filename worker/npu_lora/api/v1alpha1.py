@@ -128,6 +128,23 @@ METADATA_CEL_RULES = [
 ]
 
 
+#: DNS-1123 subdomain (names of PersistentVolumeClaims, ConfigMaps, ServiceAccounts, classes)
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+#: a Kubernetes label value (``queueName`` becomes one)
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+#: a relative path that never climbs: no leading ``/``, no ``..`` component (RE2: no lookahead)
+_COMPONENT = r"(\.|\.\.[^/]+|\.?[^./][^/]*)"
+RELATIVE_PATH_PATTERN = rf"^{_COMPONENT}(/{_COMPONENT})*/?$"
+#: a non-negative Kubernetes resource quantity (``8``, ``500m``, ``64Gi``, ``1.5``, ``1e3``)
+RESOURCE_QUANTITY_PATTERN = (
+    r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE]\+?[0-9]+))?$"
+)
+#: an image reference: no whitespace, no control characters
+IMAGE_PATTERN = r"^[^\s]+$"
+#: longest free path string (PATH_MAX)
+MAX_PATH = 4096
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(
         alias_generator=to_camel,
@@ -150,14 +167,20 @@ class VolumeRef(_Model):
         description="Name of a PersistentVolumeClaim in the run's namespace to mount.",
         min_length=1,
         max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
     )
     host_path: str | None = Field(
         None,
         description="A directory on the node (hostPath volume); for single-node or dev clusters.",
         min_length=1,
+        max_length=MAX_PATH,
+        pattern="^/",
     )
     sub_path: str | None = Field(
-        None, description="Sub-directory of the volume to mount instead of its root."
+        None,
+        description="Sub-directory of the volume to mount instead of its root (relative, no `..`).",
+        max_length=MAX_PATH,
+        pattern=RELATIVE_PATH_PATTERN,
     )
     read_only: bool | None = Field(
         None,
@@ -193,6 +216,7 @@ class ModelSpec(_Model):
             "worker's filesystem."
         ),
         min_length=1,
+        max_length=MAX_PATH,
     )
     preset: Literal["tiny-qwen3-moe", "qwen3-30b-a3b"] | None = Field(
         None,
@@ -216,6 +240,7 @@ class ModelSpec(_Model):
             "the volume root when `volume` is set. The embedding grows to the tokenizer's size."
         ),
         min_length=1,
+        max_length=MAX_PATH,
     )
     volume: VolumeRef | None = Field(None, description="Volume holding the model directory.")
 
@@ -244,6 +269,7 @@ class DataSpec(_Model):
     path: str = Field(
         ...,
         min_length=1,
+        max_length=MAX_PATH,
         description=(
             "Data file or directory. Relative to the volume root when `volume` is set. "
             "`.tsv`/`.txt`: NSMC; `.jsonl`: JSON lines; `.parquet`, `.json`, `.csv` and a "
@@ -267,6 +293,7 @@ class DataSpec(_Model):
     )
     template: str | None = Field(
         None,
+        max_length=4096,
         description=(
             "Prompt template for classification data (NSMC); `{text}` is replaced by the document "
             "and the answer (label word) follows. Default: a short Korean sentiment prompt."
@@ -300,9 +327,10 @@ class LoraSpec(_Model):
     r: int = Field(16, ge=1, le=1024, description="LoRA rank.")
     alpha: float = Field(32.0, gt=0, description="LoRA alpha (scaling = alpha / r).")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the LoRA input.")
-    target_modules: list[str] = Field(
+    target_modules: list[Annotated[str, Field(min_length=1, max_length=128)]] = Field(
         default_factory=lambda: ["q_proj", "v_proj"],
         min_length=1,
+        max_length=64,
         description="Module names to adapt (peft `target_modules`), e.g. q_proj, k_proj, v_proj, o_proj.",
     )
     train_experts: bool = Field(
@@ -479,7 +507,10 @@ class DeviceSpec(_Model):
         1,
         ge=0,
         le=8,
-        description="Accelerator cards requested from Kubernetes (`furiosa.ai/rngd`). 0: none.",
+        description=(
+            "Accelerator cards requested from Kubernetes (`furiosa.ai/rngd`). 0: none (not with "
+            "backend furiosa or cuda)."
+        ),
     )
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32",
@@ -515,6 +546,24 @@ class DeviceSpec(_Model):
         if self.precompile != "auto":
             return self.precompile == "true"
         return self.backend == "furiosa" or (self.backend == "auto" and self.cards > 0)
+
+    @model_validator(mode="after")
+    def _cards_for_accelerators(self) -> DeviceSpec:
+        if self.backend in ("furiosa", "cuda") and self.cards < 1:
+            raise ValueError(f"device.cards must be at least 1 with backend {self.backend}")
+        return self
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!(self.backend == 'furiosa' || self.backend == 'cuda') || self.cards >= 1",
+                    "cards must be at least 1 with backend furiosa or cuda",
+                    field_path=".cards",
+                )
+            ]
+        }
+    )
 
 
 class DistributedSpec(_Model):
@@ -564,6 +613,8 @@ class OutputSpec(_Model):
 
     path: str | None = Field(
         None,
+        min_length=1,
+        max_length=MAX_PATH,
         description=(
             "Run directory. Relative to the volume root when `volume` is set. Default: "
             "`runs/<name>` locally, `<name>` inside the output volume in a cluster."
@@ -571,6 +622,34 @@ class OutputSpec(_Model):
     )
     volume: VolumeRef | None = Field(
         None, description="Volume for the run directory (a cluster run without one loses it)."
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _own_directory(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        parts = [p for p in v.replace("\\", "/").split("/") if p not in ("", ".")]
+        if not parts:
+            raise ValueError(
+                "output.path must name a directory of its own, not the volume root "
+                "(e.g. the run's name)"
+            )
+        if ".." in parts or "\x00" in v:
+            raise ValueError("output.path must not contain '..'")
+        return v
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.path) || (self.path.matches('[^./]') && "
+                    "!self.path.matches('(^|/)[.][.](/|$)'))",
+                    "path must name a directory of its own (not the volume root, no '..')",
+                    field_path=".path",
+                )
+            ]
+        }
     )
 
 
@@ -592,39 +671,66 @@ class ReportingSpec(_Model):
 class PodTemplateSpec(_Model):
     """Scheduling and pod-level settings copied to the Job's pod template."""
 
-    node_selector: dict[str, str] | None = Field(None, description="Pod nodeSelector.")
+    node_selector: dict[str, Annotated[str, Field(max_length=63)]] | None = Field(
+        None, max_length=32, description="Pod nodeSelector."
+    )
     tolerations: list[dict[str, Any]] | None = Field(
-        None, description="Pod tolerations (core/v1 Toleration objects)."
+        None, max_length=32, description="Pod tolerations (core/v1 Toleration objects)."
     )
     affinity: dict[str, Any] | None = Field(None, description="Pod affinity (core/v1 Affinity).")
-    priority_class_name: str | None = Field(None, description="Pod priorityClassName.")
+    priority_class_name: str | None = Field(
+        None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN, description="Pod priorityClassName."
+    )
     service_account_name: str | None = Field(
         None,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
         description="Run the worker under this ServiceAccount instead of the per-run one "
         "(it then needs get/patch on this run's moefinetunes/status itself).",
     )
     image_pull_secrets: list[dict[str, str]] | None = Field(
-        None, description="Pod imagePullSecrets (`[{name: ...}]`)."
+        None, max_length=16, description="Pod imagePullSecrets (`[{name: ...}]`)."
     )
     env: list[dict[str, Any]] | None = Field(
-        None, description="Extra environment variables for the worker container (core/v1 EnvVar)."
+        None,
+        max_length=128,
+        description="Extra environment variables for the worker container (core/v1 EnvVar). "
+        "The operator's policy refuses names the worker owns and `valueFrom` sources it does "
+        "not allow.",
+    )
+    env_from: list[dict[str, Any]] | None = Field(
+        None,
+        max_length=16,
+        description="Environment from ConfigMaps/Secrets the operator's policy allows "
+        "(core/v1 EnvFromSource; a `prefix` is required).",
     )
     volumes: list[dict[str, Any]] | None = Field(
-        None, description="Extra pod volumes (core/v1 Volume); mount them with `volumeMounts`."
+        None,
+        max_length=32,
+        description="Extra pod volumes (core/v1 Volume); mount them with `volumeMounts`.",
     )
     volume_mounts: list[dict[str, Any]] | None = Field(
-        None, description="Extra volume mounts for the worker container (core/v1 VolumeMount)."
+        None,
+        max_length=32,
+        description="Extra volume mounts for the worker container (core/v1 VolumeMount).",
     )
+
+
+#: a non-negative resource quantity: an integer or a quantity string
+ResourceQuantity = (
+    Annotated[int, Field(ge=0)]
+    | Annotated[str, Field(pattern=RESOURCE_QUANTITY_PATTERN, max_length=64)]
+)
 
 
 class ResourceRequirements(_Model):
     """core/v1 ResourceRequirements of the worker container (the RNGD request is added)."""
 
-    requests: dict[str, int | str] | None = Field(
-        None, description="Resource requests, e.g. {cpu: '8', memory: 64Gi}."
+    requests: dict[str, ResourceQuantity] | None = Field(
+        None, max_length=16, description="Resource requests, e.g. {cpu: '8', memory: 64Gi}."
     )
-    limits: dict[str, int | str] | None = Field(
-        None, description="Resource limits, e.g. {memory: 96Gi}."
+    limits: dict[str, ResourceQuantity] | None = Field(
+        None, max_length=16, description="Resource limits, e.g. {memory: 96Gi}."
     )
 
 
@@ -755,7 +861,10 @@ class MoEFinetuneSpec(_Model):
         default_factory=ReportingSpec, description="How often the worker patches status."
     )
     image: Annotated[str | None, OnUpdate.NEW_RUN, CLUSTER_ONLY] = Field(
-        None, description="Worker image (default: the operator's configured worker image)."
+        None,
+        max_length=512,
+        pattern=IMAGE_PATTERN,
+        description="Worker image (default: the operator's configured worker image).",
     )
     resources: Annotated[ResourceRequirements | None, OnUpdate.NEW_RUN, CLUSTER_ONLY] = Field(
         None, description="Worker container resources (the accelerator request is added)."
@@ -774,6 +883,9 @@ class MoEFinetuneSpec(_Model):
     )
     queue_name: Annotated[str | None, OnUpdate.NEW_RUN, CLUSTER_ONLY] = Field(
         None,
+        min_length=1,
+        max_length=63,
+        pattern=LABEL_VALUE_PATTERN,
         description="Kueue LocalQueue; copied to the Job as label `kueue.x-k8s.io/queue-name`.",
     )
     pod_template: Annotated[PodTemplateSpec | None, OnUpdate.NEW_RUN, CLUSTER_ONLY] = Field(
@@ -782,6 +894,7 @@ class MoEFinetuneSpec(_Model):
     resume_from: Annotated[str | None, OnUpdate.WORKER_CONFIG] = Field(
         None,
         min_length=1,
+        max_length=MAX_PATH,
         description=(
             "Start from the last checkpoint of this run directory although another run wrote it "
             "(a deleted and re-created run, or a run of another namespace). Relative to the "

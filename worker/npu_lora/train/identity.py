@@ -139,11 +139,67 @@ def _aside(run_dir: Path, old: RunIdentity) -> Path:
     return cand
 
 
+#: how deep and how wide :func:`check_own_directory` looks below a run directory for another
+#: run's ``run.json``
+CHILD_SCAN_DEPTH = 4
+CHILD_SCAN_ENTRIES = 20_000
+
+
+def check_own_directory(run_dir: Path, cur: RunIdentity | None = None) -> None:
+    """``run_dir`` is a directory of its own: not a filesystem or volume root (a mount point),
+    not inside another run's directory (a parent holds a ``run.json`` of another run), not
+    above one (a child holds a ``run.json``). Raises SpecError naming the other run."""
+    try:
+        path = run_dir.resolve()
+    except OSError as e:
+        raise SpecError(f"--out: cannot resolve {run_dir}: {e.strerror}") from None
+    if path == path.parent or (path.is_dir() and os.path.ismount(path)):
+        raise SpecError(
+            f"--out: {run_dir} is a filesystem or volume root; a run needs a directory of its "
+            "own (set spec.output.path to a sub-directory, e.g. the run's name)"
+        )
+    for parent in path.parents:
+        marker = parent / RUN_FILE
+        if marker.is_file():
+            other = saved_identity(parent)
+            who = other.describe() if other else "another run"
+            raise SpecError(
+                f"--out: {run_dir} is inside the run directory {parent} of {who}; a run "
+                "never writes into another run's directory"
+            )
+    if not path.is_dir():
+        return
+    seen = 0
+    stack: list[tuple[Path, int]] = [(path, 0)]
+    while stack:
+        d, depth = stack.pop()
+        try:
+            entries = list(os.scandir(d))
+        except OSError:
+            continue
+        for e in entries:
+            seen += 1
+            if seen > CHILD_SCAN_ENTRIES:
+                return  # a huge tree: not a run directory's shape; the parent check still holds
+            if depth > 0 and e.name == RUN_FILE and e.is_file(follow_symlinks=False):
+                other = saved_identity(Path(d))
+                if cur is not None and other is not None and other.same_run(cur):
+                    continue
+                who = other.describe() if other else "another run"
+                raise SpecError(
+                    f"--out: {run_dir} contains the run directory {d} of {who}; a run never "
+                    "takes a directory above another run's"
+                )
+            if depth < CHILD_SCAN_DEPTH and e.is_dir(follow_symlinks=False):
+                stack.append((Path(e.path), depth + 1))
+
+
 def plan_run(run_dir: Path, manifest: MoEFinetune) -> RunPlan:
     """Check ``run_dir`` against this run's identity (and ``spec.resumeFrom``). Writes nothing."""
     from npu_lora.train.rundir import ResumePlan, plan_resume
 
     cur = current_identity(manifest)
+    check_own_directory(run_dir, cur)
     resume_from = manifest.spec.resume_from
     source = resolve_resume_from(resume_from, run_dir) if resume_from else None
     is_self = source is not None and _same_path(source, run_dir)
@@ -205,6 +261,11 @@ def apply_plan(plan: RunPlan, run_dir: Path) -> None:
     if plan.move_aside is None:
         _check_not_locked(run_dir)
     if plan.move_aside is not None:
+        # only this run's own directory moves: a sibling name in the same parent, never a root
+        # or a directory holding other runs (check_own_directory ran in plan_run)
+        own = (run_dir / RUN_FILE).exists() or saved_identity(run_dir) is not None
+        if plan.move_aside.parent != run_dir.parent or not own:
+            raise SpecError(f"--out: refusing to move {run_dir} aside")
         with _old_run_stopped(run_dir):
             os.replace(run_dir, plan.move_aside)
         fsync_dir(run_dir.parent)
