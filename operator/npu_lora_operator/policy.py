@@ -64,6 +64,7 @@ from typing import Any
 
 from npu_lora.api import memory
 from npu_lora.api.memory import preset_estimate, recommended_limit
+
 from npu_lora_operator.messages import bounded, quote
 
 Body = dict[str, Any]
