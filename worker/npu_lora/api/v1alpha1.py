@@ -962,8 +962,19 @@ def spec_fields(
 def immutable_rule() -> dict[str, Any]:
     """The CEL transition rule on ``spec``: the :attr:`OnUpdate.IMMUTABLE` fields never change."""
     names = spec_fields(OnUpdate.IMMUTABLE)
+    optional = {
+        info.alias or name
+        for name, info in MoEFinetuneSpec.model_fields.items()
+        if info.default is None and info.default_factory is None
+    }
+
+    def same(n: str) -> str:
+        if n not in optional:  # defaulted by the schema: always present
+            return f"self.{n} == oldSelf.{n}"
+        return f"has(self.{n}) == has(oldSelf.{n}) && (!has(self.{n}) || self.{n} == oldSelf.{n})"
+
     return cel(
-        " && ".join(f"self.{n} == oldSelf.{n}" for n in names),
+        " && ".join(same(n) for n in names),
         f"{', '.join(names[:-1])} and {names[-1]} are immutable once created",
     )
 
@@ -1017,7 +1028,9 @@ class Condition(_Model):
 
 class Progress(_Model):
     step: int = Field(0, description="Last completed optimizer step.")
-    total_steps: int = Field(0, description="training.steps.")
+    total_steps: int = Field(
+        0, description="Steps of the run (training.steps, or from training.epochs)."
+    )
     percent: float = Field(0.0, description="100 * step / totalSteps.")
     eta_seconds: float | None = Field(None, description="Estimated seconds to the end.")
     last_update_time: str | None = Field(None, description="When the worker last reported.")
@@ -1089,6 +1102,29 @@ class CheckpointStatus(_Model):
     step: int = Field(..., description="Step of the last checkpoint.")
     path: str = Field(..., description="Checkpoint directory.")
     time: str = Field(..., description="When it was written (RFC 3339).")
+
+
+class EvalBest(_Model):
+    step: int = Field(..., description="Step of the lowest eval loss so far (adapter-best/).")
+    loss: float = Field(..., description="That eval loss.")
+
+
+class EvalStatus(_Model):
+    """The last held-out evaluation (worker; spec.eval)."""
+
+    step: int = Field(..., description="Step after which it ran.")
+    loss: float | None = Field(None, description="Mean NLL per label token of the eval rows.")
+    perplexity: float | None = Field(None, description="exp(loss).")
+    accuracy: float | None = Field(
+        None,
+        description=(
+            "Classification data only: share of rows whose gold answer has the highest "
+            "log-likelihood among the candidate answers."
+        ),
+    )
+    examples: int | None = Field(None, description="Rows scored.")
+    seconds: float | None = Field(None, description="Wall seconds of the evaluation.")
+    best: EvalBest | None = Field(None, description="The lowest eval loss so far.")
 
 
 class DistributedStatus(_Model):
@@ -1201,6 +1237,9 @@ class MoEFinetuneStatus(_Model):
     )
     benchmark: BenchmarkStatus | None = Field(
         None, description="Benchmark progress and results (worker; spec.benchmark)."
+    )
+    eval: EvalStatus | None = Field(
+        None, description="The last held-out evaluation and the best so far (worker; spec.eval)."
     )
 
 

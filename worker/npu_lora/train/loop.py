@@ -388,6 +388,8 @@ class Trainer:
             self._restore_scheduler(sched_state, done)
             if self.evaluator is not None:
                 self.evaluator.load_state(state.get("eval"))
+                if self.evaluator.last:
+                    ctx.extra["eval"] = {**self.evaluator.last, "best": self.evaluator.best}
             ctx.resumed_from = done
             ctx.checkpoint_step = done
             self.hot_info = state.get("hot")
