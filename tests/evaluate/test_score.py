@@ -134,3 +134,43 @@ def test_text_rows_give_loss_only_and_padding_rows_do_not_count(tiny):
     res = evaluate(eng, es, batch_size=2)
     assert res.accuracy is None and res.examples == 5 and res.tokens == int(c5.sum())
     assert res.loss == pytest.approx(float(s5.sum()) / int(c5.sum()), rel=1e-5)
+
+
+class _BiasedOracle:
+    """NLL 1.0 per label token; the positive answer costs +0.4 a token (a class prior that the
+    total log-likelihood cannot overcome) and -0.3 a token when the document has a "g"."""
+
+    def __init__(self, pos_token: int, g_token: int) -> None:
+        self.pos, self.g = pos_token, g_token
+
+    def token_nll(self, batch):
+        labels, ids = batch["labels"], batch["input_ids"]
+        out = torch.zeros(labels.shape)
+        valid = labels != -100
+        valid[:, 0] = False
+        for b in range(labels.shape[0]):
+            per = 1.0
+            if any(int(t) == self.pos for t in labels[b][valid[b]]):
+                per += 0.4 - (0.3 if (ids[b] == self.g).any() else 0.0)
+            out[b][valid[b]] = per
+        return out
+
+
+def test_calibrated_accuracy_removes_the_answer_prior_of_total_log_likelihood():
+    tok = byte_level_tokenizer()
+    rows = [
+        Example("classify", "good movie" if i % 3 == 0 else "bad movie", label=int(i % 3 == 0))
+        for i in range(9)
+    ]
+    pos = tok.encode(" 긍정", add_special_tokens=False)[1]
+    g = tok.encode("g", add_special_tokens=False)[0]
+    scorer = _BiasedOracle(pos, g)
+    plain = evaluate(scorer, build_eval_set(rows, tok, 48), batch_size=4)
+    assert plain.accuracy == pytest.approx(6 / 9) and not plain.calibrated  # always " 부정"
+    es = build_eval_set(rows, tok, 48, calibrate=True)
+    assert es.calibrated and es.null_input_ids.shape[0] == 2
+    res = evaluate(scorer, es, batch_size=4)
+    assert res.calibrated and res.accuracy == 1.0 and res.accuracy_total == pytest.approx(6 / 9)
+    assert res.loss == pytest.approx(plain.loss)  # calibration changes predictions only
+    rs = score_rows(scorer, es, batch_size=4)
+    assert rs.null_nll is not None and len(rs.null_nll) == 2

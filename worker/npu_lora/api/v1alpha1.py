@@ -579,6 +579,15 @@ class EvalSpec(_Model):
         le=4096,
         description="Sequences per eval forward (default: training.batchSize, the same shapes).",
     )
+    calibrate: bool = Field(
+        False,
+        description=(
+            "Classification accuracy from calibrated log-likelihoods: each answer's "
+            "log-likelihood after the prompt minus after the same prompt with an empty document "
+            "(removes the bias of answer length and class prior that dominates a weak model). "
+            "Default: the total log-likelihood."
+        ),
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> EvalSpec:
@@ -1119,8 +1128,11 @@ class EvalStatus(_Model):
         None,
         description=(
             "Classification data only: share of rows whose gold answer has the highest "
-            "log-likelihood among the candidate answers."
+            "log-likelihood among the candidate answers (calibrated with eval.calibrate)."
         ),
+    )
+    accuracy_total: float | None = Field(
+        None, description="With eval.calibrate: the uncalibrated (total log-likelihood) accuracy."
     )
     examples: int | None = Field(None, description="Rows scored.")
     seconds: float | None = Field(None, description="Wall seconds of the evaluation.")

@@ -36,6 +36,8 @@ RECORD_KEYS = (
     "examples",
     "tokens",
     "labels",
+    "calibrated",
+    "accuracy_total",
     "seconds",
     "best",
     "time",
@@ -88,7 +90,13 @@ def prepare_eval(spec: MoEFinetuneSpec, tok: Any) -> EvalSet | None:
     rows = load_eval_examples(spec)
     if not rows:
         raise DataError("spec.eval: no evaluation examples")
-    return build_eval_set(rows, tok, spec.training.seq_len, template=spec.data.template)
+    return build_eval_set(
+        rows,
+        tok,
+        spec.training.seq_len,
+        template=spec.data.template,
+        calibrate=spec.eval.calibrate,
+    )
 
 
 class HeldOutEval:

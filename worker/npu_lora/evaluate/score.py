@@ -12,6 +12,12 @@ causal LM / an object with ``.model``, for stand-ins and the stock comparison).
   training does); the prediction is the candidate with the highest total log-likelihood
   (argmax; ties: the first), compared with the gold answer. With candidates, the loss is the
   gold candidate's rows' (the same sequences as the plain rows).
+- **calibrated accuracy** (``calibrate=True``): the same argmax over ``LL(answer | prompt) -
+  LL(answer | content-free prompt)``, the content-free prompt being the row's prompt with an
+  empty document (contextual calibration, Zhao et al. 2021, "Calibrate before use"). It removes
+  the bias of the answers' lengths in tokens and of the class prior, which dominates the total
+  log-likelihood of a weak model (e.g. NSMC's " 긍정" is 3 Qwen3 tokens, " 부정" 2). Costs ``C``
+  extra rows per evaluation.
 
 Batches have a fixed size (static device shapes): the last one is padded with rows that carry
 no label. Usage::
@@ -111,6 +117,14 @@ class EvalSet:
     cand_attention_mask: torch.Tensor | None = None
     cand_labels: torch.Tensor | None = None
     gold: list[int] = field(default_factory=list)
+    #: calibration (``calibrate=True``): the ``C`` content-free rows, one per candidate
+    null_input_ids: torch.Tensor | None = None
+    null_attention_mask: torch.Tensor | None = None
+    null_labels: torch.Tensor | None = None
+
+    @property
+    def calibrated(self) -> bool:
+        return self.null_input_ids is not None
 
     def __len__(self) -> int:
         return len(self.examples)
@@ -170,15 +184,17 @@ def build_eval_set(
     template: str | None = None,
     max_labels: int = MAX_LABELS,
     classify: bool = True,
+    calibrate: bool = False,
 ) -> EvalSet:
-    """Tokenise ``examples`` for :func:`evaluate` (``classify=False``: loss only)."""
+    """Tokenise ``examples`` for :func:`evaluate` (``classify=False``: loss only;
+    ``calibrate``: classification predictions from calibrated log-likelihoods)."""
     cand = candidate_answers(examples, max_labels) if classify else None
     if cand is None:
         ds = _tokenize(examples, tok, seq_len, template)
         return EvalSet(examples, ds.input_ids, ds.attention_mask, ds.labels)
     answers, gold, cand_examples = cand
     ds = _tokenize(cand_examples, tok, seq_len, template)
-    return EvalSet(
+    es = EvalSet(
         examples,
         candidates=answers,
         cand_input_ids=ds.input_ids,
@@ -186,6 +202,17 @@ def build_eval_set(
         cand_labels=ds.labels,
         gold=gold,
     )
+    if calibrate:
+        C = len(answers)
+        null = _tokenize(
+            [Example(e.kind, "", e.label, e.completion, "content-free") for e in cand_examples[:C]],
+            tok,
+            seq_len,
+            template,
+        )
+        es.null_input_ids, es.null_attention_mask = null.input_ids, null.attention_mask
+        es.null_labels = null.labels
+    return es
 
 
 # ---------------------------------------------------------------------------------------------
@@ -231,7 +258,9 @@ def sequence_nll(
 class RowScores:
     """Per-row results: ``nll`` (summed NLL of the row's label tokens), ``tokens`` (their
     count); classification: ``cand_nll [N][C]`` (each candidate's summed NLL), ``pred`` and
-    ``gold`` (indices into ``candidates``)."""
+    ``gold`` (indices into ``candidates``); calibrated: ``null_nll [C]`` (each candidate's
+    summed NLL after the content-free prompt) and ``pred`` from ``cand_nll - null_nll``,
+    ``pred_total`` from ``cand_nll`` alone (without calibration ``pred_total == pred``)."""
 
     nll: list[float]
     tokens: list[int]
@@ -239,6 +268,8 @@ class RowScores:
     cand_nll: list[list[float]] | None = None
     pred: list[int] | None = None
     gold: list[int] | None = None
+    null_nll: list[float] | None = None
+    pred_total: list[int] | None = None
 
     def row_loss(self, i: int) -> float:
         """Token-mean NLL of row ``i``."""
@@ -277,7 +308,19 @@ def score_rows(
         on_batch=on_batch,
     )
     s2, c2 = s.view(-1, C), c.view(-1, C)
-    pred = [int(i) for i in s2.argmin(1).tolist()]  # lowest NLL = highest log-likelihood
+    pred_total = [int(i) for i in s2.argmin(1).tolist()]  # lowest NLL = highest likelihood
+    pred, null_nll = pred_total, None
+    if es.calibrated:
+        assert es.null_attention_mask is not None and es.null_labels is not None
+        null, _ = sequence_nll(
+            engine,
+            es.null_input_ids,
+            es.null_attention_mask,
+            es.null_labels,
+            batch_size=batch_size,
+        )
+        null_nll = null.tolist()
+        pred = [int(i) for i in (s2 - null[None, :]).argmin(1).tolist()]
     g = list(es.gold)
     rows = range(len(g))
     return RowScores(
@@ -287,14 +330,18 @@ def score_rows(
         cand_nll=s2.tolist(),
         pred=pred,
         gold=g,
+        null_nll=null_nll,
+        pred_total=pred_total,
     )
 
 
 @dataclass
 class EvalResult:
     """One evaluation: ``loss`` (token mean), ``perplexity`` (``exp(loss)``; None on overflow),
-    ``accuracy`` (classification only, else None), ``examples``, ``tokens`` (label tokens
-    scored), ``seconds`` (wall), ``labels`` (number of candidate answers, 0 without)."""
+    ``accuracy`` (classification only, else None; calibrated when the set is),
+    ``examples``, ``tokens`` (label tokens scored), ``seconds`` (wall), ``labels`` (number of
+    candidate answers, 0 without), ``calibrated`` (``accuracy`` is the calibrated one; then
+    ``accuracy_total`` is the uncalibrated total log-likelihood's)."""
 
     loss: float
     perplexity: float | None
@@ -303,6 +350,8 @@ class EvalResult:
     tokens: int
     seconds: float
     labels: int = 0
+    calibrated: bool = False
+    accuracy_total: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -313,6 +362,8 @@ class EvalResult:
             "tokens": self.tokens,
             "seconds": self.seconds,
             "labels": self.labels,
+            "calibrated": self.calibrated,
+            "accuracy_total": self.accuracy_total,
         }
 
 
@@ -328,9 +379,13 @@ def summarize(rows: RowScores, seconds: float = 0.0) -> EvalResult:
     """The aggregate of :func:`score_rows`'s output."""
     tokens = int(sum(rows.tokens))
     loss = float(sum(rows.nll)) / max(tokens, 1)
-    acc = None
-    if rows.pred is not None and rows.gold is not None and rows.gold:
-        acc = sum(int(p == g) for p, g in zip(rows.pred, rows.gold, strict=True)) / len(rows.gold)
+
+    def share(pred: list[int] | None) -> float | None:
+        if pred is None or not rows.gold:
+            return None
+        return sum(int(p == g) for p, g in zip(pred, rows.gold, strict=True)) / len(rows.gold)
+
+    acc = share(rows.pred)
     return EvalResult(
         loss=loss,
         perplexity=perplexity(loss),
@@ -339,6 +394,8 @@ def summarize(rows: RowScores, seconds: float = 0.0) -> EvalResult:
         tokens=tokens,
         seconds=seconds,
         labels=len(rows.candidates or []),
+        calibrated=rows.null_nll is not None,
+        accuracy_total=share(rows.pred_total),
     )
 
 

@@ -445,10 +445,16 @@ class StatusReporter(TrainCallback):
 
     def _set_eval(self, record: dict[str, Any], best: dict[str, Any] | None) -> None:
         out: dict[str, Any] = {"step": int(record["step"])}
-        for key in ("loss", "perplexity", "accuracy", "seconds"):
+        for key, dst in (
+            ("loss", "loss"),
+            ("perplexity", "perplexity"),
+            ("accuracy", "accuracy"),
+            ("accuracy_total", "accuracyTotal"),
+            ("seconds", "seconds"),
+        ):
             v = _sig(record.get(key), 5)
-            if v is not None:
-                out[key] = v
+            if v is not None and (key != "accuracy_total" or record.get("calibrated")):
+                out[dst] = v
         if record.get("examples") is not None:
             out["examples"] = int(record["examples"])
         if isinstance(best, dict) and _sig(best.get("loss"), 5) is not None:
