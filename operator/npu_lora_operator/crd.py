@@ -92,8 +92,18 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     _column(
         "Hot", "integer", ".status.hot.experts", "Hot experts on the device, all layers together."
     ),
+    _column("Eval", "number", ".status.eval.loss", "Last held-out eval loss (spec.eval)."),
     _column("Age", "date", ".metadata.creationTimestamp", "Time since the run was created."),
-    _column("Total", "integer", ".status.progress.totalSteps", "Steps to run (training.steps).", 1),
+    _column(
+        "Total",
+        "integer",
+        ".status.progress.totalSteps",
+        "Steps to run (training.steps, or from training.epochs).",
+        1,
+    ),
+    _column(
+        "Acc", "number", ".status.eval.accuracy", "Last held-out accuracy (classification).", 1
+    ),
     _column("ETA", "number", ".status.progress.etaSeconds", "Estimated seconds to the end.", 1),
     _column("Node", "string", ".status.nodeName", "Node of the current or last worker pod.", 1),
     *record.printer_columns(priority=1),

@@ -17,7 +17,7 @@ def test_every_spec_field_has_exactly_one_update_tag() -> None:
 
 def test_consumers_read_the_tags() -> None:
     immutable = api.spec_fields(api.OnUpdate.IMMUTABLE)
-    assert immutable == ("model", "data", "lora", "moe", "training")
+    assert immutable == ("model", "data", "lora", "moe", "training", "eval")
     assert immutable == rundir.TRAINING_FIELDS
     spec = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     transition = [v for v in spec["x-kubernetes-validations"] if "oldSelf" in v["rule"]]

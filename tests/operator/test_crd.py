@@ -83,10 +83,12 @@ def test_printer_columns() -> None:
         "HOST-FWD",
         "HOST-BWD",
         "HOT",
+        "EVAL",
         "AGE",
     ]
     assert wide == [
         "TOTAL",
+        "ACC",
         "ETA",
         "NODE",
         "CALLS/LAYER",
@@ -109,6 +111,8 @@ def test_printer_columns() -> None:
     assert by_name["AGE"] == {**by_name["AGE"], "type": "date"}
     assert by_name["CALLS/LAYER"]["jsonPath"] == ".status.lastStep.deviceCallsPerLayer"
     assert by_name["NODE"]["jsonPath"] == ".status.nodeName"
+    assert by_name["EVAL"]["jsonPath"] == ".status.eval.loss"
+    assert by_name["ACC"]["jsonPath"] == ".status.eval.accuracy"
     # every column points at a field of the schema
     schema = openapi_schema()
     for c in cols:
@@ -406,3 +410,58 @@ def test_good_formats_pass_both(path: str, value: Any) -> None:
     _, errors = _admit(obj)
     assert errors == []
     assert _pydantic_ok(obj)
+
+
+@pytest.mark.parametrize(
+    ("training", "moe", "eval_", "ok"),
+    [
+        ({"epochs": 2}, {"placement": "hot", "warmupSteps": 4}, None, True),
+        ({"epochs": 2, "steps": 10}, {}, None, False),  # exactly one of steps, epochs
+        ({"warmupRatio": 0.1, "warmupSteps": 2, "steps": 10}, {}, None, False),
+        ({"scheduler": "cosine", "warmupRatio": 0.1, "steps": 10}, {}, None, True),
+        ({"scheduler": "exponential", "steps": 10}, {}, None, False),
+        ({}, {"placement": "hot", "warmupSteps": 50}, None, True),  # default: 100 steps
+        ({}, {"placement": "hot", "warmupSteps": 100}, None, False),
+        ({"steps": 10}, {}, {"path": "test.tsv", "everySteps": 5}, True),
+        ({"steps": 10}, {}, {"fraction": 0.1}, True),
+        ({"steps": 10}, {}, {"fraction": 0.1, "path": "t.tsv"}, False),
+        ({"steps": 10}, {}, {"everySteps": 5}, False),
+        ({"steps": 10}, {}, {"fraction": 1.0}, False),
+    ],
+)
+def test_schedule_and_eval_rules_agree_with_pydantic(training, moe, eval_, ok) -> None:
+    """training.steps|epochs, warmupRatio|warmupSteps, eval.path|fraction: CEL == pydantic."""
+    from npu_lora.api.v1alpha1 import MoEFinetuneSpec
+    from pydantic import ValidationError
+
+    obj = _example()
+    obj["spec"]["training"] = {
+        k: v for k, v in obj["spec"]["training"].items() if k not in ("steps", "epochs")
+    }
+    obj["spec"]["training"].update(training)
+    obj["spec"]["moe"] = {"placement": "host-only", **moe}
+    if eval_ is not None:
+        obj["spec"]["eval"] = eval_
+    obj["spec"].pop("benchmark", None)
+    _, errors = _admit(obj)
+    assert (errors == []) is ok, errors
+    try:
+        MoEFinetuneSpec.model_validate(obj["spec"])
+        valid = True
+    except ValidationError:
+        valid = False
+    assert valid is ok
+
+
+def test_eval_is_immutable_whether_added_changed_or_removed() -> None:
+    old = _example()
+    old["spec"].pop("eval", None)
+    with_eval = copy.deepcopy(old)
+    with_eval["spec"]["eval"] = {"fraction": 0.1}
+    assert _admit(with_eval)[1] == []
+    assert any("immutable" in e for e in _admit(with_eval, old)[1])  # added
+    assert any("immutable" in e for e in _admit(old, with_eval)[1])  # removed
+    changed = copy.deepcopy(with_eval)
+    changed["spec"]["eval"]["fraction"] = 0.2
+    assert any("immutable" in e for e in _admit(changed, with_eval)[1])
+    assert _admit(copy.deepcopy(with_eval), with_eval)[1] == []

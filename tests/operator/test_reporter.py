@@ -343,3 +343,40 @@ def test_host_choice_with_warning_is_reported_at_start() -> None:
     assert host["dtype"] == "bfloat16" and host["warning"] == choice.warning
     HostStatus.model_validate(host)  # the CRD's schema accepts it
     assert set(api.ok[-1]["status"]) <= set(WORKER_KEYS)
+
+
+def test_eval_is_reported_at_once_with_the_best_and_validates_against_the_model() -> None:
+    from npu_lora.api.v1alpha1 import MoEFinetuneStatus
+
+    api = FakeApi()
+    rep = StatusReporter(
+        "r1", total_steps=10, every_steps=100, min_interval_seconds=1000, patch=api
+    )
+    rep.on_start(SimpleNamespace(total_steps=10, start_step=1, extra={}))
+    rep.on_step(record(4), None)
+    ev = {
+        "step": 4,
+        "loss": 0.6931234567,
+        "perplexity": 2.0000123,
+        "accuracy": 0.75,
+        "examples": 1000,
+        "tokens": 3000,
+        "seconds": 12.345678,
+        "best": True,
+    }
+    ctx = SimpleNamespace(extra={"eval": {**ev, "best": {"step": 2, "loss": 0.61}}})
+    rep.on_eval(ev, ctx)
+    assert rep.flush(5)
+    status = api.ok[-1]["status"]
+    assert status["eval"] == {
+        "step": 4,
+        "loss": 0.69312,
+        "perplexity": 2.0,
+        "accuracy": 0.75,
+        "seconds": 12.346,
+        "examples": 1000,
+        "best": {"step": 2, "loss": 0.61},
+    }
+    assert set(status) <= set(WORKER_KEYS)
+    MoEFinetuneStatus.model_validate(status)
+    rep.close(5)

@@ -81,3 +81,20 @@ def test_no_tensorboard_flag(tmp_path, standin):
         main(["run", str(cfg), "--out", str(out), "--quiet", "--no-plot", "--no-tensorboard"]) == 0
     )
     assert not list(out.glob("events.out.tfevents.*"))
+
+
+def test_eval_scalars_at_the_eval_steps(tmp_path, standin):
+    cfg = tiny_manifest(
+        tmp_path,
+        training={"steps": 4},
+        moe={"placement": "host-only"},
+        eval={"fraction": 0.05, "everySteps": 2, "maxExamples": 4},
+    )
+    out = tmp_path / "run"
+    assert main(["run", str(cfg), "--out", str(out), "--quiet", "--no-plot"]) == 0
+    acc = _load(out)
+    evals = [json.loads(x) for x in (out / "eval.jsonl").read_text().splitlines()]
+    for key in ("loss", "perplexity", "accuracy", "seconds"):
+        got = acc.Scalars(f"eval/{key}")
+        assert [e.step for e in got] == [2, 4]
+        assert [e.value for e in got] == pytest.approx([e[key] for e in evals], rel=1e-5)

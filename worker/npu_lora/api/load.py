@@ -62,6 +62,8 @@ MAX_SET_LENGTH = 512
 
 def parse_value(text: str) -> Any:
     """``--set`` value: YAML scalar/flow syntax (``3``, ``true``, ``[q_proj, v_proj]``, ``null``)."""
+    if text.strip() in ("null", "~", "Null", "NULL"):
+        return None
     try:
         docs = limits.load_yaml_documents(text)
     except limits.DuplicateKeyError as e:

@@ -289,6 +289,27 @@ def _perm(n: int, seed: int, salt: int) -> torch.Tensor:
     return torch.randperm(n, generator=g)
 
 
+#: the held-out split's shuffle salt (spec.eval.fraction)
+HELD_OUT_SALT = -2  # the held-out permutation (the data order uses salts >= 0, maxExamples -1)
+
+
+def split_held_out(
+    examples: list[Example], fraction: float, seed: int
+) -> tuple[list[Example], list[Example]]:
+    """``(train, held_out)``: ``round(fraction * N)`` (at least 1) examples of a seeded shuffle
+    held out; both keep the file order. Raises DataError when no training example is left."""
+    n = len(examples)
+    k = max(1, round(fraction * n))
+    if k >= n:
+        raise DataError(
+            f"spec.eval.fraction: {fraction} of {n} examples leaves none to train on "
+            "(use a smaller fraction or more data)"
+        )
+    held = set(_perm(n, seed, salt=HELD_OUT_SALT)[:k].tolist())
+    train = [e for i, e in enumerate(examples) if i not in held]
+    return train, [e for i, e in enumerate(examples) if i in held]
+
+
 def select_examples(examples: list[Example], seed: int, max_examples: int | None) -> list[Example]:
     """``maxExamples``: the first ``max_examples`` of a seeded shuffle (all when None)."""
     if max_examples is None or max_examples >= len(examples):

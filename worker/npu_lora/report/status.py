@@ -3,11 +3,13 @@
 Added by ``npu-lora run`` when ``NPU_LORA_RESOURCE_NAME`` is set (the operator sets it, with
 ``NPU_LORA_RESOURCE_NAMESPACE``). The worker owns these keys of ``status`` and writes nothing
 else: ``progress``, ``lastStep``, ``stepSecondsMedian``, ``hot``, ``placement``, ``host``,
-``lastCheckpoint``, ``distributed``. (``placement``: the trial medians and the choice of
+``lastCheckpoint``, ``distributed``, ``eval``. (``placement``: the trial medians and the choice of
 ``moe.placement: auto``; ``host``: the resolved host dtype and experts kernel, with ``warning``
 for a choice known to be slow on the CPU; both are fields of the worker's, not conditions,
 because ``conditions`` belong to the operator and a merge patch replaces the whole list.
-``distributed``: world size, per-rank compute seconds, the slowest rank's skew; rank 0 reports.)
+``distributed``: world size, per-rank compute seconds, the slowest rank's skew; rank 0 reports.
+``eval``: spec.eval's last evaluation (step, loss, perplexity, accuracy, examples, seconds) and
+``best`` {step, loss}, reported at once after each evaluation.)
 
 - API access: the in-cluster service account (the operator's per-run Role allows exactly
   ``get``/``patch`` on this run's ``moefinetunes/status``), or ``$KUBECONFIG`` outside a pod.
@@ -60,6 +62,7 @@ WORKER_KEYS = (
     "host",
     "lastCheckpoint",
     "distributed",
+    "eval",
 )
 
 
@@ -376,6 +379,9 @@ class StatusReporter(TrainCallback):
         host = (getattr(ctx, "extra", None) or {}).get("host")
         if host:
             self._state["host"] = host
+        ev = (getattr(ctx, "extra", None) or {}).get("eval")
+        if ev:  # resumed: the evaluation of the checkpoint's state
+            self._set_eval(ev, ev.get("best"))
         self._submit()
 
     def on_step(self, record: dict[str, Any], ctx: Any) -> None:
@@ -431,6 +437,30 @@ class StatusReporter(TrainCallback):
             if v is not None:
                 out[dst] = v
         self._state["placement"] = out
+
+    def on_eval(self, record: dict[str, Any], ctx: Any) -> None:
+        """``status.eval`` (spec.eval): the last evaluation and the best eval loss so far."""
+        self._set_eval(record, getattr(ctx, "extra", {}).get("eval", {}).get("best"))
+        self._submit()
+
+    def _set_eval(self, record: dict[str, Any], best: dict[str, Any] | None) -> None:
+        out: dict[str, Any] = {"step": int(record["step"])}
+        for key, dst in (
+            ("loss", "loss"),
+            ("perplexity", "perplexity"),
+            ("accuracy", "accuracy"),
+            ("accuracy_total", "accuracyTotal"),
+            ("seconds", "seconds"),
+        ):
+            v = _sig(record.get(key), 5)
+            if v is not None and (key != "accuracy_total" or record.get("calibrated")):
+                out[dst] = v
+        if record.get("examples") is not None:
+            out["examples"] = int(record["examples"])
+        if isinstance(best, dict) and _sig(best.get("loss"), 5) is not None:
+            out["best"] = {"step": int(best["step"]), "loss": _sig(best["loss"], 5)}
+        self._state["eval"] = out
+        self._dirty = True
 
     def on_checkpoint(self, step: int, path: str, ctx: Any) -> None:
         self._state["lastCheckpoint"] = {"step": int(step), "path": str(path), "time": now_iso()}

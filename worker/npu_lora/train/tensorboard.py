@@ -110,6 +110,17 @@ class TensorBoardLogger(TrainCallback):
         for tag, value in scalars(record).items():
             self.writer.add_scalar(tag, value, step)
 
+    def on_eval(self, record: dict[str, Any], ctx: RunContext) -> None:
+        """``eval/loss``, ``eval/perplexity``, ``eval/accuracy`` (classification), ``eval/seconds``
+        at the evaluation's step (spec.eval)."""
+        if self.writer is None:
+            return
+        step = int(record["step"])
+        for key in ("loss", "perplexity", "accuracy", "seconds"):
+            v = record.get(key)
+            if isinstance(v, int | float) and math.isfinite(v):
+                self.writer.add_scalar(f"eval/{key}", float(v), step)
+
     def on_hot_selected(self, info: dict[str, Any], ctx: RunContext) -> None:
         if self.writer is None:
             return
