@@ -143,7 +143,10 @@ def _assert_rejected(tmp_path, code, err, out, *needles):
         (["--set", "training.seqLen=16"], ["spec.training.seqLen: 16 is too short"]),
         (["--steps", "0"], ["--steps"]),
         (["--set", "model={path: /nonexistent/model}"], ["spec.model.path: no such directory"]),
-        (["--set", "device.backend=furiosa"], ["spec.device.backend: 'furiosa' is not available"]),
+        (
+            ["--set", "device.backend=furiosa", "--set", "device.cards=1"],
+            ["spec.device.backend: 'furiosa' is not available"],
+        ),
     ],
 )
 def test_invalid_input_exits_2_and_writes_nothing(tmp_path, capsys, extra, needles):
