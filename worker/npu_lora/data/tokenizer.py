@@ -121,3 +121,35 @@ def load_tokenizer(model: ModelSpec) -> Any:
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
+
+
+#: End of a turn in the ChatML fallback (a stop string for generation: with the byte-level
+#: tokenizer it is plain text, not a special token).
+CHATML_END = "<|im_end|>"
+
+#: The ChatML fallback template for tokenizers without one (the byte-level preset tokenizer):
+#: ``<|im_start|>{role}\n{content}<|im_end|>\n`` per message, ``<|im_start|>assistant\n`` as
+#: the generation prompt. Assistant content and its ``<|im_end|>`` are inside
+#: ``{% generation %}`` so ``apply_chat_template(..., return_assistant_tokens_mask=True)``
+#: marks them (loss on assistant turns only). The same layout as Qwen's own template without
+#: tools or thinking.
+CHATML_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
+    "{%- if message['role'] == 'assistant' %}"
+    "{% generation %}{{- message['content'] + '<|im_end|>' }}{% endgeneration %}"
+    "{%- else %}{{- message['content'] + '<|im_end|>' }}{%- endif %}"
+    "{{- '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def ensure_chat_template(tok: Any) -> bool:
+    """Give ``tok`` the ChatML fallback (:data:`CHATML_TEMPLATE`) when it has no chat template
+    of its own; returns True when the fallback was installed. The one place both training
+    (``format: chat``) and ``npu-lora chat``/``export`` get a template from."""
+    if getattr(tok, "chat_template", None):
+        return False
+    tok.chat_template = CHATML_TEMPLATE
+    return True
