@@ -57,6 +57,8 @@ def format_validation_error(err: ValidationError, prefix: str = "spec") -> str:
 
 def parse_value(text: str) -> Any:
     """``--set`` value: YAML scalar/flow syntax (``3``, ``true``, ``[q_proj, v_proj]``, ``null``)."""
+    if text.strip() in ("null", "~", "Null", "NULL"):
+        return None
     try:
         docs = limits.load_yaml_documents(text)
     except (yaml.YAMLError, limits.ManifestLimitError):

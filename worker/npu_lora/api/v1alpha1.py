@@ -16,6 +16,7 @@ Rules for this file (the CRD generator and the docs test depend on them):
 
 from __future__ import annotations
 
+import math
 import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -40,6 +41,8 @@ KIND = "MoEFinetune"
 PLURAL = "moefinetunes"
 SINGULAR = "moefinetune"
 SHORT_NAME = "mft"
+#: ``training.steps`` when neither ``steps`` nor ``epochs`` is set.
+DEFAULT_STEPS = 100
 
 #: Exit code of the worker for an invalid configuration or input (not retried: the Job's
 #: podFailurePolicy fails the Job at once).
@@ -424,7 +427,46 @@ class MoESpec(_Model):
 class TrainingSpec(_Model):
     """The optimisation loop."""
 
-    steps: int = Field(100, ge=1, le=10_000_000, description="Optimizer steps to run.")
+    steps: int | None = Field(
+        None,
+        ge=1,
+        le=10_000_000,
+        description=(
+            "Optimizer steps to run. Exclusive with `epochs`; when neither is set, 100 steps."
+        ),
+    )
+    epochs: float | None = Field(
+        None,
+        gt=0,
+        le=100_000,
+        description=(
+            "Passes over the training data instead of `steps`: steps = ceil(epochs × examples / "
+            "(batchSize × gradAccumulation × ranks)), computed when the data is read (held-out "
+            "`eval.fraction` rows excluded). Exclusive with `steps`."
+        ),
+    )
+    scheduler: Literal["constant", "linear", "cosine"] = Field(
+        "constant",
+        description=(
+            "Learning-rate schedule after the warm-up (transformers' scheduler functions): "
+            "`constant`, `linear` decay to 0, or `cosine` decay to 0 at the last step."
+        ),
+    )
+    warmup_ratio: float | None = Field(
+        None,
+        ge=0.0,
+        lt=1.0,
+        description=(
+            "Linear learning-rate warm-up over this fraction of the steps (rounded up). "
+            "Exclusive with `warmupSteps`; default: no warm-up."
+        ),
+    )
+    warmup_steps: int | None = Field(
+        None,
+        ge=0,
+        le=10_000_000,
+        description="Linear learning-rate warm-up over this many steps. Exclusive with `warmupRatio`.",
+    )
     seq_len: int = Field(
         128, ge=8, le=32768, description="Fixed sequence length (static shapes; pad/truncate)."
     )
@@ -438,6 +480,119 @@ class TrainingSpec(_Model):
         1.0, gt=0.0, description="Clip the global gradient norm to this value (null: no clipping)."
     )
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed for init, data order and dropout.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_steps(cls, data: Any) -> Any:
+        """``steps: 100`` when neither ``steps`` nor ``epochs`` is given (no schema default: the
+        apiserver would fill it in next to ``epochs``)."""
+        if isinstance(data, dict) and all(data.get(k) is None for k in ("steps", "epochs")):
+            return {**data, "steps": DEFAULT_STEPS}
+        return data
+
+    @field_validator("epochs")
+    @classmethod
+    def _steps_or_epochs(cls, v: float | None, info: Any) -> float | None:
+        if v is not None and info.data.get("steps") is not None:
+            raise ValueError(
+                f"exclusive with training.steps (got steps {info.data['steps']} and epochs {v}): "
+                "set exactly one"
+            )
+        return v
+
+    @field_validator("warmup_steps")
+    @classmethod
+    def _warmup_one_way(cls, v: int | None, info: Any) -> int | None:
+        if v is not None and info.data.get("warmup_ratio") is not None:
+            raise ValueError(
+                f"exclusive with training.warmupRatio (got warmupRatio {info.data['warmup_ratio']} "
+                f"and warmupSteps {v}): set at most one"
+            )
+        return v
+
+    def total_steps(self, examples: int, world: int = 1) -> int:
+        """Optimizer steps of the run: ``steps``, or ``epochs`` over ``examples`` training rows."""
+        if self.steps is not None:
+            return self.steps
+        per_step = self.batch_size * self.grad_accumulation * max(world, 1)
+        return max(1, math.ceil(float(self.epochs or 1) * examples / per_step - 1e-9))
+
+    def warmup_for(self, total: int) -> int:
+        """Warm-up steps of a run of ``total`` steps."""
+        if self.warmup_steps is not None:
+            return min(self.warmup_steps, total)
+        if self.warmup_ratio is not None:
+            return min(math.ceil(self.warmup_ratio * total), total)
+        return 0
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!(has(self.steps) && has(self.epochs))",
+                    "set exactly one of steps or epochs",
+                    field_path=".epochs",
+                ),
+                cel(
+                    "!(has(self.warmupRatio) && has(self.warmupSteps))",
+                    "set at most one of warmupRatio or warmupSteps",
+                    field_path=".warmupSteps",
+                ),
+            ]
+        }
+    )
+
+
+class EvalSpec(_Model):
+    """Held-out evaluation: a file, or a seeded fraction of the training data."""
+
+    path: str | None = Field(
+        None,
+        min_length=1,
+        description=(
+            "Evaluation data file, read like `data.path`: same format, template and reader, on "
+            "the data volume when `data.volume` is set. Exclusive with `fraction`."
+        ),
+    )
+    fraction: float | None = Field(
+        None,
+        gt=0.0,
+        lt=1.0,
+        description=(
+            "Hold out this fraction of the training examples (a seeded shuffle, "
+            "`training.seed`): scored, never trained on. Exclusive with `path`."
+        ),
+    )
+    every_steps: int | None = Field(
+        None,
+        ge=1,
+        description="Evaluate every N optimizer steps (and always after the last step).",
+    )
+    max_examples: int | None = Field(
+        None,
+        ge=1,
+        description="Score at most this many examples (after shuffling with the seed).",
+    )
+    batch_size: int | None = Field(
+        None,
+        ge=1,
+        le=4096,
+        description="Sequences per eval forward (default: training.batchSize, the same shapes).",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EvalSpec:
+        if (self.path is None) == (self.fraction is None):
+            raise ValueError("set exactly one of eval.path or eval.fraction")
+        return self
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel("has(self.path) != has(self.fraction)", "set exactly one of path or fraction"),
+            ]
+        }
+    )
 
 
 class DeviceSpec(_Model):
@@ -689,6 +844,13 @@ class MoEFinetuneSpec(_Model):
     training: Annotated[TrainingSpec, OnUpdate.IMMUTABLE] = Field(
         default_factory=TrainingSpec, description="The loop."
     )
+    eval: Annotated[EvalSpec | None, OnUpdate.IMMUTABLE] = Field(
+        None,
+        description=(
+            "Held-out evaluation (loss, perplexity; accuracy for classification data) every "
+            "`everySteps` and at the end: status.eval, metrics.jsonl, summary.json, adapter-best/."
+        ),
+    )
     device: Annotated[DeviceSpec, OnUpdate.NEW_RUN] = Field(
         default_factory=DeviceSpec, description="The accelerator."
     )
@@ -756,6 +918,7 @@ class MoEFinetuneSpec(_Model):
         if (
             self.benchmark is None
             and self.moe.placement != "host-only"
+            and self.training.steps is not None
             and self.moe.warmup_steps >= self.training.steps
         ):
             raise ValueError(
@@ -809,7 +972,9 @@ def _spec_schema_extra(schema: dict[str, Any]) -> None:
     schema["x-kubernetes-validations"] = [
         cel(
             "has(self.benchmark) || self.moe.placement == 'host-only' "
-            "|| self.moe.warmupSteps < self.training.steps",
+            "|| has(self.training.epochs) "
+            f"|| self.moe.warmupSteps < (has(self.training.steps) ? self.training.steps : "
+            f"{DEFAULT_STEPS})",
             "moe.warmupSteps must be less than training.steps with placement hot or auto",
             field_path=".moe.warmupSteps",
         ),

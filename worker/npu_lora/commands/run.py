@@ -136,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
         if args.steps < 1:
             return _fail(f"--steps: must be at least 1 (got {args.steps})", EXIT_CONFIG_ERROR)
         overrides.append(f"training.steps={args.steps}")
+        overrides.append("training.epochs=null")  # --steps replaces epochs
     if getattr(args, "ranks", None) is not None:
         if args.ranks < 1:
             return _fail(f"--ranks: must be at least 1 (got {args.ranks})", EXIT_CONFIG_ERROR)
@@ -163,7 +164,8 @@ def run(args: argparse.Namespace) -> int:
 
     spec = manifest.spec
     run_dir = resolve_out(args, manifest)
-    ctx = RunContext(manifest=manifest, run_dir=run_dir, total_steps=spec.training.steps)
+    # training.epochs: the steps are known once the data is read (_train)
+    ctx = RunContext(manifest=manifest, run_dir=run_dir, total_steps=spec.training.steps or 0)
     ctx.extra["rank_info"] = info
     callbacks = CallbackList([])
     if info.is_rank0:  # rank 0 alone reports (progress, TensorBoard, status)
@@ -230,7 +232,7 @@ def _remove_temporaries(run_dir: Path) -> None:
     import shutil
 
     pid = os.getpid()
-    for pattern in (f"checkpoint.tmp-{pid}", f".*.tmp-{pid}", ".adapter.tmp"):
+    for pattern in (f"checkpoint.tmp-{pid}", f".*.tmp-{pid}", ".adapter.tmp", ".adapter-best.tmp"):
         for p in run_dir.glob(pattern):
             if p.is_dir():
                 shutil.rmtree(p, ignore_errors=True)
@@ -287,6 +289,26 @@ def _check_world_size(plan: Any, world: int) -> None:
         )
 
 
+def total_steps(spec: Any, examples: int, world: int, plan: Any) -> int:
+    """The run's optimizer steps (``training.steps``, or ``epochs`` over ``examples``); checks
+    ``moe.warmupSteps`` and the checkpoint against it (SpecError)."""
+    t = spec.training
+    total = t.total_steps(examples, world)
+    field = "spec.training.steps" if t.epochs is None else "spec.training.epochs"
+    if spec.moe.placement != "host-only" and spec.moe.warmup_steps >= total:
+        raise SpecError(
+            f"{field}: the run has {total} steps, not more than moe.warmupSteps "
+            f"({spec.moe.warmup_steps}) with placement {spec.moe.placement}"
+        )
+    step = getattr(plan, "checkpoint_step", 0) or 0
+    if getattr(plan, "checkpoint", None) is not None and step > total:
+        raise SpecError(
+            f"{field}: the run has {total} steps, less than the step of the checkpoint "
+            f"({step}); use at least {step} steps"
+        )
+    return total
+
+
 def _train(args: argparse.Namespace, manifest: Any, ctx: Any, callbacks: Any) -> int:
     spec = manifest.spec
     info = ctx.extra["rank_info"]
@@ -308,6 +330,11 @@ def _train(args: argparse.Namespace, manifest: Any, ctx: Any, callbacks: Any) ->
 
     dataset, tok = prepare_data(spec)
     check_memory(spec, examples=len(dataset))
+    ctx.total_steps = total_steps(spec, len(dataset), info.world_size, plan)
+    from npu_lora.evaluate.heldout import HeldOutEval, prepare_eval
+
+    evalset = prepare_eval(spec, tok) if info.is_rank0 else None
+    evaluator = HeldOutEval(spec, evalset) if evalset is not None else None
 
     import torch
 
@@ -345,7 +372,14 @@ def _train(args: argparse.Namespace, manifest: Any, ctx: Any, callbacks: Any) ->
             file=sys.stderr,
         )
     trainer = Trainer(
-        ctx, engine, dataset, plan=plan, callbacks=callbacks, plot=not args.no_plot, dist=dp
+        ctx,
+        engine,
+        dataset,
+        plan=plan,
+        callbacks=callbacks,
+        plot=not args.no_plot,
+        dist=dp,
+        evaluator=evaluator,
     )
     result = None
     try:

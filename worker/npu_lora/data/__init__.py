@@ -70,8 +70,13 @@ def load_examples(spec: MoEFinetuneSpec) -> list[Example]:
 
 
 def prepare_data(spec: MoEFinetuneSpec, tok: Any | None = None) -> tuple[TokenizedDataset, Any]:
-    """Everything data-side of a run: ``(dataset, tokenizer)``; validates before any write."""
+    """Everything data-side of a run: ``(dataset, tokenizer)``; validates before any write.
+    ``spec.eval.fraction``: the held-out examples are left out (``npu_lora.evaluate``)."""
     examples = load_examples(spec)
+    if spec.eval is not None and spec.eval.fraction is not None:
+        from npu_lora.evaluate.heldout import split_held_out
+
+        examples, _ = split_held_out(examples, spec.eval.fraction, spec.training.seed)
     if spec.data.template is not None:
         from npu_lora.data.dataset import _split_template
 

@@ -320,7 +320,7 @@ class DeviceHead(nn.Module):
         moe_BSD: torch.Tensor,
         sel_BNS: torch.Tensor,
         labels_BN: torch.Tensor,
-        w_BN: torch.Tensor,
+        w_BN: torch.Tensor | None,
     ) -> torch.Tensor:
         lm = self.lm_head
         plain = type(lm) is nn.Linear and lm.bias is None and not lm.weight.requires_grad
@@ -331,6 +331,25 @@ class DeviceHead(nn.Module):
         z_BNV = (lm(hn_BND) if self.linear is None else self.linear(hn_BND, lm.weight)).float()
         picked_BN = head_label_logits(hn_BND, lm.weight, labels_BN)
         return cross_entropy_int32(z_BNV, labels_BN, w_BN, label_logits=picked_BN)
+
+
+class DeviceHeadNLL(nn.Module):
+    """``DeviceHead`` without the reduction (evaluation): ``ce_BN``, the cross-entropy of each
+    gathered label position (``-log p(label)``, fp32). Same weights, same kernels as training's
+    head; padded positions (``labels_BN`` 0, nothing selected) hold garbage the caller masks."""
+
+    def __init__(self, head: DeviceHead) -> None:
+        super().__init__()
+        self.head = head
+
+    def forward(
+        self,
+        h_BSD: torch.Tensor,
+        moe_BSD: torch.Tensor,
+        sel_BNS: torch.Tensor,
+        labels_BN: torch.Tensor,
+    ) -> torch.Tensor:
+        return self.head(h_BSD, moe_BSD, sel_BNS, labels_BN, None)
 
 
 class HotExpertsGathered(nn.Module):

@@ -34,6 +34,7 @@ from npu_lora.device.graphs import (
     DeviceAttentionBlock,
     DeviceEmbed,
     DeviceHead,
+    DeviceHeadNLL,
     causal_mask,
     label_gather,
     positions,
@@ -154,14 +155,15 @@ class HybridEngine:
             )
             for layer in self.layers
         ]
-        self.head = backend.compile(
-            DeviceHead(
-                inner.norm,
-                self.lm.lm_head,
-                int(self.lm.lm_head.weight.shape[0]),
-                linear=backend.frozen_linear(),
-            ).to(backend.device)
-        )
+        head = DeviceHead(
+            inner.norm,
+            self.lm.lm_head,
+            int(self.lm.lm_head.weight.shape[0]),
+            linear=backend.frozen_linear(),
+        ).to(backend.device)
+        self.head = backend.compile(head)
+        self._head_module = head
+        self._head_nll: Any = None  # DeviceHeadNLL, compiled on the first token_nll
         self.bucket_sizes = tuple(sorted(bucket_sizes)) if bucket_sizes else None
         self.tokens_per_batch = tokens_per_batch
         self.model.train()
@@ -312,6 +314,54 @@ class HybridEngine:
             move_bytes=move_bytes,
             traffic_layers=be.traffic.by_layer(self.num_layers),
         )
+
+    # --- evaluation (no backward) ---------------------------------------------------------------
+    def token_nll(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Evaluation forward of one batch through the same placement (device attention, host
+        experts, hot experts on the device): ``[B, S] float32`` on the host, ``nll[b, t] =
+        -log p(labels[b, t] | tokens < t)`` where ``labels[b, t] != -100`` (t >= 1), 0 elsewhere.
+
+        Leaves training untouched: no graph and no gradient (``no_grad``), the model in eval mode
+        for the call (LoRA dropout off; restored after), the routing counts (hot-set choice) and
+        the torch RNG state restored, no kept HostMLP graph, and its device calls, copies and
+        host times are discarded by the next ``forward_backward`` (which resets them); the
+        ``placement: auto`` trial timer is not advanced."""
+        be = self.backend
+        counts = self.counts_LE.clone()
+        rng = torch.get_rng_state()
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                if self._head_nll is None:
+                    self._head_nll = be.compile(DeviceHeadNLL(self._head_module))
+                ids = batch["input_ids"]
+                labels = batch["labels"]
+                B, S = ids.shape
+                dt = self.device_dtype
+                mask = be.to_device(causal_mask(batch.get("attention_mask"), B, S, dt))
+                pos = be.to_device(positions(B, S))
+                lg = label_gather(labels, dt)
+                sel, lab = be.to_device(lg.sel_BNS), be.to_device(lg.labels_BN)
+                moe = torch.zeros(B, S, self.config.hidden_size, dtype=dt, device=be.device)
+                h = be.call("embed", self.embed, be.to_device(ids.to(torch.int32)))
+                for i, layer in enumerate(self.layers):
+                    h, x = be.call("attention", self.attn[i], h, moe, pos, mask, layer=i)
+                    moe = layer.mlp(x)
+                ce_BN = be.call("head", self._head_nll, h, moe, sel, lab)
+                ce_BN = be.to_host(ce_BN).float() * (lg.w_BN > 0)
+                # back to sequence positions: the logit at t scores labels[t + 1]
+                at_BS = torch.bmm(ce_BN[:, None, :], lg.sel_BNS.float())[:, 0, :]
+                nll_BS = torch.zeros(B, S, dtype=torch.float32)
+                nll_BS[:, 1:] = at_BS[:, :-1]
+        finally:
+            for mlp in self.mlps:
+                mlp.free_kept()
+            self.counts_LE.copy_(counts)
+            torch.set_rng_state(rng)
+            if was_training:
+                self.model.train()
+        return nll_BS
 
     # --- hot experts ---------------------------------------------------------------------------
     @property

@@ -11,6 +11,7 @@ Order of calls in a run::
                    on_hot_selected(info, ctx) # after step == moe.warmupSteps (placement hot/auto),
                                               # and after each refresh that changed the set
                    on_placement(info, ctx)    # placement auto: when it chose (the two medians)
+                   on_eval(record, ctx)       # spec.eval: after an evaluation (eval.jsonl line)
                    on_checkpoint(step, path, ctx)
     on_end(summary, ctx)                      # success (summary.json written)
     on_error(message, exit_code, ctx)         # instead of on_end on failure
@@ -87,6 +88,9 @@ class TrainCallback:
     def on_placement(self, info: dict[str, Any], ctx: RunContext) -> None:
         pass
 
+    def on_eval(self, record: dict[str, Any], ctx: RunContext) -> None:
+        pass
+
     def on_checkpoint(self, step: int, path: str, ctx: RunContext) -> None:
         pass
 
@@ -124,6 +128,9 @@ class CallbackList(TrainCallback):
 
     def on_placement(self, info: dict[str, Any], ctx: RunContext) -> None:
         self._call("on_placement", info, ctx)
+
+    def on_eval(self, record: dict[str, Any], ctx: RunContext) -> None:
+        self._call("on_eval", record, ctx)
 
     def on_checkpoint(self, step: int, path: str, ctx: RunContext) -> None:
         self._call("on_checkpoint", step, path, ctx)

@@ -3,11 +3,20 @@
 Per optimizer step ``s`` (1-based)::
 
     for m in range(gradAccumulation): engine.forward_backward(batch(s, m), loss_scale=1/accum)
-    clip_grad_norm_(trainable, maxGradNorm); opt.step(); opt.zero_grad(); engine.after_optimizer_step()
-    record → metrics.jsonl (flushed + fsynced) → callbacks.on_step
+    clip_grad_norm_(trainable, maxGradNorm); opt.step(); sched.step(); opt.zero_grad();
+    engine.after_optimizer_step()
+    spec.eval, every eval.everySteps and at the end: evaluate (no grad, training state untouched)
+        → eval.jsonl, adapter-best/ on a new best eval loss, the step record gains ``eval_s``
+    record → metrics.jsonl (flushed + fsynced) → callbacks.on_step (→ callbacks.on_eval)
     engine.select_hot_experts(s)      # hot/auto: picks the hot set once s == warmupSteps; then
                                       # refreshes it (hotRefreshSteps) or runs the auto trials
     checkpoint every checkpoint.everySteps steps and at the end
+
+Learning rate: AdamW at ``training.learningRate`` times the schedule (transformers'
+``get_scheduler``: ``constant_with_warmup``, ``linear`` or ``cosine`` with the warm-up of
+``training.warmupSteps|warmupRatio`` over ``ctx.total_steps``); the record's ``lr`` is the rate
+the step's update used. The scheduler's state is in every checkpoint (``state.json``), so a
+resumed run continues the same schedule.
 
 The record of a step sums the micro-batches' timings, device calls and tokens; ``loss`` is their
 mean (unscaled). A non-finite loss or gradient norm writes that step's record (``loss`` null when
@@ -129,6 +138,7 @@ class Trainer:
         callbacks: list[TrainCallback] | CallbackList | None = None,
         plot: bool = True,
         dist: Any = None,
+        evaluator: Any = None,
     ) -> None:
         self.ctx = ctx
         self.spec = ctx.spec
@@ -144,6 +154,9 @@ class Trainer:
         self._stop_signal: int | None = None
         self.dist = dist
         self.rank0 = dist is None or dist.is_rank0
+        #: spec.eval (:class:`npu_lora.evaluate.heldout.HeldOutEval`); rank 0 alone evaluates
+        self.evaluator = evaluator if self.rank0 else None
+        self.sched: Any = None
         if dist is not None and hasattr(engine, "auto_agree"):
             engine.auto_agree = dist.agree  # every rank keeps rank 0's placement choice
 
@@ -156,6 +169,24 @@ class Trainer:
         if not params:
             raise RuntimeError("the engine has no trainable parameters")
         return torch.optim.AdamW(params, lr=t.learning_rate, weight_decay=t.weight_decay)
+
+    def _make_scheduler(self, opt: Any) -> Any:
+        """transformers' schedule for ``training.scheduler`` over ``ctx.total_steps``."""
+        from transformers import get_scheduler
+
+        t = self.spec.training
+        total = self.ctx.total_steps
+        name = {"constant": "constant_with_warmup"}.get(t.scheduler, t.scheduler)
+        return get_scheduler(
+            name, opt, num_warmup_steps=t.warmup_for(total), num_training_steps=total
+        )
+
+    def _restore_scheduler(self, state: dict[str, Any] | None, done: int) -> None:
+        if state:
+            self.sched.load_state_dict(state)
+            return
+        for _ in range(done):  # a checkpoint without its schedule (older runs): replay it
+            self.sched.step()
 
     def _prepare_dir(self) -> int:
         """Create/resume the run directory; returns the last completed step (0: fresh)."""
@@ -184,10 +215,39 @@ class Trainer:
         except OSError:  # a filesystem without flock: go on unlocked
             pass
 
-    def _save_adapter(self) -> Path:
+    def _eval_writer(self, done: int) -> rundir.MetricsWriter | None:
+        """``eval.jsonl`` (rank 0 with spec.eval), cut to the evaluations up to step ``done``."""
+        if self.evaluator is None:
+            return None
+        from npu_lora.evaluate.heldout import EVAL_FILE
+
+        path = self.ctx.run_dir / EVAL_FILE
+        rundir.truncate_metrics(path, done)
+        return rundir.MetricsWriter(path)
+
+    def _evaluate(self, step: int, writer: rundir.MetricsWriter) -> dict[str, Any]:
+        """Evaluate after ``step``: eval.jsonl, adapter-best/ on a new best, ctx.extra['eval']."""
+        from npu_lora.evaluate.heldout import BEST_ADAPTER
+
+        assert self.evaluator is not None
+        rec = self.evaluator.run(self.engine, step)
+        writer.write(rec)
+        if rec["best"]:
+            self._save_adapter(BEST_ADAPTER)
+        self.ctx.extra["eval"] = {**rec, "best": self.evaluator.best}
+        log.info(
+            "eval after step %d: loss %.4f%s (%.1f s)",
+            step,
+            rec["loss"],
+            "" if rec["accuracy"] is None else f", accuracy {rec['accuracy']:.4f}",
+            rec["seconds"],
+        )
+        return rec
+
+    def _save_adapter(self, name: str = rundir.ADAPTER) -> Path:
         run_dir = self.ctx.run_dir
-        final = run_dir / rundir.ADAPTER
-        tmp = run_dir / f".{rundir.ADAPTER}.tmp"
+        final = run_dir / name
+        tmp = run_dir / f".{name}.tmp"
         if tmp.exists():
             shutil.rmtree(tmp)
         self.engine.save_adapter(tmp)
@@ -209,6 +269,8 @@ class Trainer:
             extra={
                 "hot": self.hot_info,
                 "name": self.ctx.name,
+                "scheduler": self.sched.state_dict() if self.sched is not None else None,
+                **({"eval": self.evaluator.state()} if self.evaluator is not None else {}),
                 **({"world_size": self.dist.world} if self.dist is not None else {}),
             },
         )
@@ -261,6 +323,7 @@ class Trainer:
         grad_norm: float | None = None
         nonfinite = None
         t_opt = time.perf_counter()
+        lr = opt.param_groups[0]["lr"]  # the rate this step's update uses
         if not _finite(loss):
             nonfinite = "loss"
         else:
@@ -271,6 +334,8 @@ class Trainer:
                 nonfinite = "grad_norm"
             else:
                 opt.step()
+                if self.sched is not None:
+                    self.sched.step()
                 self.engine.after_optimizer_step()
         opt.zero_grad(set_to_none=True)
         t1 = time.perf_counter()
@@ -284,7 +349,7 @@ class Trainer:
                 "hot_experts": int(last.get("hot_experts") or 0),
                 "keep_graph": bool(last.get("keep_graph", self.spec.moe.keep_graph)),
                 "placement": str(last.get("placement", self.spec.moe.placement)),
-                "lr": opt.param_groups[0]["lr"],
+                "lr": lr,
                 "grad_norm": grad_norm if grad_norm is None or _finite(grad_norm) else None,
                 "time": _iso(time.time()),
                 "opt_s": t1 - t_opt,
@@ -313,10 +378,16 @@ class Trainer:
         ctx, spec = self.ctx, self.spec
         t_start = time.perf_counter()
         opt = self._make_optimizer()
+        self.sched = self._make_scheduler(opt)
         done = self._prepare_dir() if self.rank0 else 0
+        sched_state: dict[str, Any] | None = None
         if self.rank0 and self.plan.checkpoint is not None:
             state = load_checkpoint(self.ctx.run_dir / "checkpoint", self.engine, opt)
             done = int(state["step"])
+            sched_state = state.get("scheduler")
+            self._restore_scheduler(sched_state, done)
+            if self.evaluator is not None:
+                self.evaluator.load_state(state.get("eval"))
             ctx.resumed_from = done
             ctx.checkpoint_step = done
             self.hot_info = state.get("hot")
@@ -328,9 +399,16 @@ class Trainer:
             got = self.dist.broadcast_start(
                 self.engine,
                 opt,
-                {"done": done, "hot": self.hot_info, "resumed_from": ctx.resumed_from},
+                {
+                    "done": done,
+                    "hot": self.hot_info,
+                    "resumed_from": ctx.resumed_from,
+                    "scheduler": self.sched.state_dict(),
+                },
             )
             done, self.hot_info = int(got["done"]), got["hot"]
+            if not self.rank0:
+                self._restore_scheduler(got.get("scheduler"), done)
             ctx.resumed_from, ctx.checkpoint_step, ctx.hot = got["resumed_from"], done, got["hot"]
         ctx.start_step = done + 1
         total = ctx.total_steps
@@ -338,15 +416,22 @@ class Trainer:
         self.callbacks.on_start(ctx)
         self._install_signals()
         metrics = rundir.MetricsWriter(ctx.run_dir / rundir.METRICS) if self.rank0 else None
+        evals = self._eval_writer(done)
         try:
             if hot_mode and done == 0:
                 self._maybe_select_hot(0)
             for step in range(done + 1, total + 1):
                 rec = self._step(step, opt)
+                ev = None
+                if evals is not None and "nonfinite" not in rec and self.evaluator.due(step, total):
+                    ev = self._evaluate(step, evals)
+                    rec["eval_s"] = ev["seconds"]
                 if metrics is not None:
                     metrics.write(rec)
                 self.records.append(rec)
                 self.callbacks.on_step(rec, ctx)
+                if ev is not None:
+                    self.callbacks.on_eval(ev, ctx)
                 if "nonfinite" in rec:
                     what = "loss" if rec["nonfinite"] == "loss" else "gradient norm"
                     raise NonFiniteLoss(
@@ -379,6 +464,8 @@ class Trainer:
         finally:
             if metrics is not None:
                 metrics.close()
+            if evals is not None:
+                evals.close()
             self._restore_signals()
         if not self.rank0:
             return TrainResult(0, None)
@@ -445,6 +532,15 @@ class Trainer:
         }
         if error:
             extra["error"] = error
+        t = self.spec.training
+        extra["schedule"] = {
+            "scheduler": t.scheduler,
+            "warmup_steps": t.warmup_for(ctx.total_steps),
+            "epochs": t.epochs,
+            "examples": len(self.dataset),
+        }
+        if self.evaluator is not None:
+            extra["eval"] = self.evaluator.summary()
         summary = build_summary(
             self.records,
             name=ctx.name,

@@ -40,7 +40,7 @@ ADAPTER = "adapter"
 #: Spec sections whose change makes a checkpoint unusable (``training.steps`` excepted): the
 #: ones the server refuses to change on a created run.
 TRAINING_FIELDS = spec_fields(OnUpdate.IMMUTABLE)
-RESUME_EXEMPT = {"training.steps"}
+RESUME_EXEMPT = {"training.steps", "training.epochs"}
 
 
 def manifest_yaml(manifest: MoEFinetune) -> str:
@@ -113,7 +113,8 @@ def plan_resume(run_dir: Path, manifest: MoEFinetune) -> ResumePlan:
         return ResumePlan(exists=True)
     path, state = found
     step = int(state["step"])
-    if step > manifest.spec.training.steps:
+    steps = manifest.spec.training.steps  # None with epochs: checked once the data is read
+    if steps is not None and step > steps:
         raise SpecError(
             f"spec.training.steps: {manifest.spec.training.steps} is less than the step of the "
             f"checkpoint in {run_dir} ({step}); set at least {step}"

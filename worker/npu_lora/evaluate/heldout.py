@@ -1,0 +1,148 @@
+"""``spec.eval`` in a training run: the held-out rows, when to evaluate, the best so far.
+
+- Data: ``eval.path`` is read through the training data's entry point
+  (:func:`npu_lora.data.load_examples` with ``data.path`` replaced: same format, template,
+  reader, data volume), so every training format can be evaluated; ``eval.fraction`` holds out a
+  seeded share of the training examples (:func:`split_held_out`, also applied by
+  :func:`npu_lora.data.prepare_data`, so those rows are never trained on).
+  ``eval.maxExamples`` keeps a seeded subset.
+- When: after every ``eval.everySteps``-th step and after the last step.
+- Results: one line per evaluation in ``eval.jsonl`` (:data:`EVAL_FILE`, keys
+  :data:`RECORD_KEYS`); the best (lowest) eval loss so far is kept in the checkpoint's state
+  (resume continues it) and its adapter in ``adapter-best/``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from npu_lora.data.readers import DataError, Example
+from npu_lora.evaluate.score import EvalSet, build_eval_set, evaluate
+
+if TYPE_CHECKING:
+    from npu_lora.api.v1alpha1 import MoEFinetuneSpec
+
+#: One JSON line per evaluation, in the run directory.
+EVAL_FILE = "eval.jsonl"
+#: The peft adapter with the lowest eval loss so far (written atomically, like ``adapter/``).
+BEST_ADAPTER = "adapter-best"
+#: Keys of an ``eval.jsonl`` line.
+RECORD_KEYS = (
+    "step",
+    "loss",
+    "perplexity",
+    "accuracy",
+    "examples",
+    "tokens",
+    "labels",
+    "seconds",
+    "best",
+    "time",
+)
+_SALT = -2  # the held-out permutation (the data order uses salts >= 0, maxExamples -1)
+
+
+def split_held_out(
+    examples: list[Example], fraction: float, seed: int
+) -> tuple[list[Example], list[Example]]:
+    """``(train, held_out)``: ``round(fraction * N)`` (at least 1) examples of a seeded shuffle
+    held out; both keep the file order. Raises DataError when no training example is left."""
+    from npu_lora.data.dataset import _perm
+
+    n = len(examples)
+    k = max(1, round(fraction * n))
+    if k >= n:
+        raise DataError(
+            f"spec.eval.fraction: {fraction} of {n} examples leaves none to train on "
+            "(use a smaller fraction or more data)"
+        )
+    held = set(_perm(n, seed, salt=_SALT)[:k].tolist())
+    train = [e for i, e in enumerate(examples) if i not in held]
+    return train, [e for i, e in enumerate(examples) if i in held]
+
+
+def load_eval_examples(spec: MoEFinetuneSpec) -> list[Example]:
+    """The eval rows of ``spec.eval`` (raises DataError naming the field)."""
+    from npu_lora.data import load_examples
+    from npu_lora.data.dataset import select_examples
+
+    ev = spec.eval
+    if ev is None:
+        return []
+    if ev.path is not None:
+        data = spec.data.model_copy(update={"path": ev.path, "max_examples": None})
+        try:
+            rows = load_examples(spec.model_copy(update={"data": data}))
+        except DataError as e:
+            raise DataError(str(e).replace("spec.data.path", "spec.eval.path")) from None
+    else:
+        _, rows = split_held_out(load_examples(spec), float(ev.fraction or 0), spec.training.seed)
+    return select_examples(rows, spec.training.seed, ev.max_examples)
+
+
+def prepare_eval(spec: MoEFinetuneSpec, tok: Any) -> EvalSet | None:
+    """The tokenised eval set of ``spec.eval`` (None without it); validates before any write."""
+    if spec.eval is None:
+        return None
+    rows = load_eval_examples(spec)
+    if not rows:
+        raise DataError("spec.eval: no evaluation examples")
+    return build_eval_set(rows, tok, spec.training.seq_len, template=spec.data.template)
+
+
+class HeldOutEval:
+    """Evaluates a training engine on one :class:`EvalSet` and tracks the best eval loss."""
+
+    def __init__(self, spec: MoEFinetuneSpec, evalset: EvalSet) -> None:
+        ev = spec.eval
+        assert ev is not None
+        self.evalset = evalset
+        self.every = ev.every_steps
+        self.batch_size = ev.batch_size or spec.training.batch_size
+        self.best: dict[str, Any] | None = None  # {"step", "loss"}
+        self.last: dict[str, Any] | None = None
+        self.count = 0
+        self.seconds = 0.0
+
+    def due(self, step: int, total: int) -> bool:
+        return step == total or (self.every is not None and step % self.every == 0)
+
+    def run(self, engine: Any, step: int) -> dict[str, Any]:
+        """Evaluate now (after ``step``); the ``eval.jsonl`` record (``best``: a new best)."""
+        res = evaluate(engine, self.evalset, batch_size=self.batch_size)
+        is_best = self.best is None or res.loss < float(self.best["loss"])
+        if is_best:
+            self.best = {"step": step, "loss": res.loss}
+        self.count += 1
+        self.seconds += res.seconds
+        rec = {"step": step, **res.to_dict(), "best": is_best, "time": _iso(time.time())}
+        self.last = rec
+        return rec
+
+    # --- resume -------------------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        return {"best": self.best, "count": self.count, "seconds": self.seconds, "last": self.last}
+
+    def load_state(self, state: dict[str, Any] | None) -> None:
+        if not state:
+            return
+        self.best = state.get("best")
+        self.count = int(state.get("count") or 0)
+        self.seconds = float(state.get("seconds") or 0.0)
+        self.last = state.get("last")
+
+    def summary(self) -> dict[str, Any]:
+        """``summary.json``'s ``eval``."""
+        return {
+            "examples": len(self.evalset),
+            "labels": len(self.evalset.candidates or []),
+            "evaluations": self.count,
+            "seconds": self.seconds,
+            "last": self.last,
+            "best": self.best,
+        }
+
+
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
