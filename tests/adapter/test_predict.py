@@ -81,3 +81,16 @@ def test_checkpoint_gives_the_same_scores_as_the_final_adapter(finished_run, tmp
     args = ["predict", str(finished_run), "--data", str(data), "--out", str(c), "-q"]
     assert main([*args, "--adapter", "checkpoint"]) == 0
     assert [r["scores"] for r in _lines(a)] == [r["scores"] for r in _lines(c)]
+
+
+def test_open_ended_prompts_get_a_greedy_prediction_and_a_loss(finished_run, tmp_path, capsys):
+    data = tmp_path / "open.jsonl"
+    rows = [{"prompt": f"{i} + 1 =", "completion": f" {i + 1}"} for i in range(3)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    out = tmp_path / "pred.jsonl"
+    args = ["predict", str(finished_run), "--data", str(data), "--out", str(out), "-q"]
+    assert main([*args, "--max-new-tokens", "3"]) == 0
+    got = _lines(out)
+    assert [r["gold"] for r in got] == [" 1", " 2", " 3"]
+    assert all(isinstance(r["prediction"], str) and r["loss"] > 0 for r in got)
+    assert "perplexity" in capsys.readouterr().out

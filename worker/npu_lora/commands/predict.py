@@ -15,6 +15,7 @@ from the run's, a bad data row: file, line and field named; nothing written), 1 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import traceback
 from pathlib import Path
 from typing import Any
@@ -96,43 +97,43 @@ def _predict(args: argparse.Namespace, path: Path, examples: list[Any]) -> int:
 
     from tqdm.auto import tqdm
 
+    from npu_lora.evaluate import build_eval_set
     from npu_lora.inference.cli import load_from_args
-    from npu_lora.inference.predict import metrics, plan_rows, row_results, score_plan
+    from npu_lora.inference.predict import gold_answers, score_file
 
     run = load_from_args(args)
     spec = run.spec
-    plan = plan_rows(examples, run.tokenizer, spec.training.seq_len, template=spec.data.template)
+    es = build_eval_set(examples, run.tokenizer, spec.training.seq_len, template=spec.data.template)
     bs = args.batch_size or spec.training.batch_size
     out = Path(args.out) if args.out else run.run_dir / "predictions" / f"{path.stem}.jsonl"
 
-    variants = [("adapter", None)]
+    variants: list[tuple[str, Any]] = [("adapter", contextlib.nullcontext)]
     if args.compare_base:
         variants.append(("base", run.model.disable_adapter))
-    n_seqs = sum(len(r.seqs) for r in plan.rows)
-    results: dict[str, list[dict]] = {}
-    summary: dict[str, dict] = {}
+    scored = {}
     for name, ctx in variants:
-        with tqdm(total=n_seqs, desc=f"predict ({name})", unit="seq", disable=args.quiet) as bar:
-            if ctx is None:
-                scores = score_plan(run.engine, plan, bs, progress=bar.update)
-            else:
-                with ctx():
-                    scores = score_plan(run.engine, plan, bs, progress=bar.update)
-        results[name] = row_results(plan, scores)
-        summary[name] = metrics(plan, results[name])
-    generated = _generate(run, plan, args.max_new_tokens, args.quiet)
+        with tqdm(desc=f"predict ({name})", unit="seq", disable=args.quiet) as bar:
+
+            def progress(done: int, total: int, bar: Any = bar) -> None:
+                bar.total = total
+                bar.update(done - bar.n)
+
+            with ctx():
+                scored[name] = score_file(run.engine, es, bs, progress=progress)
+    generated = _generate(run, es, args.max_new_tokens, args.quiet)
 
     lines = []
-    for r in plan.rows:
-        rec: dict[str, Any] = {"row": r.index, "source": r.example.source, "gold": r.gold}
-        rec.update(results["adapter"][r.index])
-        if r.index in generated:
-            rec["prediction"] = generated[r.index]
-        if "base" in results:
-            rec["base"] = results["base"][r.index]
+    for i, (ex, gold) in enumerate(zip(es.examples, gold_answers(es), strict=True)):
+        rec: dict[str, Any] = {"row": i, "source": ex.source, "gold": gold}
+        rec.update(scored["adapter"].rows[i])
+        if i in generated:
+            rec["prediction"] = generated[i]
+        if "base" in scored:
+            rec["base"] = scored["base"].rows[i]
         lines.append(json.dumps(rec, ensure_ascii=False))
     _write_atomic(out, "".join(line + "\n" for line in lines))
-    print(_table(summary, plan.task))
+    summary = {name: s.metrics for name, s in scored.items()}
+    print(_table(summary))
     print(f"base: {run.base_check}")
     print(f"predictions: {out} ({len(lines)} rows)")
     from npu_lora.train.termination import write_termination_message
@@ -141,22 +142,23 @@ def _predict(args: argparse.Namespace, path: Path, examples: list[Any]) -> int:
     return 0
 
 
-def _generate(run: Any, plan: Any, max_new_tokens: int, quiet: bool) -> dict[int, str]:
+def _generate(run: Any, es: Any, max_new_tokens: int, quiet: bool) -> dict[int, str]:
     """Greedy completions of open-ended prompt rows (``--max-new-tokens``)."""
-    rows = [r for r in plan.rows if plan.task == "loss" and r.example.kind == "prompt"]
-    if max_new_tokens <= 0 or not rows:
+    if max_new_tokens <= 0 or es.candidates is not None or es.labels is None:
+        return {}
+    rows = [i for i, e in enumerate(es.examples) if e.kind == "prompt"]
+    if not rows:
         return {}
     from tqdm.auto import tqdm
 
     from npu_lora.inference.generate import generate
 
     out = {}
-    for r in tqdm(rows, desc="generate", unit="row", disable=quiet):
-        ids, _, labels = r.seqs[0]
-        n_prompt = next(i for i, lab in enumerate(labels) if lab != -100)  # the answer starts
-        prompt = ids[:n_prompt]
-        new = generate(run, prompt, max_new_tokens=max_new_tokens)
-        out[r.index] = run.tokenizer.decode(new, skip_special_tokens=True)
+    for i in tqdm(rows, desc="generate", unit="row", disable=quiet):
+        ids, labels = es.input_ids[i].tolist(), es.labels[i].tolist()
+        n_prompt = next(t for t, lab in enumerate(labels) if lab != -100)  # the answer starts
+        new = generate(run, ids[:n_prompt], max_new_tokens=max_new_tokens)
+        out[i] = run.tokenizer.decode(new, skip_special_tokens=True)
     return out
 
 
@@ -177,14 +179,15 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def _table(summary: dict[str, dict], task: str) -> str:
-    keys = (["accuracy"] if task == "classify" else []) + ["loss", "perplexity", "rows"]
+def _table(summary: dict[str, dict]) -> str:
+    first = next(iter(summary.values()))
+    task = "classify" if first.get("accuracy") is not None else "loss"
+    keys = (["accuracy"] if task == "classify" else []) + ["loss", "perplexity", "examples"]
     names = list(summary)
     lines = ["metric      " + "".join(f"{n:>12}" for n in names)]
     for k in keys:
         lines.append(f"{k:<12}" + "".join(f"{_fmt(summary[n].get(k)):>12}" for n in names))
-    first = summary[names[0]]
     if task == "classify":
-        lines.append("labels: " + ", ".join(repr(x) for x in first.get("labels", [])))
+        lines.append("candidates: " + ", ".join(repr(x) for x in first.get("candidates", [])))
     return "\n".join(lines)
 
