@@ -35,9 +35,9 @@ def test_reply_writer_drops_the_stop_string_and_keeps_one_line():
 def test_byte_level_tokenizer_gets_the_chatml_fallback():
     from npu_lora.data.tokenizer import byte_level_tokenizer, ensure_chat_template
 
-    tok = byte_level_tokenizer()
-    ensure_chat_template(tok)
-    assert not ensure_chat_template(tok)  # already has one
+    tok = ensure_chat_template(byte_level_tokenizer())
+    assert byte_level_tokenizer().chat_template is None  # the cached one is untouched
+    assert ensure_chat_template(tok) is tok  # already has one
     text = tok.apply_chat_template(
         [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
     )

@@ -6,7 +6,6 @@ import json
 import shutil
 
 from adapter_helpers import nsmc_rows
-
 from npu_lora.cli import main
 
 

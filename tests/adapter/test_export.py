@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import torch
-
 from npu_lora.cli import main
 
 
 def test_merged_model_loads_with_automodel_and_matches_base_plus_adapter(finished_run, tmp_path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from npu_lora.inference.export import plain_model
     from npu_lora.inference.load import load_run
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out = tmp_path / "merged"
     assert main(["export", str(finished_run), "--merged", str(out)]) == 0

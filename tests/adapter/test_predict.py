@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 from adapter_helpers import nsmc_rows
-
 from npu_lora.cli import main
 
 
@@ -37,8 +36,18 @@ def test_compare_base_scores_differ_from_the_adapter(finished_run, tmp_path, cap
     data = nsmc_rows(tmp_path / "test.tsv", 4)
     out = tmp_path / "pred.jsonl"
     rc = main(
-        ["predict", str(finished_run), "--data", str(data), "--out", str(out), "--compare-base",
-         "-q", "--batch-size", "3"]
+        [
+            "predict",
+            str(finished_run),
+            "--data",
+            str(data),
+            "--out",
+            str(out),
+            "--compare-base",
+            "-q",
+            "--batch-size",
+            "3",
+        ]
     )
     assert rc == 0
     rows = _lines(out)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
+from pathlib import Path
 from typing import Any, TextIO
 
 from npu_lora.api.load import SpecError
@@ -92,12 +93,10 @@ def run(args: argparse.Namespace) -> int:
         return fail("chat", "--temperature must be >= 0 and --top-p in (0, 1]", EXIT_CONFIG_ERROR)
     interactive = sys.stdin.isatty()
     try:
+        from npu_lora.inference.cli import load_from_args
         from npu_lora.inference.load import check_run_dir
 
-        from pathlib import Path
-
         check_run_dir(Path(args.run_dir), args.adapter)
-        from npu_lora.inference.cli import load_from_args
 
         if interactive:
             print(f"loading {args.run_dir} ...", file=sys.stderr)

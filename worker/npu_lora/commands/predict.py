@@ -70,8 +70,9 @@ def read_rows(data: str, fmt: str, limit: int | None) -> tuple[Path, list[Any]]:
         path = resolve_data_path(data)
         return path, read_examples(path, detect_format(path, fmt), limit=limit)
     except DataError as e:
-        raise DataError(str(e).replace("spec.data.path", "--data").replace(
-            "spec.data.format", "--format")) from None
+        raise DataError(
+            str(e).replace("spec.data.path", "--data").replace("spec.data.format", "--format")
+        ) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -190,4 +191,3 @@ def _table(summary: dict[str, dict]) -> str:
     if task == "classify":
         lines.append("candidates: " + ", ".join(repr(x) for x in first.get("candidates", [])))
     return "\n".join(lines)
-

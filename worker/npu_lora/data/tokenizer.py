@@ -133,23 +133,29 @@ CHATML_END = "<|im_end|>"
 #: ``{% generation %}`` so ``apply_chat_template(..., return_assistant_tokens_mask=True)``
 #: marks them (loss on assistant turns only). The same layout as Qwen's own template without
 #: tools or thinking.
-CHATML_TEMPLATE = (
+CHATML_TEMPLATE = (  # character for character npu_lora.data.chat.CHATML_TEMPLATE (w27-data)
     "{%- for message in messages %}"
     "{{- '<|im_start|>' + message['role'] + '\\n' }}"
     "{%- if message['role'] == 'assistant' %}"
-    "{% generation %}{{- message['content'] + '<|im_end|>' }}{% endgeneration %}"
-    "{%- else %}{{- message['content'] + '<|im_end|>' }}{%- endif %}"
+    "{%- generation %}{{- message['content'] + '<|im_end|>' }}{%- endgeneration %}"
     "{{- '\\n' }}"
+    "{%- else %}"
+    "{{- message['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
 
-def ensure_chat_template(tok: Any) -> bool:
-    """Give ``tok`` the ChatML fallback (:data:`CHATML_TEMPLATE`) when it has no chat template
-    of its own; returns True when the fallback was installed. The one place both training
-    (``format: chat``) and ``npu-lora chat``/``export`` get a template from."""
+def ensure_chat_template(tok: Any) -> Any:
+    """``tok`` itself when it has a chat template, else a shallow copy of it with the ChatML
+    fallback (:data:`CHATML_TEMPLATE`; the cached byte-level tokenizer is never modified).
+    ``npu-lora chat``/``predict``/``export`` get their template here; training's ``format:
+    chat`` renders the same template (``npu_lora.data.chat``)."""
     if getattr(tok, "chat_template", None):
-        return False
+        return tok
+    import copy
+
+    tok = copy.copy(tok)
     tok.chat_template = CHATML_TEMPLATE
-    return True
+    return tok

@@ -106,7 +106,9 @@ def logits(model: Any, input_ids: torch.Tensor) -> torch.Tensor:
         return model(input_ids=input_ids).logits.float().cpu()
 
 
-def max_logit_difference(reference: torch.Tensor, merged_dir: Path, input_ids: torch.Tensor) -> float:
+def max_logit_difference(
+    reference: torch.Tensor, merged_dir: Path, input_ids: torch.Tensor
+) -> float:
     """``max |reference - logits(AutoModelForCausalLM.from_pretrained(merged_dir))|``, loaded
     offline as a user would (its saved dtype)."""
     from transformers import AutoModelForCausalLM

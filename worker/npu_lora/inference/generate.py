@@ -13,6 +13,17 @@ from typing import Any
 import torch
 
 
+def end_ids(tok: Any) -> list[int]:
+    """Token ids that end a reply: eos, and ``<|im_end|>`` when it is one token of the vocabulary
+    (a Qwen tokenizer whose eos is ``<|endoftext|>`` still ends a chat turn there)."""
+    ids = [tok.eos_token_id] if tok.eos_token_id is not None else []
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    unk = getattr(tok, "unk_token_id", None)
+    if isinstance(im_end, int) and im_end >= 0 and im_end != unk and im_end not in ids:
+        ids.append(im_end)
+    return ids
+
+
 def generate(
     run: Any,
     input_ids: list[int],
@@ -33,7 +44,7 @@ def generate(
         "max_new_tokens": max_new_tokens,
         "use_cache": True,
         "pad_token_id": tok.pad_token_id,
-        "eos_token_id": tok.eos_token_id,
+        "eos_token_id": end_ids(tok),
         "streamer": streamer,
     }
     if temperature > 0:

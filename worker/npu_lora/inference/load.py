@@ -204,7 +204,7 @@ def load_run(
     tok = load_tokenizer(spec.model)
     from npu_lora.data.tokenizer import ensure_chat_template
 
-    ensure_chat_template(tok)
+    tok = ensure_chat_template(tok)
 
     from npu_lora.engine import EngineMode, build_engine
     from npu_lora.train.loop import seed_everything

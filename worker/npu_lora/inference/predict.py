@@ -47,7 +47,9 @@ def score_file(
         rec["tokens"] = rs.tokens[i]
         if rs.candidates is not None and rs.cand_nll is not None and rs.pred is not None:
             rec["prediction"] = rs.candidates[rs.pred[i]]
-            rec["scores"] = {c: round(-v, 6) for c, v in zip(rs.candidates, rs.cand_nll[i])}
+            rec["scores"] = {
+                c: round(-v, 6) for c, v in zip(rs.candidates, rs.cand_nll[i], strict=True)
+            }
             rec["correct"] = rs.pred[i] == (rs.gold or [])[i]
         rows.append(rec)
     metrics = result.to_dict()
