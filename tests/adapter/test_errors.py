@@ -55,3 +55,8 @@ def test_the_run_records_its_base_fingerprint(finished_run):
     summary = json.loads((finished_run / "summary.json").read_text())
     assert in_adapter == summary["base_fingerprint"]
     assert len(in_adapter["digest"]) == 64 and in_adapter["tensors"] > 0
+
+
+def test_a_missing_adapter_best_exits_2_with_a_hint(finished_run, capsys):
+    assert main(["chat", str(finished_run), "--adapter", "adapter-best"]) == 2
+    assert "has no adapter-best/" in capsys.readouterr().err
