@@ -33,6 +33,15 @@ WORKER_COMMANDS: dict[str, tuple[str, str]] = {
         "npu_lora.commands.rngd_check",
         "compile every device graph with furiosa-torch's compiler on the CPU",
     ),
+    "predict": (
+        "npu_lora.commands.predict",
+        "score a data file with a finished run's adapter (accuracy, loss) as JSONL",
+    ),
+    "chat": ("npu_lora.commands.chat", "chat with a finished run's adapter (terminal or pipe)"),
+    "export": (
+        "npu_lora.commands.export",
+        "merge a finished run's adapter into its base: a Hugging Face model directory",
+    ),
 }
 #: The operator package's commands (``npu_lora_operator``, extra ``operator``): the one place
 #: the worker depends on the operator package; imported only when one of them runs.

@@ -111,3 +111,24 @@ def load_tokenizer(model: ModelSpec) -> Any:
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
+
+
+#: End of a turn in the ChatML fallback (a stop string for generation: with the byte-level
+#: tokenizer it is plain text, not a special token).
+CHATML_END = "<|im_end|>"
+
+
+def ensure_chat_template(tok: Any) -> Any:
+    """``tok`` itself when it has a chat template, else a shallow copy of it with the ChatML
+    fallback (:data:`CHATML_TEMPLATE`; the cached byte-level tokenizer is never modified).
+    ``npu-lora chat``/``predict``/``export`` get their template here; training's ``format:
+    chat`` renders the same template (``npu_lora.data.chat``)."""
+    if getattr(tok, "chat_template", None):
+        return tok
+    import copy
+
+    from npu_lora.data.chat import CHATML_TEMPLATE
+
+    tok = copy.copy(tok)
+    tok.chat_template = CHATML_TEMPLATE
+    return tok

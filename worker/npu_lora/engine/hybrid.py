@@ -703,6 +703,13 @@ class HybridEngine:
             from safetensors.torch import save_file
 
             save_file(experts, str(path / EXPERTS_FILE))
+        fingerprint = getattr(self, "base_fingerprint", None)
+        if fingerprint:  # which base this adapter belongs to (npu_lora.models.fingerprint)
+            import json
+
+            from npu_lora.models.fingerprint import FILE
+
+            (path / FILE).write_text(json.dumps(fingerprint, indent=2) + "\n", encoding="utf-8")
 
     def adapter_state_dict(self) -> dict[str, torch.Tensor]:
         """Trainable weights by (peft) parameter name, CPU copies: LoRA (+ experts when trained)."""
@@ -759,7 +766,10 @@ def build_engine(
         device_dtype=device_dtype,
     )
     from npu_lora.models.build import moe_blocks
+    from npu_lora.models.fingerprint import base_fingerprint
     from npu_lora.moe.pages import place_experts
+
+    fingerprint = base_fingerprint(model)  # the base as built, before any adapter is loaded
 
     experts_pages = place_experts(moe_blocks(model))  # before anything reads or copies them
     engine = HybridEngine(
@@ -780,4 +790,5 @@ def build_engine(
     )
     engine.host_choice = host_choice  # summary.json machine.host, status.host
     engine.experts_pages = experts_pages  # summary.json machine.experts_pages
+    engine.base_fingerprint = fingerprint  # adapter/npu_lora_base.json, summary.json
     return engine

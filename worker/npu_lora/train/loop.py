@@ -535,6 +535,7 @@ class Trainer:
             "resumed_from": ctx.resumed_from,
             "data": getattr(getattr(self.dataset, "stats", None), "to_dict", dict)(),
             "deterministic": _deterministic(),
+            "base_fingerprint": getattr(self.engine, "base_fingerprint", None),
         }
         if error:
             extra["error"] = error
