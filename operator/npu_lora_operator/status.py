@@ -256,6 +256,9 @@ def observe_compile(body: Body, cjob: Body, pods: list[Body]) -> Observed:
         if fpod is not None:
             pod_name = (fpod.get("metadata") or {}).get("name", "?")
             code, detail = worker_failure(fpod)
+            term = _terminated(fpod) or {}
+            if term.get("message"):  # "compile of graph I NAME failed: ...": the graph first
+                detail = bounded(term["message"].strip(), _MAX_MESSAGE)
             msg = f"precompile pod {pod_name} failed (exit code {code})"
             msg += f": {detail}" if detail else ""
         else:
@@ -299,8 +302,9 @@ def compute_compile_status(
         "phase": obs.phase,
         "conditions": set_conditions(old.get("conditions"), obs, now, generation),
         "message": obs.message,
-        "compile": compile_status(cstatus, total, _elapsed(cstatus.get("startTime"), now), jname),
     }
+    progress = compile_status(cstatus, total, _elapsed(cstatus.get("startTime"), now), jname)
+    out["compile"] = {k: v for k, v in progress.items() if v is not None}  # as the API keeps it
     if generation is not None:
         out["observedGeneration"] = generation
     if obs.phase == "Failed":
