@@ -9,8 +9,8 @@
   operator restarted mid-run adopts the running Job and never creates a second one.
 - ``spec.device.precompile`` (:mod:`.precompile`): the precompile Job (an Indexed Job, one
   index per device graph, CPU only) is created before the training Job; while it runs the run
-  is ``Compiling`` (``status.compile``), the handler retries (``kopf.TemporaryError``) until it
-  completed, then creates the training Job. A failed compile fails the run (``CompileFailed``,
+  is ``Compiling`` (``status.compile``); its completion (a Job event, or the resume handler
+  after a restart) runs the create handler's path again, which then creates the training Job. A failed compile fails the run (``CompileFailed``,
   the graph and the compiler's message) before any training Job, so no card is ever requested.
 - events of Jobs and Pods labelled ``npu-lora.io/run``: recompute the operator's subtree of the
   run's status (:func:`.status.compute_status`) and merge-patch it through ``/status`` when it
@@ -315,11 +315,14 @@ def reconcile_status(state: State, namespace: str, name: str) -> Body | None:
         old = mft.get("status") or {}
         if old.get("phase") in st.TERMINAL_PHASES and job is None:
             return old  # the Job was removed (ttlSecondsAfterFinished): keep the verdict
-        cjob = _compile_job(kube, mft, namespace, name) if job is None else None
-        if cjob is not None:  # precompiling: no training Job yet
+        precompiled = job is None or "compile" in old
+        cjob = _compile_job(kube, mft, namespace, name) if precompiled else None
+        if cjob is not None and job is None:  # precompiling: no training Job yet
             new = st.compute_compile_status(mft, cjob, _pods_of(kube, cjob, namespace, name))
         else:
             new = st.compute_status(mft, job, pods)
+            if cjob is not None:  # the last word on the precompile Job (done = total)
+                new["compile"] = st.compile_progress(cjob, st.now_iso())
         if old.get("phase") in st.TERMINAL_PHASES and new.get("phase") != old.get("phase"):
             return old
         if not st.status_changed(old, new):
@@ -433,8 +436,10 @@ def ensure_run(
     created = []
     job = builders.job_name(name)
     for child in children:
-        if total and child["metadata"]["name"] == job and child["kind"] == "Job":
-            _await_precompile(state, run, raw, retry)
+        is_job = child["kind"] == "Job" and child["metadata"]["name"] == job
+        if total and is_job and not _precompiled(state, run, raw):
+            logger.info("run %s: compiling device graphs before the training Job", name)
+            return
         try:
             _, was_created = ensure_object(state.kube, child, run, retry)
         except ChildConflict as e:
@@ -464,34 +469,24 @@ def ensure_run(
     reconcile_status(state, namespace, name)
 
 
-#: seconds between looks at a running precompile Job (its Job events update the status between)
-PRECOMPILE_POLL_S = 3
-
-
-def _await_precompile(state: State, run: builders.Run, raw: Body, retry: int) -> None:
-    """Before the training Job of a precompiled run: return when it may be created (the
+def _precompiled(state: State, run: builders.Run, raw: Body) -> bool:
+    """Before the training Job of a precompiled run: whether it may be created now (the
     precompile Job completed, or the training Job exists already: an operator restarted mid-run
-    adopts it); ``kopf.TemporaryError`` while the graphs compile (phase ``Compiling``);
-    ``kopf.PermanentError`` when a graph failed to compile (``Failed``, ``CompileFailed``)."""
+    adopts it). False while the graphs compile (phase ``Compiling``; the precompile Job's
+    completion event creates the training Job, :func:`job_event`); ``kopf.PermanentError``
+    when a graph failed to compile (``Failed``, reason ``CompileFailed``)."""
     ns, name = run.namespace or "default", run.name
     kube = state.kube
     train = kube.get("batch/v1", "jobs", builders.job_name(name), ns)
     if train is not None and _owned_by(train, run.uid):
-        return
+        return True
     cjob = _compile_job(kube, raw, ns, name)
-    if cjob is None:  # just created, not readable yet (or gone): look again
-        raise kopf.TemporaryError("waiting for the precompile Job", delay=PRECOMPILE_POLL_S)
-    done = _job_finished(cjob)
-    if done == "Complete":
-        return
+    if cjob is not None and _job_finished(cjob) == "Complete":
+        return True
     new = reconcile_status(state, ns, name) or {}
-    if done == "Failed":
+    if cjob is not None and _job_finished(cjob) == "Failed":
         raise kopf.PermanentError(bounded(new.get("message") or "a device graph failed to compile"))
-    c = new.get("compile") or {}
-    raise kopf.TemporaryError(
-        f"compiling device graphs: {c.get('done', 0)}/{c.get('total', '?')}",
-        delay=PRECOMPILE_POLL_S,
-    )
+    return False
 
 
 @kopf.on.field(GROUP, VERSION, PLURAL, field="spec.suspend", registry=registry)
@@ -615,10 +610,31 @@ def spec_changed(
 
 @kopf.on.event("batch", "v1", "jobs", labels={builders.RUN_LABEL: kopf.PRESENT}, registry=registry)
 @prom.instrumented("job_event")
-def job_event(body: kopf.Body, namespace: str, memo: kopf.Memo, **_: Any) -> None:
-    run = run_name_of(dict(body))
-    if run:
-        reconcile_status(memo.state, namespace, run)
+def job_event(
+    body: kopf.Body, namespace: str, memo: kopf.Memo, logger: logging.Logger, **_: Any
+) -> None:
+    raw: Body = dict(body)
+    run = run_name_of(raw)
+    if not run:
+        return
+    if _is_completed_precompile(memo.state, raw, namespace, run):
+        mft = memo.state.kube.get(API_VERSION, PLURAL, run, namespace)
+        if mft is not None and _owned_by(raw, _uid(mft)):
+            ensure_run(body=mft, name=run, namespace=namespace, logger=logger, memo=memo)
+            return
+    reconcile_status(memo.state, namespace, run)
+
+
+def _is_completed_precompile(state: State, job: Body, namespace: str, run: str) -> bool:
+    """A run's precompile Job that completed while the run has no training Job yet."""
+    meta = job.get("metadata") or {}
+    if meta.get("name") != precompile.precompile_job_name(run):
+        return False
+    if (meta.get("labels") or {}).get("app.kubernetes.io/component") != precompile.COMPONENT:
+        return False
+    if _job_finished(job) != "Complete":
+        return False
+    return state.kube.get("batch/v1", "jobs", builders.job_name(run), namespace) is None
 
 
 @kopf.on.event("", "v1", "pods", labels={builders.RUN_LABEL: kopf.PRESENT}, registry=registry)

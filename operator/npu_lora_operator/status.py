@@ -283,6 +283,16 @@ def _elapsed(start: Any, now: str) -> float | None:
     return max((t1 - t0).total_seconds(), 0.0)
 
 
+def compile_progress(cjob: Body, now: str) -> Body:
+    """``status.compile`` {done, total, etaSeconds, jobName} of the precompile Job ``cjob``
+    (``etaSeconds`` left out before the first graph is done, as the API would drop a null)."""
+    cstatus = cjob.get("status") or {}
+    total = int((cjob.get("spec") or {}).get("completions") or 0)
+    jname = (cjob.get("metadata") or {}).get("name", "")
+    progress = compile_status(cstatus, total, _elapsed(cstatus.get("startTime"), now), jname)
+    return {k: v for k, v in progress.items() if v is not None}
+
+
 def compute_compile_status(
     body: Body, cjob: Body, pods: list[Body], *, now: str | None = None
 ) -> Body:
@@ -295,16 +305,12 @@ def compute_compile_status(
     old = body.get("status") or {}
     obs = observe_compile(body, cjob, pods)
     generation = meta.get("generation")
-    cstatus = cjob.get("status") or {}
-    total = int((cjob.get("spec") or {}).get("completions") or 0)
-    jname = (cjob.get("metadata") or {}).get("name", "")
     out: Body = {
         "phase": obs.phase,
         "conditions": set_conditions(old.get("conditions"), obs, now, generation),
         "message": obs.message,
+        "compile": compile_progress(cjob, now),
     }
-    progress = compile_status(cstatus, total, _elapsed(cstatus.get("startTime"), now), jname)
-    out["compile"] = {k: v for k, v in progress.items() if v is not None}  # as the API keeps it
     if generation is not None:
         out["observedGeneration"] = generation
     if obs.phase == "Failed":

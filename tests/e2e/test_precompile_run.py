@@ -44,6 +44,7 @@ def test_precompiled_run_compiles_then_trains_with_every_graph_a_cache_hit(
             manifest(
                 name,
                 steps=4,
+                data={"path": "example:jsonl-mini", "format": "auto"},
                 moe={"placement": "host-only"},
                 training={"steps": 4, "seqLen": 8, "batchSize": 1, "learningRate": 0.001},
                 device={

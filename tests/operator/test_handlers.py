@@ -282,8 +282,7 @@ def _job_status(emu: Any, name: str, status: dict) -> None:
 def test_precompiled_run_compiles_first_then_creates_the_training_job(env: Any) -> None:
     emu, _, state = env
     body = emu.create(_mft("pc", PRECOMPILED))
-    with pytest.raises(kopf.TemporaryError, match="compiling device graphs: 0/6"):
-        _ensure(state, body)
+    _ensure(state, body)  # returns: the precompile Job's completion event goes on
     jobs = {j["metadata"]["name"]: j for j in emu.list("batch/v1", "Job", namespace="default")}
     assert list(jobs) == ["pc-compile"]  # no training Job, no card requested
     cjob = jobs["pc-compile"]
@@ -294,27 +293,38 @@ def test_precompiled_run_compiles_first_then_creates_the_training_job(env: Any) 
     assert s["compile"] == {"done": 0, "total": 6, "jobName": "pc-compile"}  # no ETA yet
 
     _job_status(emu, "pc-compile", {"succeeded": 3, "active": 3, "startTime": st_now()})
-    with pytest.raises(kopf.TemporaryError, match="3/6"):  # retried: adopts, never duplicates
-        _ensure(state, body, retry=1)
+    _ensure(state, body)  # resumed (operator restart): adopts, never duplicates
+    handlers.job_event(
+        body=_job(emu, "pc-compile"), namespace="default", memo=_memo(state), logger=_log()
+    )
     assert len(emu.list("batch/v1", "Job", namespace="default")) == 1
     assert emu.get(*MFT, "pc", namespace="default")["status"]["compile"]["done"] == 3
 
     done = {"type": "Complete", "status": "True", "lastTransitionTime": st_now()}
     _job_status(emu, "pc-compile", {"succeeded": 6, "active": 0, "conditions": [done]})
-    handlers.reconcile_status(state, "default", "pc")
-    s = emu.get(*MFT, "pc", namespace="default")["status"]
-    assert s["phase"] == "Pending" and s["compile"]["done"] == 6
-    _ensure(state, body, retry=2)
+    handlers.job_event(
+        body=_job(emu, "pc-compile"), namespace="default", memo=_memo(state), logger=_log()
+    )
     names = sorted(j["metadata"]["name"] for j in emu.list("batch/v1", "Job", namespace="default"))
     assert names == ["pc", "pc-compile"]
-    assert emu.get(*MFT, "pc", namespace="default")["status"]["jobName"] == "pc"
+    s = emu.get(*MFT, "pc", namespace="default")["status"]
+    assert s["jobName"] == "pc" and s["phase"] == "Pending"
+    assert s["compile"] == {"done": 6, "total": 6, "etaSeconds": 0.0, "jobName": "pc-compile"}
+    # a later event of the finished precompile Job changes nothing
+    handlers.job_event(
+        body=_job(emu, "pc-compile"), namespace="default", memo=_memo(state), logger=_log()
+    )
+    assert len(emu.list("batch/v1", "Job", namespace="default")) == 2
+
+
+def _job(emu: Any, name: str) -> dict:
+    return emu.get("batch/v1", "Job", name, namespace="default")
 
 
 def test_failed_compile_fails_the_run_before_any_training_job(env: Any) -> None:
     emu, _, state = env
     body = emu.create(_mft("pf", PRECOMPILED))
-    with pytest.raises(kopf.TemporaryError):
-        _ensure(state, body)
+    _ensure(state, body)
     cjob = emu.get("batch/v1", "Job", "pf-compile", namespace="default")
     emu.create(
         {
@@ -354,8 +364,11 @@ def test_failed_compile_fails_the_run_before_any_training_job(env: Any) -> None:
     )
     failed = {"type": "Failed", "status": "True", "reason": "PodFailurePolicy"}
     _job_status(emu, "pf-compile", {"failed": 1, "conditions": [failed]})
-    with pytest.raises(kopf.PermanentError, match="head_n1"):
-        _ensure(state, body, retry=1)
+    handlers.job_event(
+        body=_job(emu, "pf-compile"), namespace="default", memo=_memo(state), logger=_log()
+    )
+    with pytest.raises(kopf.PermanentError, match="head_n1"):  # resumed: gives up at once
+        _ensure(state, {**body, "status": {}})
     s = emu.get(*MFT, "pf", namespace="default")["status"]
     assert s["phase"] == "Failed"
     (cond,) = [c for c in s["conditions"] if c["type"] == "Failed"]
