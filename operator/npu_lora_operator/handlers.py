@@ -10,8 +10,9 @@
 - ``spec.device.precompile`` (:mod:`.precompile`): the precompile Job (an Indexed Job, one
   index per device graph, CPU only) is created before the training Job; while it runs the run
   is ``Compiling`` (``status.compile``); its completion (a Job event, or the resume handler
-  after a restart) runs the create handler's path again, which then creates the training Job. A failed compile fails the run (``CompileFailed``,
-  the graph and the compiler's message) before any training Job, so no card is ever requested.
+  after a restart) runs the create handler's path again, which then creates the training Job.
+  A failed compile fails the run (``CompileFailed``, the graph and the compiler's message)
+  before any training Job exists, so no card is ever requested.
 - events of Jobs and Pods labelled ``npu-lora.io/run``: recompute the operator's subtree of the
   run's status (:func:`.status.compute_status`) and merge-patch it through ``/status`` when it
   changed; post an Event for each transition.
