@@ -7,6 +7,12 @@
   or an orphan, and the handler retries later when another owner still holds the name (e.g. the
   garbage collector has not yet removed the Job of a deleted run of the same name). So an
   operator restarted mid-run adopts the running Job and never creates a second one.
+- ``spec.device.precompile`` (:mod:`.precompile`): the precompile Job (an Indexed Job, one
+  index per device graph, CPU only) is created before the training Job; while it runs the run
+  is ``Compiling`` (``status.compile``); its completion (a Job event, or the resume handler
+  after a restart) runs the create handler's path again, which then creates the training Job.
+  A failed compile fails the run (``CompileFailed``, the graph and the compiler's message)
+  before any training Job exists, so no card is ever requested.
 - events of Jobs and Pods labelled ``npu-lora.io/run``: recompute the operator's subtree of the
   run's status (:func:`.status.compute_status`) and merge-patch it through ``/status`` when it
   changed; post an Event for each transition.
@@ -40,7 +46,7 @@ import kubernetes
 from npu_lora.api import v1alpha1 as api
 from npu_lora.api.v1alpha1 import API_VERSION, GROUP, PLURAL, VERSION
 
-from npu_lora_operator import builders, policy
+from npu_lora_operator import builders, policy, precompile
 from npu_lora_operator import metrics as prom
 from npu_lora_operator import status as st
 from npu_lora_operator.kube import Kube, KubeError, plural_of
@@ -310,7 +316,14 @@ def reconcile_status(state: State, namespace: str, name: str) -> Body | None:
         old = mft.get("status") or {}
         if old.get("phase") in st.TERMINAL_PHASES and job is None:
             return old  # the Job was removed (ttlSecondsAfterFinished): keep the verdict
-        new = st.compute_status(mft, job, pods)
+        precompiled = job is None or "compile" in old
+        cjob = _compile_job(kube, mft, namespace, name) if precompiled else None
+        if cjob is not None and job is None:  # precompiling: no training Job yet
+            new = st.compute_compile_status(mft, cjob, _pods_of(kube, cjob, namespace, name))
+        else:
+            new = st.compute_status(mft, job, pods)
+            if cjob is not None:  # the last word on the precompile Job (done = total)
+                new["compile"] = st.compile_progress(cjob, st.now_iso())
         if old.get("phase") in st.TERMINAL_PHASES and new.get("phase") != old.get("phase"):
             return old
         if not st.status_changed(old, new):
@@ -318,6 +331,26 @@ def reconcile_status(state: State, namespace: str, name: str) -> Body | None:
         kube.merge_patch(API_VERSION, PLURAL, name, namespace, {"status": new}, sub="status")
         _post(mft, st.transition_events(old, new))
         return new
+
+
+def _compile_job(kube: Kube, mft: Body, namespace: str, name: str) -> Body | None:
+    """The run's own precompile Job (owner uid), or None."""
+    cjob = kube.get("batch/v1", "jobs", precompile.precompile_job_name(name), namespace)
+    if cjob is None or not _owned_by(cjob, _uid(mft)):
+        return None
+    return cjob
+
+
+def _job_finished(job: Body) -> str | None:
+    """``"Complete"`` or ``"Failed"`` from a Job's conditions, None while it runs."""
+    for c in (job.get("status") or {}).get("conditions") or []:
+        if c.get("status") != "True":
+            continue
+        if c.get("type") in ("Complete", "SuccessCriteriaMet"):
+            return "Complete"
+        if c.get("type") in ("Failed", "FailureTarget"):
+            return "Failed"
+    return None
 
 
 def fail_run(state: State, namespace: str, name: str, reason: str, message: str) -> None:
@@ -395,9 +428,19 @@ def ensure_run(
         raise kopf.PermanentError(msg) from e
     admit(state, run, [], logger)  # the spec first: a refused run costs no memory estimate
     children = builders.build_children(run, state.config)
+    total = precompile.plan_size(run) if precompile.wants_precompile(run) else None
+    if precompile.wants_precompile(run) and total is None:
+        logger.warning("run %s: the compile plan cannot be sized here; not precompiled", name)
+    if total:  # the precompile Job goes before the training Job (the last child)
+        children.insert(-1, precompile.build_precompile_job(run, state.config, total))
     admit(state, run, children, logger)
     created = []
+    job = builders.job_name(name)
     for child in children:
+        is_job = child["kind"] == "Job" and child["metadata"]["name"] == job
+        if total and is_job and not _precompiled(state, run, raw):
+            logger.info("run %s: compiling device graphs before the training Job", name)
+            return
         try:
             _, was_created = ensure_object(state.kube, child, run, retry)
         except ChildConflict as e:
@@ -411,16 +454,40 @@ def ensure_run(
             raise
         if was_created:
             created.append(f"{child['kind']}/{child['metadata']['name']}")
-    job = builders.job_name(name)
+            if child["metadata"]["name"] != job and child["kind"] == "Job":
+                _post(
+                    raw,
+                    [("Normal", "CompileJobCreated", f"created Job {child['metadata']['name']}")],
+                )
     if created:
         logger.info("created %s", ", ".join(created))
-    if any(c.startswith("Job/") for c in created):
+    if f"Job/{job}" in created:
         prom.job_created(raw.get("kind") or "MoEFinetune")
         _post(raw, [("Normal", "JobCreated", f"created Job {job}")])
     else:
         prom.job_adopted(raw.get("kind") or "MoEFinetune")
         _post(raw, [("Normal", "JobAdopted", f"adopted existing Job {job}")])
     reconcile_status(state, namespace, name)
+
+
+def _precompiled(state: State, run: builders.Run, raw: Body) -> bool:
+    """Before the training Job of a precompiled run: whether it may be created now (the
+    precompile Job completed, or the training Job exists already: an operator restarted mid-run
+    adopts it). False while the graphs compile (phase ``Compiling``; the precompile Job's
+    completion event creates the training Job, :func:`job_event`); ``kopf.PermanentError``
+    when a graph failed to compile (``Failed``, reason ``CompileFailed``)."""
+    ns, name = run.namespace or "default", run.name
+    kube = state.kube
+    train = kube.get("batch/v1", "jobs", builders.job_name(name), ns)
+    if train is not None and _owned_by(train, run.uid):
+        return True
+    cjob = _compile_job(kube, raw, ns, name)
+    if cjob is not None and _job_finished(cjob) == "Complete":
+        return True
+    new = reconcile_status(state, ns, name) or {}
+    if cjob is not None and _job_finished(cjob) == "Failed":
+        raise kopf.PermanentError(bounded(new.get("message") or "a device graph failed to compile"))
+    return False
 
 
 @kopf.on.field(GROUP, VERSION, PLURAL, field="spec.suspend", registry=registry)
@@ -544,10 +611,31 @@ def spec_changed(
 
 @kopf.on.event("batch", "v1", "jobs", labels={builders.RUN_LABEL: kopf.PRESENT}, registry=registry)
 @prom.instrumented("job_event")
-def job_event(body: kopf.Body, namespace: str, memo: kopf.Memo, **_: Any) -> None:
-    run = run_name_of(dict(body))
-    if run:
-        reconcile_status(memo.state, namespace, run)
+def job_event(
+    body: kopf.Body, namespace: str, memo: kopf.Memo, logger: logging.Logger, **_: Any
+) -> None:
+    raw: Body = dict(body)
+    run = run_name_of(raw)
+    if not run:
+        return
+    if _is_completed_precompile(memo.state, raw, namespace, run):
+        mft = memo.state.kube.get(API_VERSION, PLURAL, run, namespace)
+        if mft is not None and _owned_by(raw, _uid(mft)):
+            ensure_run(body=mft, name=run, namespace=namespace, logger=logger, memo=memo)
+            return
+    reconcile_status(memo.state, namespace, run)
+
+
+def _is_completed_precompile(state: State, job: Body, namespace: str, run: str) -> bool:
+    """A run's precompile Job that completed while the run has no training Job yet."""
+    meta = job.get("metadata") or {}
+    if meta.get("name") != precompile.precompile_job_name(run):
+        return False
+    if (meta.get("labels") or {}).get("app.kubernetes.io/component") != precompile.COMPONENT:
+        return False
+    if _job_finished(job) != "Complete":
+        return False
+    return state.kube.get("batch/v1", "jobs", builders.job_name(run), namespace) is None
 
 
 @kopf.on.event("", "v1", "pods", labels={builders.RUN_LABEL: kopf.PRESENT}, registry=registry)

@@ -18,8 +18,8 @@ Pure functions (no I/O), torch-free (the plan is :mod:`npu_lora.compile.plan`):
 - :func:`compile_status`: ``status.compile`` {done, total, etaSeconds, jobName} from the Job's
   status.
 
-Not wired into the handlers yet (phase ``Compiling`` before the training Job): see
-docs/compile.md.
+The handlers create this Job before the training Job and hold the latter back until it
+completed (phase ``Compiling``, :func:`.status.compute_compile_status`): see docs/compile.md.
 """
 
 from __future__ import annotations

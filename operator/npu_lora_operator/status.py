@@ -12,13 +12,17 @@ Phases and the condition that explains them (all five condition types are always
 phase      condition           reason
 =========  ==================  ===============================================================
 Pending    Queued=True         JobCreated, PodPending, WaitingForQueue (Kueue), Unschedulable,
-                               ImagePullBackOff
+                               ImagePullBackOff, Compiled (precompile done, the Job comes next)
+Compiling  Queued=True         Compiling (``spec.device.precompile``: the precompile Job runs;
+                               ``status.compile`` {done, total, etaSeconds, jobName})
 Running    Running=True        PodRunning, Retrying (a pod failed, the Job retries)
 Succeeded  Succeeded=True      Completed
 Failed     Failed=True         WorkerError (exit code, pod, the worker's termination message),
                                BackoffLimitExceeded, DeadlineExceeded, JobFailed, InvalidSpec
                                (the server rejected the Job the operator built),
-                               RendezvousTimeout (a data-parallel rank never joined)
+                               RendezvousTimeout (a data-parallel rank never joined),
+                               CompileFailed (a device graph did not compile: the graph and the
+                               compiler's message; no training Job was created)
 Suspended  Suspended=True      Suspended (``spec.suspend``)
 =========  ==================  ===============================================================
 """
@@ -32,6 +36,7 @@ from typing import Any
 from npu_lora.api.v1alpha1 import EXIT_CONFIG_ERROR, EXIT_NONFINITE_LOSS, EXIT_RENDEZVOUS_TIMEOUT
 
 from npu_lora_operator.messages import MAX_MESSAGE, bounded
+from npu_lora_operator.precompile import compile_status
 
 Body = dict[str, Any]
 
@@ -46,6 +51,7 @@ OPERATOR_KEYS = (
     "completionTime",
     "observedGeneration",
     "message",
+    "compile",
 )
 CONDITION_TYPES = ("Queued", "Running", "Succeeded", "Failed", "Suspended")
 TERMINAL_PHASES = ("Succeeded", "Failed")
@@ -239,6 +245,77 @@ def _observe(body: Body, job: Body | None, pods: list[Body]) -> Observed:
         msg = f"pod {pname}: {waiting['reason']}: {waiting.get('message') or ''}".rstrip(": ")
         return Observed("Pending", waiting["reason"], msg, "Queued")
     return Observed("Pending", "PodPending", f"pod {pname} is starting", "Queued")
+
+
+def observe_compile(body: Body, cjob: Body, pods: list[Body]) -> Observed:
+    """The run while its precompile Job (``cjob``) runs and no training Job exists yet."""
+    jname = (cjob.get("metadata") or {}).get("name", "")
+    failed = _cond(cjob, "Failed") or _cond(cjob, "FailureTarget")
+    if failed:
+        fpod = _last_failed_pod(pods)
+        if fpod is not None:
+            pod_name = (fpod.get("metadata") or {}).get("name", "?")
+            code, detail = worker_failure(fpod)
+            term = _terminated(fpod) or {}
+            if term.get("message"):  # "compile of graph I NAME failed: ...": the graph first
+                detail = bounded(term["message"].strip(), _MAX_MESSAGE)
+            msg = f"precompile pod {pod_name} failed (exit code {code})"
+            msg += f": {detail}" if detail else ""
+        else:
+            msg = failed.get("message") or f"precompile Job {jname} failed"
+        return Observed("Failed", "CompileFailed", bounded(msg), "Failed")
+    if _cond(cjob, "Complete") or _cond(cjob, "SuccessCriteriaMet"):
+        msg = f"device graphs compiled by Job {jname}; creating the training Job"
+        return Observed("Pending", "Compiled", msg, "Queued")
+    st = cjob.get("status") or {}
+    total = int((cjob.get("spec") or {}).get("completions") or 0)
+    done = int(st.get("succeeded") or 0)
+    msg = f"compiling device graphs: {done}/{total} done (Job {jname})"
+    return Observed("Compiling", "Compiling", msg, "Queued")
+
+
+def _elapsed(start: Any, now: str) -> float | None:
+    try:
+        t0 = dt.datetime.strptime(_ts(start), "%Y-%m-%dT%H:%M:%SZ")
+        t1 = dt.datetime.strptime(now, "%Y-%m-%dT%H:%M:%SZ")
+    except ValueError:
+        return None
+    return max((t1 - t0).total_seconds(), 0.0)
+
+
+def compile_progress(cjob: Body, now: str) -> Body:
+    """``status.compile`` {done, total, etaSeconds, jobName} of the precompile Job ``cjob``
+    (``etaSeconds`` left out before the first graph is done, as the API would drop a null)."""
+    cstatus = cjob.get("status") or {}
+    total = int((cjob.get("spec") or {}).get("completions") or 0)
+    jname = (cjob.get("metadata") or {}).get("name", "")
+    progress = compile_status(cstatus, total, _elapsed(cstatus.get("startTime"), now), jname)
+    return {k: v for k, v in progress.items() if v is not None}
+
+
+def compute_compile_status(
+    body: Body, cjob: Body, pods: list[Body], *, now: str | None = None
+) -> Body:
+    """The operator's status subtree while the precompile Job ``cjob`` stands for the run (no
+    training Job yet): phase ``Compiling`` with ``compile`` {done, total, etaSeconds, jobName}
+    (ETA from the elapsed time per completed graph), ``Failed``/``CompileFailed`` with the
+    failed pod's termination message, or ``Pending``/``Compiled`` once it completed."""
+    now = now or now_iso()
+    meta = body.get("metadata") or {}
+    old = body.get("status") or {}
+    obs = observe_compile(body, cjob, pods)
+    generation = meta.get("generation")
+    out: Body = {
+        "phase": obs.phase,
+        "conditions": set_conditions(old.get("conditions"), obs, now, generation),
+        "message": obs.message,
+        "compile": compile_progress(cjob, now),
+    }
+    if generation is not None:
+        out["observedGeneration"] = generation
+    if obs.phase == "Failed":
+        out["completionTime"] = old.get("completionTime") or now
+    return out
 
 
 def attempts_of(job: Body | None, pods: list[Body]) -> int:

@@ -251,3 +251,144 @@ def test_rejected_child_fails_the_run(env: Any, monkeypatch: pytest.MonkeyPatch)
     assert "spec.template: bad" in st["message"]
     # a later reconcile keeps the verdict (there is no Job)
     assert handlers.reconcile_status(state, "default", "r1")["phase"] == "Failed"
+
+
+PRECOMPILED = {
+    "model": {"preset": "tiny-qwen3-moe"},
+    "data": {"path": "example:nsmc-mini"},
+    "moe": {"placement": "host-only"},
+    "training": {"steps": 5, "seqLen": 8, "batchSize": 1},
+    "device": {"backend": "cpu", "precompile": "true", "compileCache": {"claimName": "graphs"}},
+}
+
+
+def _ensure(state: Any, body: dict, retry: int = 0) -> None:
+    handlers.ensure_run(
+        body=body,
+        name=body["metadata"]["name"],
+        namespace="default",
+        logger=_log(),
+        memo=_memo(state),
+        retry=retry,
+    )
+
+
+def _job_status(emu: Any, name: str, status: dict) -> None:
+    emu.patch(
+        "batch/v1", "Job", name, {"status": status}, namespace="default", subresource="status"
+    )
+
+
+def test_precompiled_run_compiles_first_then_creates_the_training_job(env: Any) -> None:
+    emu, _, state = env
+    body = emu.create(_mft("pc", PRECOMPILED))
+    _ensure(state, body)  # returns: the precompile Job's completion event goes on
+    jobs = {j["metadata"]["name"]: j for j in emu.list("batch/v1", "Job", namespace="default")}
+    assert list(jobs) == ["pc-compile"]  # no training Job, no card requested
+    cjob = jobs["pc-compile"]
+    assert cjob["metadata"]["ownerReferences"][0]["uid"] == body["metadata"]["uid"]
+    assert cjob["spec"]["completions"] == 6
+    s = emu.get(*MFT, "pc", namespace="default")["status"]
+    assert s["phase"] == "Compiling"
+    assert s["compile"] == {"done": 0, "total": 6, "jobName": "pc-compile"}  # no ETA yet
+
+    _job_status(emu, "pc-compile", {"succeeded": 3, "active": 3, "startTime": st_now()})
+    _ensure(state, body)  # resumed (operator restart): adopts, never duplicates
+    handlers.job_event(
+        body=_job(emu, "pc-compile"), namespace="default", memo=_memo(state), logger=_log()
+    )
+    assert len(emu.list("batch/v1", "Job", namespace="default")) == 1
+    assert emu.get(*MFT, "pc", namespace="default")["status"]["compile"]["done"] == 3
+
+    done = {"type": "Complete", "status": "True", "lastTransitionTime": st_now()}
+    _job_status(emu, "pc-compile", {"succeeded": 6, "active": 0, "conditions": [done]})
+    handlers.job_event(
+        body=_job(emu, "pc-compile"), namespace="default", memo=_memo(state), logger=_log()
+    )
+    names = sorted(j["metadata"]["name"] for j in emu.list("batch/v1", "Job", namespace="default"))
+    assert names == ["pc", "pc-compile"]
+    s = emu.get(*MFT, "pc", namespace="default")["status"]
+    assert s["jobName"] == "pc" and s["phase"] == "Pending"
+    assert s["compile"] == {"done": 6, "total": 6, "etaSeconds": 0.0, "jobName": "pc-compile"}
+    # a later event of the finished precompile Job changes nothing
+    handlers.job_event(
+        body=_job(emu, "pc-compile"), namespace="default", memo=_memo(state), logger=_log()
+    )
+    assert len(emu.list("batch/v1", "Job", namespace="default")) == 2
+
+
+def _job(emu: Any, name: str) -> dict:
+    return emu.get("batch/v1", "Job", name, namespace="default")
+
+
+def test_failed_compile_fails_the_run_before_any_training_job(env: Any) -> None:
+    emu, _, state = env
+    body = emu.create(_mft("pf", PRECOMPILED))
+    _ensure(state, body)
+    cjob = emu.get("batch/v1", "Job", "pf-compile", namespace="default")
+    emu.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "pf-compile-2-abc",
+                "namespace": "default",
+                "labels": {builders.RUN_LABEL: "pf"},
+                "ownerReferences": [
+                    {
+                        "apiVersion": "batch/v1",
+                        "kind": "Job",
+                        "name": "pf-compile",
+                        "uid": cjob["metadata"]["uid"],
+                        "controller": True,
+                    }
+                ],
+            },
+            "spec": {"containers": [{"name": "worker", "image": "w:1"}]},
+            "status": {
+                "phase": "Failed",
+                "containerStatuses": [
+                    {
+                        "name": "worker",
+                        "state": {
+                            "terminated": {
+                                "exitCode": 1,
+                                "message": "compile of graph 2 head_n1 failed: LoweringException: boom",
+                            }
+                        },
+                    }
+                ],
+            },
+        },
+        keep_status=True,
+    )
+    failed = {"type": "Failed", "status": "True", "reason": "PodFailurePolicy"}
+    _job_status(emu, "pf-compile", {"failed": 1, "conditions": [failed]})
+    handlers.job_event(
+        body=_job(emu, "pf-compile"), namespace="default", memo=_memo(state), logger=_log()
+    )
+    with pytest.raises(kopf.PermanentError, match="head_n1"):  # resumed: gives up at once
+        _ensure(state, {**body, "status": {}})
+    s = emu.get(*MFT, "pf", namespace="default")["status"]
+    assert s["phase"] == "Failed"
+    (cond,) = [c for c in s["conditions"] if c["type"] == "Failed"]
+    assert cond["reason"] == "CompileFailed"
+    assert "compile of graph 2 head_n1 failed: LoweringException: boom" in cond["message"]
+    assert emu.get("batch/v1", "Job", "pf", namespace="default") is None
+    _ensure(state, emu.get(*MFT, "pf", namespace="default"))  # terminal: nothing more
+
+
+def test_precompile_off_creates_the_training_job_at_once(env: Any) -> None:
+    emu, _, state = env
+    spec = {**PRECOMPILED, "device": {**PRECOMPILED["device"], "precompile": "false"}}
+    body = emu.create(_mft("po", spec))
+    _ensure(state, body)
+    names = [j["metadata"]["name"] for j in emu.list("batch/v1", "Job", namespace="default")]
+    assert names == ["po"]
+    assert "compile" not in emu.get(*MFT, "po", namespace="default")["status"]
+
+
+def st_now() -> str:
+    from npu_lora_operator.status import now_iso
+
+    return now_iso()

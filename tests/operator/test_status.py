@@ -178,3 +178,56 @@ def test_transition_time_kept_while_status_unchanged() -> None:
 def test_only_operator_keys() -> None:
     s = st.compute_status(mft(progress={"step": 3}), job(active=1), [pod()], now=NOW)
     assert set(s) <= set(st.OPERATOR_KEYS)
+
+
+def compile_job(*c: tuple[str, str], total: int = 6, **status: Any) -> dict[str, Any]:
+    j = job(*c, startTime="2025-12-31T23:59:00Z", **status)
+    j["metadata"]["name"] = "r1-compile"
+    j["spec"]["completions"] = total
+    return j
+
+
+def test_precompile_running_is_compiling_with_done_total_and_eta() -> None:
+    s = st.compute_compile_status(mft(), compile_job(succeeded=2, active=4), [], now=NOW)
+    assert s["phase"] == "Compiling"
+    assert conds(s)["Queued"] == ("True", "Compiling")
+    assert conds(s)["Running"] == ("False", "NotStarted")
+    # 2 of 6 graphs in 60 s: 30 s a graph, 4 to go
+    assert s["compile"] == {"done": 2, "total": 6, "etaSeconds": 120.0, "jobName": "r1-compile"}
+    assert "2/6" in s["message"]
+    assert "completionTime" not in s and "jobName" not in s
+
+
+def test_precompile_before_the_first_graph_has_no_eta() -> None:
+    s = st.compute_compile_status(mft(), compile_job(active=6), [], now=NOW)
+    assert s["phase"] == "Compiling" and "etaSeconds" not in s["compile"]
+    assert s["compile"]["done"] == 0
+
+
+def test_precompile_complete_waits_for_the_training_job() -> None:
+    s = st.compute_compile_status(mft(), compile_job(("Complete", ""), succeeded=6), [], now=NOW)
+    assert s["phase"] == "Pending" and conds(s)["Queued"] == ("True", "Compiled")
+    assert s["compile"]["done"] == 6 and s["compile"]["etaSeconds"] == 0.0
+
+
+def test_failed_compile_fails_the_run_with_the_graph_and_compiler_message() -> None:
+    p = pod(
+        name="r1-compile-3-xyz",
+        phase="Failed",
+        state={
+            "terminated": {
+                "exitCode": 1,
+                "reason": "Error",
+                "message": "compile of graph 3 attention failed: inductor: " + "x" * 9000,
+            }
+        },
+    )
+    j = compile_job(("FailureTarget", "PodFailurePolicy"), ("Failed", "PodFailurePolicy"))
+    s = st.compute_compile_status(mft(), j, [p], now=NOW)
+    assert s["phase"] == "Failed"
+    assert conds(s)["Failed"] == ("True", "CompileFailed")
+    assert (
+        "r1-compile-3-xyz" in s["message"] and "compile of graph 3 attention failed" in s["message"]
+    )
+    assert len(s["message"]) <= st.MAX_MESSAGE
+    assert s["completionTime"] == NOW

@@ -1,5 +1,5 @@
 """The precompile fan-out in the sandbox: the operator's Indexed precompile Job (built by
-``npu_lora_operator.precompile``, created here directly: the handlers do not create it yet) runs
+``npu_lora_operator.precompile``, created here directly; tests/e2e/test_precompile_run.py runs it through the operator) runs
 one pod per graph of the plan, each compiling with a real compiler (cpu: torch.compile +
 inductor) into the shared claim; then the run's plan finds every key (the training pod compiles
 nothing)."""
