@@ -76,7 +76,7 @@ def test_two_workers_train_to_one_adapter(cluster: Cluster, operator: OperatorPr
     assert sorted(p["metadata"]["annotations"][index] for p in pods) == ["0", "1"]
     assert all(p["status"]["phase"] == "Succeeded" for p in pods)
     # both ranks trained: rank 0's records carry both ranks' compute times and tokens
-    run_dir = Path(cluster.kubelet.root) / "pvc" / "runs" / name
+    run_dir = Path(cluster.kubelet.root) / "pvc" / "default" / "runs" / name
     recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in recs] == list(range(1, 7))
     assert all(r["world_size"] == 2 and len(r["rank_compute_s"]) == 2 for r in recs)
@@ -135,7 +135,7 @@ def test_a_worker_that_never_comes_up_fails_the_run(
     wait_until(lambda: not kl._procs, timeout=30)
     job = cluster.jobs(name)[0]
     assert not job["status"].get("active")
-    assert not (Path(kl.root) / "pvc" / "runs" / name / "metrics.jsonl").exists()
+    assert not (Path(kl.root) / "pvc" / "default" / "runs" / name / "metrics.jsonl").exists()
 
 
 @pytest.mark.parametrize(

@@ -104,7 +104,7 @@ def test_sandbox_runs_the_example(tmp_path: Path) -> None:
             "HOT",
         ]
         assert row.split()[1:3] == ["Succeeded", "12"]
-        run_dir = tmp_path / "root" / "pvc" / "runs" / "tiny-sandbox"
+        run_dir = tmp_path / "root" / "pvc" / "default" / "runs" / "tiny-sandbox"
         assert (run_dir / "summary.json").exists() and (run_dir / "adapter").is_dir()
         # the operator ran as its own ServiceAccount (the chart's ClusterRole), not as the admin
         token = yaml.safe_load(kc.read_text())["users"][0]["user"]["token"]
