@@ -223,13 +223,21 @@ def test_against_emulator_patches_only_worker_keys(
 def test_against_emulator_missing_object_is_not_fatal(
     emulator: Any, kubeconfig: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import signal
+
     emulator.load_crd(build_crd())
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    # not the worker's main loop: no SIGTERM handler (one left by an earlier in-process test
+    # would make the reporter's "run deleted" path stop this process)
+    old_handler = signal.signal(signal.SIGTERM, signal.SIG_DFL)
     rep = StatusReporter("gone", total_steps=1, retry_seconds=0.05, flush_timeout=0.5)
     rep.on_start(SimpleNamespace(total_steps=1, start_step=1))
     rep.on_step(record(1), None)
-    rep.on_end({}, None)  # 404s: logged, not raised
+    try:
+        rep.on_end({}, None)  # 404s: logged, not raised
+    finally:
+        signal.signal(signal.SIGTERM, old_handler)
     assert rep.failures >= 1
 
 
