@@ -138,7 +138,7 @@ def test_auto_keeps_the_agreed_choice(tiny):
     """Data parallel: each rank times its own trials, ``auto_agree`` (rank 0's choice, a
     broadcast) decides, so every rank keeps the same placement even where its own medians
     disagree."""
-    be = DelayBackend("hot_experts", 0.5)  # this rank alone would keep host-only
+    be = DelayBackend("hot_experts", 1.5)  # this rank alone would keep host-only
     eng = build_engine(tiny.spec(moe={"placement": "auto", "warmupSteps": 1}), backend=be)
     be.engine = eng
     asked: list[str] = []
