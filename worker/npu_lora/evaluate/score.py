@@ -82,17 +82,29 @@ def token_nll(engine: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return fn(batch)
     model = getattr(engine, "model", engine)
     labels = batch["labels"]
+    tgt = labels[:, 1:]
+    valid = tgt != IGNORE_INDEX
+    # logits only at the positions that predict a label (transformers' ``logits_to_keep``,
+    # 1-D: the same positions in every row); the vocabulary projection of the other positions
+    # is most of the cost with a large vocabulary. Models without it: every position.
+    keep = valid.any(0).nonzero()[:, 0]
+    kw = {"input_ids": batch["input_ids"], "attention_mask": batch.get("attention_mask")}
     with _eval_mode(model):
-        logits = model(
-            input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask")
-        ).logits
-        tgt = labels[:, 1:]
-        valid = tgt != IGNORE_INDEX
+        logits = None
+        try:
+            logits = model(**kw, logits_to_keep=keep.to(batch["input_ids"].device)).logits
+        except TypeError:
+            pass
+        if logits is None or logits.shape[1] != keep.numel():
+            logits = model(**kw).logits[:, keep]
+        B, K, V = logits.shape
         ce = F.cross_entropy(
-            logits[:, :-1].float().transpose(1, 2), tgt.clamp(min=0), reduction="none"
-        )
+            logits.float().reshape(B * K, V),
+            tgt[:, keep].clamp(min=0).reshape(B * K).to(logits.device),
+            reduction="none",
+        ).view(B, K)
         out = torch.zeros(labels.shape, dtype=torch.float32)
-        out[:, 1:] = (ce * valid).cpu()
+        out[:, 1 + keep] = (ce.cpu() * valid[:, keep])
     return out
 
 
