@@ -31,8 +31,10 @@ def load(paths: list[str]) -> dict[str, list[dict]]:
         if p.endswith(".tar.gz"):
             with tarfile.open(p) as tar:
                 for m in tar.getmembers():
-                    if m.isfile() and (m.name.endswith("eval.jsonl") or
-                                       (Path(m.name).name.startswith("stock") and m.name.endswith(".json"))):
+                    if m.isfile() and (
+                        m.name.endswith("eval.jsonl")
+                        or (Path(m.name).name.startswith("stock") and m.name.endswith(".json"))
+                    ):
                         f = tar.extractfile(m)
                         assert f is not None
                         out[m.name] = _records(m.name, io.TextIOWrapper(f).read())
@@ -54,10 +56,18 @@ def draw(curves: dict[str, list[dict]], png: Path) -> None:
         a1.plot(steps, [r["loss"] for r in recs], "o-", label=label)
         a2.plot(steps, [100 * r["accuracy"] for r in recs], "o-", label=f"{label} (calibrated)")
         if recs and recs[0].get("accuracy_total") is not None:
-            a2.plot(steps, [100 * r["accuracy_total"] for r in recs], "x--",
-                    label=f"{label} (plain total LL)")
-    a1.set(xlabel="step", ylabel="eval loss (nats / answer token)", yscale="log",
-           title="held-out eval loss")
+            a2.plot(
+                steps,
+                [100 * r["accuracy_total"] for r in recs],
+                "x--",
+                label=f"{label} (plain total LL)",
+            )
+    a1.set(
+        xlabel="step",
+        ylabel="eval loss (nats / answer token)",
+        yscale="log",
+        title="held-out eval loss",
+    )
     a2.axhline(50, color="grey", lw=0.8)
     a2.axhline(54, color="red", lw=0.8, ls=":", label="54 % (p < 0.01, 1,000 rows)")
     a2.set(xlabel="step", ylabel="accuracy on ratings_test.txt (%)", title="held-out accuracy")

@@ -22,13 +22,12 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import get_scheduler
-
 from npu_lora.api.load import load_manifest
 from npu_lora.data import prepare_data
 from npu_lora.evaluate import evaluate
 from npu_lora.evaluate.heldout import prepare_eval
 from npu_lora.models.build import build_model
+from transformers import get_scheduler
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,8 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     total = t.total_steps(len(ds))
 
     model, _ = build_model(
-        spec.model, spec.lora, seed=t.seed, vocab_size=len(tok),
-        host_dtype="float32", experts_implementation="grouped_mm",
+        spec.model,
+        spec.lora,
+        seed=t.seed,
+        vocab_size=len(tok),
+        host_dtype="float32",
+        experts_implementation="grouped_mm",
     )
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
@@ -65,7 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         for m in range(t.grad_accumulation):
             b = ds.batch(step, m, t.batch_size, t.grad_accumulation)
-            kw = {k: b[k] for k in ("input_ids", "attention_mask", "labels", "position_ids") if k in b}
+            kw = {
+                k: b[k] for k in ("input_ids", "attention_mask", "labels", "position_ids") if k in b
+            }
             loss = model(**kw).loss / t.grad_accumulation
             loss.backward()
         torch.nn.utils.clip_grad_norm_(params, max_norm)
@@ -82,11 +87,19 @@ def main(argv: list[str] | None = None) -> int:
             evals.append(rec)
             print(json.dumps(rec), flush=True)
         if step % 50 == 0:
-            print(f"step {step}/{total} loss {sum(losses[-50:]) / 50:.4f} train_s {train_s:.1f}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"step {step}/{total} loss {sum(losses[-50:]) / 50:.4f} train_s {train_s:.1f}",
+                file=sys.stderr,
+                flush=True,
+            )
     out = {
-        "spec": args.spec, "steps": total, "train_seconds": train_s, "eval_seconds": eval_s,
-        "wall_seconds": time.perf_counter() - t_all, "final": evals[-1], "evals": evals,
+        "spec": args.spec,
+        "steps": total,
+        "train_seconds": train_s,
+        "eval_seconds": eval_s,
+        "wall_seconds": time.perf_counter() - t_all,
+        "final": evals[-1],
+        "evals": evals,
         "train_loss": losses,
     }
     print(json.dumps({k: v for k, v in out.items() if k not in ("evals", "train_loss")}))

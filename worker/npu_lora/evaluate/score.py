@@ -91,10 +91,8 @@ def token_nll(engine: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     kw = {"input_ids": batch["input_ids"], "attention_mask": batch.get("attention_mask")}
     with _eval_mode(model):
         logits = None
-        try:
+        with contextlib.suppress(TypeError):  # a model without logits_to_keep
             logits = model(**kw, logits_to_keep=keep.to(batch["input_ids"].device)).logits
-        except TypeError:
-            pass
         if logits is None or logits.shape[1] != keep.numel():
             logits = model(**kw).logits[:, keep]
         B, K, V = logits.shape
@@ -104,7 +102,7 @@ def token_nll(engine: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
             reduction="none",
         ).view(B, K)
         out = torch.zeros(labels.shape, dtype=torch.float32)
-        out[:, 1 + keep] = (ce.cpu() * valid[:, keep])
+        out[:, 1 + keep] = ce.cpu() * valid[:, keep]
     return out
 
 
