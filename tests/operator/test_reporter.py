@@ -388,3 +388,18 @@ def test_eval_is_reported_at_once_with_the_best_and_validates_against_the_model(
     assert set(status) <= set(WORKER_KEYS)
     MoEFinetuneStatus.model_validate(status)
     rep.close(5)
+
+
+def test_auto_keeping_host_only_reports_no_hot_experts() -> None:
+    """HOT counts experts that run on the device: when ``auto`` keeps host-only after its trials,
+    the hot set chosen for the trial is no longer in use and HOT reads 0."""
+    api = FakeApi()
+    rep = StatusReporter("r1", total_steps=8, min_interval_seconds=0, patch=api)
+    rep.on_start(SimpleNamespace(total_steps=8, start_step=1))
+    rep.on_step(record(1), None)
+    rep.on_hot_selected({"fraction": 0.25, "experts": 4, "selected_at_step": 1}, None)
+    rep.on_placement({"policy": "auto", "chosen": "host-only", "decided_at_step": 7}, None)
+    rep.on_step(record(8), None)
+    rep.on_end({}, None)
+    last = api.ok[-1]["status"]
+    assert last["hot"]["experts"] == 0 and last["placement"]["chosen"] == "host-only"

@@ -437,6 +437,9 @@ class StatusReporter(TrainCallback):
             if v is not None:
                 out[dst] = v
         self._state["placement"] = out
+        hot = self._state.get("hot")
+        if out.get("chosen") == "host-only" and isinstance(hot, dict):
+            hot["experts"] = 0  # auto kept host-only: no expert runs on the device (HOT 0)
 
     def on_eval(self, record: dict[str, Any], ctx: Any) -> None:
         """``status.eval`` (spec.eval): the last evaluation and the best eval loss so far."""
