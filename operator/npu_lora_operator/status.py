@@ -33,6 +33,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
+from npu_lora.api.timefmt import rfc3339
 from npu_lora.api.v1alpha1 import EXIT_CONFIG_ERROR, EXIT_NONFINITE_LOSS, EXIT_RENDEZVOUS_TIMEOUT
 
 from npu_lora_operator.messages import MAX_MESSAGE, bounded
@@ -66,7 +67,7 @@ _MAX_MESSAGE = MAX_MESSAGE - 200
 
 
 def now_iso() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339()
 
 
 def _ts(value: Any) -> str:

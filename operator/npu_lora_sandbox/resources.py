@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import re
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+from npu_lora.api.timefmt import rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ SA_TOKEN_PREFIX = "sandbox-sa-"  # + 43 random characters: a ServiceAccount toke
 
 
 def now_iso() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339()
 
 
 class ApiError(Exception):

@@ -18,7 +18,6 @@ A failed status patch is logged and never stops the benchmark.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import logging
 import os
@@ -28,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from npu_lora.api.timefmt import rfc3339
 from npu_lora.api.v1alpha1 import BenchmarkStatus, MoEFinetune
 from npu_lora.report.status import _sig as _finite  # 4 significant digits, None if not finite
 
@@ -160,7 +160,7 @@ class BenchmarkReporter:
             "step": done,
             "totalSteps": total,
             "percent": round(100.0 * done / total, 1) if total else 0.0,
-            "lastUpdateTime": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "lastUpdateTime": rfc3339(),
         }
         if done:
             progress["etaSeconds"] = round(elapsed / done * (total - done), 1)

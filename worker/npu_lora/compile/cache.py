@@ -24,6 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from npu_lora.api.timefmt import rfc3339
+
 LAYOUT = "v1"
 ENTRY = "entry.json"
 #: the cache root when set (local runs, precompile pods)
@@ -85,7 +87,7 @@ def publish(
     try:
         doc = dict(build(tmp))
         doc.setdefault("key", key)
-        doc.setdefault("published_at", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        doc.setdefault("published_at", rfc3339())
         _write_json_synced(tmp / ENTRY, doc)
         try:
             os.rename(tmp, final)  # atomic; fails when ``final`` exists and is not empty

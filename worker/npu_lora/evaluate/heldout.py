@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from npu_lora.api.timefmt import rfc3339
 from npu_lora.data.dataset import split_held_out
 from npu_lora.data.readers import DataError, Example
 from npu_lora.evaluate.score import EvalSet, build_eval_set, evaluate
@@ -134,4 +135,4 @@ class HeldOutEval:
 
 
 def _iso(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
+    return rfc3339(t, millis=True)

@@ -7,7 +7,6 @@ engine moves the non-MoE parts to the device. The MoE blocks (router + experts) 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -166,8 +165,3 @@ def build_model(
     cast_split(model, host_dtype=hd, device_dtype=device_dtype)
     peft_model = inject_lora(model, lora_spec)
     return peft_model, peft_model.config
-
-
-def read_index(path: str | Path) -> dict[str, str]:
-    """``weight name -> shard file`` of a sharded safetensors checkpoint."""
-    return json.loads(Path(path).read_text())["weight_map"]

@@ -36,7 +36,6 @@ Imports only the ``kubernetes`` package (lazily), the API model's constants
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import math
 import os
@@ -48,6 +47,7 @@ from collections.abc import Callable
 from typing import Any
 
 from npu_lora.api import record as step_record
+from npu_lora.api.timefmt import rfc3339
 from npu_lora.api.v1alpha1 import ENV_NAME, ENV_NAMESPACE, GROUP, MERGE_PATCH, PLURAL, VERSION
 from npu_lora.train.callbacks import TrainCallback  # torch-free
 
@@ -67,7 +67,7 @@ WORKER_KEYS = (
 
 
 def now_iso() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339()
 
 
 def _sig(x: Any, digits: int = 4) -> float | None:

@@ -47,6 +47,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from npu_lora.api.timefmt import rfc3339
 from npu_lora.machine import machine_facts
 
 DEFAULT_SOURCE = "npu_lora.rngd.catalogue:device_graphs"
@@ -527,7 +528,7 @@ def run_check(args: argparse.Namespace) -> int:
 def _run_check(args: argparse.Namespace, scratch: Path) -> int:
     tiers = list(TIERS) if args.tier == "all" else [args.tier]
     have_furiosa = furiosa_available()
-    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    started = rfc3339()
     try:
         if have_furiosa:
             import_furiosa()  # before graphs are built: it sets dynamo config globally
@@ -612,7 +613,7 @@ def _write_json(
 ) -> None:
     doc = {
         "started": started,
-        "finished": None if partial else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "finished": None if partial else rfc3339(),
         "argv": {
             k: (str(v) if isinstance(v, Path) else v)
             for k, v in vars(args).items()

@@ -28,9 +28,10 @@ import json
 import os
 import random
 import shutil
-import time
 from pathlib import Path
 from typing import Any
+
+from npu_lora.api.timefmt import rfc3339
 
 FORMAT = 1
 NAME = "checkpoint"
@@ -235,7 +236,7 @@ def _write_checkpoint_files(
         {
             "format": FORMAT,
             "step": step,
-            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "time": rfc3339(),
             "num_params": len(params),
             **(extra or {}),
             "run": _run_identity(run_dir),

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from npu_lora.api.load import SpecError
+from npu_lora.api.timefmt import rfc3339
 from npu_lora.api.v1alpha1 import ENV_NAMESPACE, ENV_UID
 from npu_lora.train.checkpoint import NAME as CHECKPOINT
 from npu_lora.train.checkpoint import find_checkpoint, fsync_dir
@@ -328,7 +329,7 @@ def _old_run_stopped(run_dir: Path, timeout: float = 120.0):
 def write_identity(run_dir: Path, ident: RunIdentity) -> None:
     from npu_lora.train.rundir import write_text_atomic
 
-    doc = {**ident.to_dict(), "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    doc = {**ident.to_dict(), "recorded": rfc3339()}
     write_text_atomic(run_dir / RUN_FILE, json.dumps(doc, indent=1) + "\n")
 
 

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from npu_lora.api import record as step_record
+from npu_lora.api.timefmt import rfc3339
 from npu_lora.api.v1alpha1 import EXIT_NONFINITE_LOSS
 from npu_lora.train import rundir
 from npu_lora.train.callbacks import CallbackList, RunContext, TrainCallback, placement_line
@@ -112,7 +113,7 @@ def seed_everything(seed: int) -> None:
 
 
 def _iso(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
+    return rfc3339(t, millis=True)
 
 
 def _deterministic() -> bool:

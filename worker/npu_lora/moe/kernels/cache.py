@@ -48,6 +48,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from npu_lora.api.timefmt import rfc3339
+
 log = logging.getLogger(__name__)
 
 META = "kernel.json"
@@ -222,7 +224,7 @@ def ensure_built(
                 **meta,
                 "library": library,
                 "build_seconds": round(seconds, 1),
-                "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "built_at": rfc3339(),
                 "built_on": socket.gethostname(),
                 "cpus": os.cpu_count(),
             }
