@@ -331,12 +331,3 @@ def write_identity(run_dir: Path, ident: RunIdentity) -> None:
 
     doc = {**ident.to_dict(), "recorded": rfc3339()}
     write_text_atomic(run_dir / RUN_FILE, json.dumps(doc, indent=1) + "\n")
-
-
-def identity_of(run_dir: Path) -> dict[str, Any] | None:
-    """run.json's content (copied into each checkpoint's state.json as ``"run"``)."""
-    try:
-        d = json.loads((run_dir / RUN_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return d if isinstance(d, dict) else None
