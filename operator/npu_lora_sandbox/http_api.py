@@ -29,34 +29,14 @@ MAX_YAML_ALIASES = 100
 def _load_yaml(text: str, strict: bool = False) -> Any:
     """``yaml.safe_load`` after a scan of the event stream that bounds alias expansion, the
     node count and the depth (no alias bomb, no RecursionError)."""
-    depth = aliases = nodes = 0
-    sizes: dict[str, int] = {}
-    starts: list[tuple[str | None, int]] = []
-    for ev in yaml.parse(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
-        if isinstance(ev, yaml.CollectionStartEvent):
-            depth += 1
-            if depth > 100:
-                raise yaml.YAMLError("nested deeper than 100 levels")
-            starts.append((ev.anchor, nodes))
-            nodes += 1
-        elif isinstance(ev, yaml.CollectionEndEvent):
-            depth -= 1
-            anchor, start = starts.pop()
-            if anchor is not None:
-                sizes[anchor] = nodes - start
-        elif isinstance(ev, yaml.ScalarEvent):
-            nodes += 1
-            if ev.anchor is not None:
-                sizes[ev.anchor] = 1
-        elif isinstance(ev, yaml.AliasEvent):
-            aliases += 1
-            if aliases > MAX_YAML_ALIASES:
-                raise yaml.YAMLError(f"more than {MAX_YAML_ALIASES} aliases")
-            nodes += sizes.get(ev.anchor or "", 1)
-        if nodes > MAX_YAML_NODES:
-            raise yaml.YAMLError(
-                f"more than {MAX_YAML_NODES} nodes once aliases are expanded (alias bomb?)"
-            )
+    from npu_lora.api.limits import ManifestLimitError, check_yaml_events
+
+    try:
+        check_yaml_events(
+            text, max_nodes=MAX_YAML_NODES, max_aliases=MAX_YAML_ALIASES, max_depth=100
+        )
+    except ManifestLimitError as e:
+        raise yaml.YAMLError(str(e)) from None
     if strict:  # fieldValidation=Strict: a key twice in one mapping is an error, as for JSON
         from npu_lora.api.limits import DuplicateKeyError, _UniqueKeyLoader
 

@@ -98,8 +98,15 @@ def _loader() -> type:
     return _UniqueKeyLoader
 
 
-def check_yaml_events(text: str) -> None:
-    """Scan the YAML event stream; raise ManifestLimitError past a limit, yaml.YAMLError if bad."""
+def check_yaml_events(
+    text: str,
+    *,
+    max_nodes: int = MAX_NODES,
+    max_aliases: int = MAX_ALIASES,
+    max_depth: int = MAX_DEPTH,
+) -> None:
+    """Scan the YAML event stream; raise ManifestLimitError past a limit (nodes once aliases are
+    expanded, aliases, depth), yaml.YAMLError if bad. Also the sandbox API server's bound."""
     depth = 0
     aliases = 0
     nodes = 0
@@ -108,10 +115,10 @@ def check_yaml_events(text: str) -> None:
     for ev in yaml.parse(text, Loader=_loader()):
         if isinstance(ev, yaml.CollectionStartEvent):
             depth += 1
-            if depth > MAX_DEPTH:
+            if depth > max_depth:
                 line = ev.start_mark.line + 1 if ev.start_mark else "?"
                 raise ManifestLimitError(
-                    f"line {line}: nested deeper than {MAX_DEPTH} levels (the depth limit)"
+                    f"line {line}: nested deeper than {max_depth} levels (the depth limit)"
                 )
             starts.append((ev.anchor, nodes))
             nodes += 1
@@ -126,12 +133,12 @@ def check_yaml_events(text: str) -> None:
                 sizes[ev.anchor] = 1
         elif isinstance(ev, yaml.AliasEvent):
             aliases += 1
-            if aliases > MAX_ALIASES:
-                raise ManifestLimitError(f"more than {MAX_ALIASES} YAML aliases (the alias limit)")
+            if aliases > max_aliases:
+                raise ManifestLimitError(f"more than {max_aliases} YAML aliases (the alias limit)")
             nodes += sizes.get(ev.anchor or "", 1)
-        if nodes > MAX_NODES:
+        if nodes > max_nodes:
             raise ManifestLimitError(
-                f"more than {MAX_NODES} YAML nodes once aliases are expanded (the node limit)"
+                f"more than {max_nodes} YAML nodes once aliases are expanded (the node limit)"
             )
 
 
