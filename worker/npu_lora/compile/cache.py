@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from npu_lora.api.fsutil import fsync_dir as _fsync_dir
 from npu_lora.api.timefmt import rfc3339
 
 LAYOUT = "v1"
@@ -106,19 +107,6 @@ def publish(
         if not keep_temp:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def temporaries(root: Path) -> list[Path]:

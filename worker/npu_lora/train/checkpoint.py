@@ -31,6 +31,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from npu_lora.api.fsutil import fsync_dir
 from npu_lora.api.timefmt import rfc3339
 
 FORMAT = 1
@@ -54,19 +55,6 @@ def _run_identity(run_dir: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return d if isinstance(d, dict) else None
-
-
-def fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _fsync_file(path: Path) -> None:
