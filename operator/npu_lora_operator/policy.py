@@ -230,17 +230,23 @@ def _allowed_text(patterns: Iterable[str], what: str) -> str:
     return f"allowed: {', '.join(items)}" if items else f"no {what} is allowed"
 
 
+def _volume_refs(spec: Any) -> list[tuple[str, Any]]:
+    """``(field, VolumeRef)`` of the volumes the spec sets (model, data, output, compile cache)."""
+    refs = (
+        ("spec.model.volume", spec.model.volume),
+        ("spec.data.volume", spec.data.volume),
+        ("spec.output.volume", spec.output.volume),
+        ("spec.device.compileCache", spec.device.compile_cache),
+    )
+    return [(f, r) for f, r in refs if r is not None]
+
+
 def _host_paths(spec: Any) -> list[tuple[str, str]]:
     """``(field, path)`` of every hostPath the spec names."""
     out: list[tuple[str, str]] = []
-    for fld, ref in (
-        ("spec.model.volume.hostPath", spec.model.volume),
-        ("spec.data.volume.hostPath", spec.data.volume),
-        ("spec.output.volume.hostPath", spec.output.volume),
-        ("spec.device.compileCache.hostPath", spec.device.compile_cache),
-    ):
-        if ref is not None and ref.host_path is not None:
-            out.append((fld, ref.host_path))
+    for fld, ref in _volume_refs(spec):
+        if ref.host_path is not None:
+            out.append((f"{fld}.hostPath", ref.host_path))
     pt = spec.pod_template
     for i, vol in enumerate((pt.volumes or []) if pt is not None else []):
         if isinstance(vol, Mapping) and "hostPath" in vol:
@@ -279,13 +285,8 @@ def check_spec(
         if not _under(path, policy.allowed_host_paths):
             allowed = _allowed_text(policy.allowed_host_paths, "hostPath volume")
             out.append(Violation(fld, f"hostPath {quote(path)} is not allowed ({allowed})"))
-    for fld, ref in (
-        ("spec.model.volume", spec.model.volume),
-        ("spec.data.volume", spec.data.volume),
-        ("spec.output.volume", spec.output.volume),
-        ("spec.device.compileCache", spec.device.compile_cache),
-    ):
-        if ref is not None and ref.sub_path is not None:
+    for fld, ref in _volume_refs(spec):
+        if ref.sub_path is not None:
             out += _check_sub_path(f"{fld}.subPath", ref.sub_path)
     if pt is not None:
         out += check_pod_template(pt.to_api(), policy, operator_env)
