@@ -276,24 +276,26 @@ def _remove_temporaries(run_dir: Path) -> None:
                 p.unlink(missing_ok=True)
 
 
-def _check_world_size(plan: Any, world: int) -> None:
-    """A checkpoint is resumed only by a world of its size (the global batch and the data
-    order depend on it)."""
-    if plan.checkpoint is None:
-        return
+def _world_note(run_plan: Any, world: int, global_rows: int) -> str | None:
+    """The line printed when a checkpoint written by another world size is resumed (the config
+    check, :func:`npu_lora.train.rundir.config_differences`, has made sure that the global
+    micro-batch is the same)."""
+    ckpt = run_plan.copy_from or run_plan.resume.checkpoint  # spec.resumeFrom: the source
+    if ckpt is None:
+        return None
     import json
 
     try:
-        state = json.loads((plan.checkpoint / "state.json").read_text(encoding="utf-8"))
+        state = json.loads((ckpt / "state.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return
+        return None
     saved = int(state.get("world_size") or 1)
-    if saved != world:
-        raise SpecError(
-            f"spec.distributed: the checkpoint in {plan.checkpoint} was written by {saved} "
-            f"rank(s), this run has {world}; the global batch and the data order depend on the "
-            "world size: use the same workers × ranksPerWorker, or another output directory"
-        )
+    if saved == world:
+        return None
+    return (
+        f"the checkpoint was written by {saved} rank(s), this run has {world}: same global "
+        f"micro-batch ({global_rows} rows), the rows re-sharded over {world} rank(s)"
+    )
 
 
 def total_steps(spec: Any, examples: int, world: int, plan: Any) -> int:
@@ -330,7 +332,11 @@ def _train(args: argparse.Namespace, manifest: Any, ctx: Any, callbacks: Any) ->
         check_out_writable(ctx.run_dir)
         run_plan = plan_run(ctx.run_dir, manifest)
         plan = run_plan.resume
-        _check_world_size(plan, info.world_size)
+        from npu_lora.train.rundir import global_batch
+
+        note = _world_note(run_plan, info.world_size, global_batch(manifest))
+        if note is not None:
+            run_plan.notes.append(note)
     check_model(spec)
     check_memory(spec)
     from npu_lora.data import prepare_data

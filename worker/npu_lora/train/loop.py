@@ -2,6 +2,7 @@
 
 Per optimizer step ``s`` (1-based)::
 
+    torch.manual_seed(step_seed(seed, s, rank))  # dropout: a function of (seed, step, rank)
     for m in range(gradAccumulation): engine.forward_backward(batch(s, m), loss_scale=1/accum)
     clip_grad_norm_(trainable, maxGradNorm); opt.step(); sched.step(); opt.zero_grad();
     engine.after_optimizer_step()
@@ -110,6 +111,19 @@ def seed_everything(seed: int) -> None:
 
     random.seed(seed)
     torch.manual_seed(seed)
+
+
+def step_seed(seed: int, step: int, rank: int = 0) -> int:
+    """The seed of optimizer step ``step`` on rank ``rank``: the loop seeds torch's generators
+    with it before the step, so the step's random draws (LoRA dropout) are a function of
+    ``(training.seed, step, rank)`` alone. A resume needs no RNG state for them, and the ranks of
+    a data-parallel run draw independent masks (before: every rank continued rank 0's stream,
+    the same masks on every rank). The masks depend on the world size (a rank's rows and its
+    stream change with it): docs/distributed.md."""
+    import hashlib
+
+    digest = hashlib.blake2b(f"{seed}:{step}:{rank}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
 
 
 def _iso(t: float) -> str:
@@ -296,6 +310,7 @@ class Trainer:
         tokens = 0
         last: dict[str, Any] = {}
         dist = self.dist
+        torch.manual_seed(step_seed(t.seed, step, 0 if dist is None else dist.rank))
         if dist is None:
             batches = [self.dataset.batch(step, m, t.batch_size, accum) for m in range(accum)]
             weights = [1.0] * accum

@@ -15,6 +15,11 @@ new run's (the spec fields tagged ``OnUpdate.IMMUTABLE`` in :mod:`npu_lora.api.v
 ``model``, ``data``, ``lora``, ``moe``, ``training``), ``training.steps`` excepted (a longer run
 may continue a shorter one). metrics.jsonl is cut to the records with
 ``step <= checkpoint step`` (steps after the checkpoint are run again and recorded again).
+
+The world size (``spec.distributed``, ``device.cards``) may change between the run that wrote the
+checkpoint and the one that resumes it; what must stay is the *global* micro-batch,
+``training.batchSize`` × world size rows (see :func:`global_batch`): ``training.batchSize`` is
+compared as that product, so 2 ranks × 2 rows resume as 1 rank × 4 rows (docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -41,6 +46,48 @@ ADAPTER = "adapter"
 #: ones the server refuses to change on a created run.
 TRAINING_FIELDS = spec_fields(OnUpdate.IMMUTABLE)
 RESUME_EXEMPT = {"training.steps", "training.epochs"}
+#: compared as the global micro-batch (batchSize × world size), not on its own
+PER_RANK_FIELDS = {"training.batchSize"}
+
+
+def world_size(manifest: MoEFinetune) -> int:
+    """Ranks of a run of ``manifest`` (``spec.distributed``: workers × ranksPerWorker; else 1)."""
+    spec = manifest.spec
+    d = spec.distributed
+    return d.world_size(spec.device.cards) if d is not None else 1
+
+
+def global_batch(manifest: MoEFinetune) -> int:
+    """Rows of one micro-batch over all ranks: ``training.batchSize`` × world size. With
+    ``training.seed`` and ``training.gradAccumulation`` it fixes every step's samples (sample
+    ``((step - 1) * accum + micro) * global_batch + row``) and the loss (the mean over the global
+    micro-batch's label tokens), whatever the world size."""
+    return manifest.spec.training.batch_size * world_size(manifest)
+
+
+def _ranks(n: int) -> str:
+    return f"{n} rank" if n == 1 else f"{n} ranks"
+
+
+def global_batch_difference(old: MoEFinetune, new: MoEFinetune) -> str | None:
+    """The line naming ``training.batchSize`` when the global micro-batch differs, with the
+    batch size that would resume at the new world size (when there is one)."""
+    g_old, g_new = global_batch(old), global_batch(new)
+    if g_old == g_new:
+        return None
+    w_old, w_new = world_size(old), world_size(new)
+    b_old, b_new = old.spec.training.batch_size, new.spec.training.batch_size
+    if g_old % w_new == 0:
+        fix = f"with {_ranks(w_new)} set spec.training.batchSize: {g_old // w_new}"
+    else:
+        fix = (
+            f"no spec.training.batchSize gives {g_old} rows with {_ranks(w_new)}: use a world "
+            f"size (spec.distributed workers × ranksPerWorker) that divides {g_old}"
+        )
+    return (
+        f"spec.training.batchSize × world size (the global micro-batch): {b_old} × "
+        f"{_ranks(w_old)} = {g_old} (saved) → {b_new} × {_ranks(w_new)} = {g_new} (now); {fix}"
+    )
 
 
 def manifest_yaml(manifest: MoEFinetune) -> str:
@@ -59,7 +106,8 @@ def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def config_differences(old: MoEFinetune, new: MoEFinetune) -> list[str]:
-    """Training-relevant fields that differ, as ``spec.x.y: old → new`` lines."""
+    """Training-relevant fields that differ, as ``spec.x.y: old → new`` lines
+    (``training.batchSize`` as the global micro-batch: the world size may change)."""
     diffs = []
     old_spec = old.spec.model_dump(mode="json", by_alias=True)
     new_spec = new.spec.model_dump(mode="json", by_alias=True)
@@ -67,10 +115,13 @@ def config_differences(old: MoEFinetune, new: MoEFinetune) -> list[str]:
         a = _flatten(old_spec[section], section)
         b = _flatten(new_spec[section], section)
         for key in sorted(set(a) | set(b)):
-            if key in RESUME_EXEMPT:
+            if key in RESUME_EXEMPT or key in PER_RANK_FIELDS:
                 continue
             if a.get(key) != b.get(key):
                 diffs.append(f"spec.{key}: {a.get(key)!r} (saved) → {b.get(key)!r} (now)")
+    line = global_batch_difference(old, new)
+    if line is not None:
+        diffs.append(line)
     return diffs
 
 
