@@ -21,7 +21,9 @@ The order of samples is a pure function of ``(seed, step)``: epoch ``e`` visits 
 the permutation ``randperm(N, seed=f(seed, e))``; the sample for step ``s`` (1-based), micro-batch
 ``m`` and row ``b`` is the global index ``((s - 1) * accum + m) * batch_size + b`` (data
 parallel: ``batch_size * world`` rows a micro-batch, rank ``r`` the rows from
-``r * batch_size``). A resumed run needs no iterator state.
+``r * batch_size``). A resumed run needs no iterator state. The order depends on the world size
+only through the global micro-batch ``batch_size * world``: with that product kept, a run
+resumes at another world size on the same samples (:func:`npu_lora.train.rundir.global_batch`).
 """
 
 from __future__ import annotations
