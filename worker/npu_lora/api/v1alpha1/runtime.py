@@ -1,0 +1,263 @@
+"""Where and how a run executes: the ``device``, ``distributed``, ``output``, ``checkpoint``,
+``reporting``, ``podTemplate`` and ``resources`` sections of the spec."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+
+from npu_lora.api.v1alpha1.base import (
+    DNS_SUBDOMAIN_PATTERN,
+    MAX_PATH,
+    RESOURCE_QUANTITY_PATTERN,
+    VolumeRef,
+    _Model,
+    cel,
+)
+
+
+class DeviceSpec(_Model):
+    """The accelerator."""
+
+    backend: Literal["auto", "cpu", "cuda", "furiosa"] = Field(
+        "auto",
+        description=(
+            "`furiosa` (RNGD via furiosa-torch), `cuda`, `cpu` (the host stands in for the device), "
+            "or `auto` (the first available of furiosa, cuda, cpu)."
+        ),
+    )
+    cards: int = Field(
+        1,
+        ge=0,
+        le=8,
+        description=(
+            "Accelerator cards requested from Kubernetes (`furiosa.ai/rngd`). 0: none (not with "
+            "backend furiosa or cuda)."
+        ),
+    )
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description=(
+            "dtype of the device side (embeddings, attention, norms, head, LoRA). Every device "
+            "graph compiles for RNGD in float32 (tiny widths, checked with `npu-lora "
+            "rngd-check`); bfloat16 halves device memory and transfers."
+        ),
+    )
+    compile_cache: VolumeRef | None = Field(
+        None,
+        description="Volume for the furiosa compile cache, so a restarted run does not recompile.",
+    )
+    precompile: Literal["auto", "true", "false"] = Field(
+        "auto",
+        description=(
+            "Compile the run's device graphs (`npu-lora compile-plan`) before the training Job, "
+            "one pod per graph of an Indexed Job on CPU nodes (no card requested), into "
+            "`compileCache` (a ReadWriteMany claim); graphs already there are skipped. `auto`: "
+            'on for backend `furiosa`, off elsewhere. Quote `"true"`/`"false"` in YAML '
+            "(booleans are accepted by `npu-lora run`)."
+        ),
+    )
+
+    @field_validator("precompile", mode="before")
+    @classmethod
+    def _precompile_bool(cls, v: Any) -> Any:
+        return ("true" if v else "false") if isinstance(v, bool) else v
+
+    @property
+    def precompile_enabled(self) -> bool:
+        """``precompile`` resolved: ``auto`` is on for ``furiosa`` (and ``auto`` with cards)."""
+        if self.precompile != "auto":
+            return self.precompile == "true"
+        return self.backend == "furiosa" or (self.backend == "auto" and self.cards > 0)
+
+    @model_validator(mode="after")
+    def _cards_for_accelerators(self) -> DeviceSpec:
+        if self.backend in ("furiosa", "cuda") and self.cards < 1:
+            raise ValueError(f"device.cards must be at least 1 with backend {self.backend}")
+        return self
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!(self.backend == 'furiosa' || self.backend == 'cuda') || self.cards >= 1",
+                    "cards must be at least 1 with backend furiosa or cuda",
+                    field_path=".cards",
+                )
+            ]
+        }
+    )
+
+
+class DistributedSpec(_Model):
+    """Data-parallel training on ``torch.distributed``: ``workers`` pods (one Indexed Job with a
+    headless Service for the rendezvous when more than one) × ``ranksPerWorker`` ranks each, one
+    training rank per card. Every rank trains on its own ``training.batchSize`` sequences of
+    each micro-batch (a global batch of ``batchSize`` × world size); the LoRA gradients and the
+    routing counts are all-reduced (gloo, on the host) every optimizer step; rank 0 alone writes
+    the run directory and reports status."""
+
+    workers: int = Field(
+        1, ge=1, le=256, description="Worker pods (nodes); more than one: an Indexed Job."
+    )
+    ranks_per_worker: int | None = Field(
+        None,
+        ge=1,
+        le=8,
+        description=(
+            "Training ranks (processes) in each worker, one per card; at most `device.cards` "
+            "when cards are requested. Default: `device.cards` (at least 1). The ranks of one "
+            "worker share one copy of the host expert weights."
+        ),
+    )
+    rendezvous_timeout_seconds: int = Field(
+        300,
+        ge=5,
+        le=86400,
+        description=(
+            "Fail the run (exit code 4, condition reason RendezvousTimeout) when not every rank "
+            "has joined the process group within this many seconds."
+        ),
+    )
+    port: int = Field(
+        29500, ge=1024, le=65535, description="TCP port of the rendezvous on worker 0 (rank 0)."
+    )
+
+    def ranks(self, cards: int) -> int:
+        """Ranks per worker: ``ranksPerWorker``, else ``cards`` (at least 1)."""
+        return self.ranks_per_worker if self.ranks_per_worker is not None else max(1, cards)
+
+    def world_size(self, cards: int) -> int:
+        return self.workers * self.ranks(cards)
+
+
+class OutputSpec(_Model):
+    """The run directory (config.yaml, metrics.jsonl, adapter/, checkpoint/, summary.json)."""
+
+    path: str | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_PATH,
+        description=(
+            "Run directory. Relative to the volume root when `volume` is set. Default: "
+            "`runs/<name>` locally, `<name>` inside the output volume in a cluster."
+        ),
+    )
+    volume: VolumeRef | None = Field(
+        None, description="Volume for the run directory (a cluster run without one loses it)."
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _own_directory(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        parts = [p for p in v.replace("\\", "/").split("/") if p not in ("", ".")]
+        if not parts:
+            raise ValueError(
+                "output.path must name a directory of its own, not the volume root "
+                "(e.g. the run's name)"
+            )
+        if ".." in parts or "\x00" in v:
+            raise ValueError("output.path must not contain '..'")
+        return v
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.path) || (self.path.matches('[^./]') && "
+                    "!self.path.matches('(^|/)[.][.](/|$)'))",
+                    "path must name a directory of its own (not the volume root, no '..')",
+                    field_path=".path",
+                )
+            ]
+        }
+    )
+
+
+class CheckpointSpec(_Model):
+    every_steps: int = Field(
+        50, ge=1, description="Write a checkpoint every N optimizer steps (and at the end)."
+    )
+
+
+class ReportingSpec(_Model):
+    every_steps: int = Field(
+        1, ge=1, description="Patch the resource's status at most every N steps."
+    )
+    min_interval_seconds: float = Field(
+        5.0, ge=0.0, description="...and at most once per this many seconds (the last step always)."
+    )
+
+
+class PodTemplateSpec(_Model):
+    """Scheduling and pod-level settings copied to the Job's pod template."""
+
+    node_selector: dict[str, Annotated[str, Field(max_length=63)]] | None = Field(
+        None, max_length=32, description="Pod nodeSelector."
+    )
+    tolerations: list[dict[str, Any]] | None = Field(
+        None, max_length=32, description="Pod tolerations (core/v1 Toleration objects)."
+    )
+    affinity: dict[str, Any] | None = Field(None, description="Pod affinity (core/v1 Affinity).")
+    priority_class_name: str | None = Field(
+        None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN, description="Pod priorityClassName."
+    )
+    service_account_name: str | None = Field(
+        None,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="Run the worker under this ServiceAccount instead of the per-run one "
+        "(it then needs get/patch on this run's moefinetunes/status itself).",
+    )
+    image_pull_secrets: list[dict[str, str]] | None = Field(
+        None, max_length=16, description="Pod imagePullSecrets (`[{name: ...}]`)."
+    )
+    env: list[dict[str, Any]] | None = Field(
+        None,
+        max_length=128,
+        description="Extra environment variables for the worker container (core/v1 EnvVar). "
+        "The operator's policy refuses names the worker owns and `valueFrom` sources it does "
+        "not allow.",
+    )
+    env_from: list[dict[str, Any]] | None = Field(
+        None,
+        max_length=16,
+        description="Environment from ConfigMaps/Secrets the operator's policy allows "
+        "(core/v1 EnvFromSource; a `prefix` is required).",
+    )
+    volumes: list[dict[str, Any]] | None = Field(
+        None,
+        max_length=32,
+        description="Extra pod volumes (core/v1 Volume); mount them with `volumeMounts`.",
+    )
+    volume_mounts: list[dict[str, Any]] | None = Field(
+        None,
+        max_length=32,
+        description="Extra volume mounts for the worker container (core/v1 VolumeMount).",
+    )
+
+
+#: a non-negative resource quantity: an integer or a quantity string
+ResourceQuantity = (
+    Annotated[int, Field(ge=0)]
+    | Annotated[str, Field(pattern=RESOURCE_QUANTITY_PATTERN, max_length=64)]
+)
+
+
+class ResourceRequirements(_Model):
+    """core/v1 ResourceRequirements of the worker container (the RNGD request is added)."""
+
+    requests: dict[str, ResourceQuantity] | None = Field(
+        None, max_length=16, description="Resource requests, e.g. {cpu: '8', memory: 64Gi}."
+    )
+    limits: dict[str, ResourceQuantity] | None = Field(
+        None, max_length=16, description="Resource limits, e.g. {memory: 96Gi}."
+    )
