@@ -120,6 +120,8 @@ def test_run_succeeds_across_operator_restart(cluster: Cluster, operator: Operat
             assert NUM.match(row[col]), (col, row)
         wide = cluster.row(name, "-o", "wide")
         assert wide["TOTAL"] == "40" and wide["NODE"] and NUM.match(wide["CALLS/LAYER"]), wide
+        # the host expert weight bytes this rank read in the last step (counted per kernel call)
+        assert wide["EXPERT-BYTES"].isdigit() and int(wide["EXPERT-BYTES"]) > 0, wide
 
         run_dir = cluster.kubelet.pvc_dir("runs") / name
         records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -93,6 +93,7 @@ def test_printer_columns() -> None:
         "NODE",
         "CALLS/LAYER",
         "COPY-MB",
+        "EXPERT-BYTES",
         "VARIANTS",
         "ROUNDS",
         "BEST",
@@ -101,6 +102,8 @@ def test_printer_columns() -> None:
         "GRAPHS",
     ]
     assert by_name["COPY-MB"]["jsonPath"] == ".status.lastStep.copyMb"
+    assert by_name["EXPERT-BYTES"] == {**by_name["EXPERT-BYTES"], "type": "integer"}
+    assert by_name["EXPERT-BYTES"]["jsonPath"] == ".status.lastStep.expertBytes"
     assert by_name["STEP"]["jsonPath"] == ".status.progress.step"
     assert by_name["LOSS"]["jsonPath"] == ".status.lastStep.loss"
     assert by_name["S/STEP"]["jsonPath"] == ".status.stepSecondsMedian"

@@ -9,8 +9,7 @@ import pytest
 from npu_lora.api.load import SpecError
 from npu_lora.api.v1alpha1 import MoEFinetuneSpec, MoEFinetuneStatus
 from npu_lora.distributed import rank_info
-from npu_lora.distributed.group import distributed_status
-from npu_lora.report.status import _sig
+from npu_lora.report.status import distributed_status
 
 
 def spec(cards: int = 0, **distributed: Any) -> MoEFinetuneSpec:
@@ -81,7 +80,7 @@ def test_distributed_status_of_a_record() -> None:
         "slowest_rank": 1,
         "skew_s": 0.0254321,
     }
-    got = distributed_status(rec, info, _sig)
+    got = distributed_status(rec, info)
     MoEFinetuneStatus.model_validate({"distributed": got})  # the API's status model accepts it
     assert got == {
         "worldSize": 2,

@@ -25,7 +25,11 @@ def _records(run_dir: Path) -> list[dict]:
 
 
 def test_tags_follow_the_step_record():
-    timing = [c.name for c in step_record.RECORD if c.unit == "s" and c.kind == "float"]
+    timing = [
+        c.name
+        for c in step_record.RECORD
+        if c.unit == "s" and c.kind == "float" and not c.data_parallel
+    ]
     assert {"step_s", "attn_head_s", "host_fwd_s", "host_bwd_s", "recompute_s"} <= set(timing)
     for name in timing:
         assert f"time/{name}" in TAGS
@@ -34,6 +38,9 @@ def test_tags_follow_the_step_record():
     # bools, strings and the step itself are no scalars
     for name in ("keep_graph", "placement", "time", "step"):
         assert tag_of(step_record.by_name(name)) is None
+    # the data-parallel columns under dist/ (the per-rank list is no scalar)
+    assert tag_of(step_record.by_name("skew_s")) == "dist/skew_s" and "dist/skew_s" in TAGS
+    assert tag_of(step_record.by_name("rank_compute_s")) is None
     # a byte-counting column (the traffic columns) lands under traffic/
     col = step_record.Column("h2d_bytes", "int", "bytes", "bytes moved host→device")
     assert tag_of(col) == "traffic/h2d_bytes"

@@ -3,26 +3,39 @@
 Everything that lists step columns is derived from :data:`RECORD`, so adding a column is a
 change here (plus the code that measures it):
 
-- the training loop's record (key order, micro-batch sums: :data:`SUMMED`);
+- the engine's per-micro-batch profile (``npu_lora.engine.profile.StepProfile``: the fields are
+  the columns with ``source="engine"``, :data:`PROFILE_COLUMNS`);
+- the training loop's record (key order, micro-batch sums: :data:`SUMMED`), and the keys a
+  data-parallel run adds (``source="data-parallel"``: :data:`DATA_PARALLEL`, written by
+  ``npu_lora.distributed.group``; a single-rank record has none of them);
 - ``summary.json``'s medians and the printed timing table (:data:`TABLE_COLUMNS`,
   :data:`MEDIAN_COLUMNS`);
-- the bench's per-variant medians (:data:`BENCH_COLUMNS`);
-- ``status.lastStep`` (:data:`STATUS_FIELDS`, keys camelCase) and its API model;
+- the bench's per-variant medians and its tables (:data:`BENCH_COLUMNS`, ``bench_label``);
+- TensorBoard tags (``npu_lora.train.tensorboard.tag_of``: by unit and source);
+- ``status.lastStep`` (:data:`STATUS_FIELDS`, keys camelCase) and ``status.distributed``
+  (:data:`DISTRIBUTED_STATUS_FIELDS`), and their API models;
 - the ``kubectl get mft`` columns that show the last step (:func:`printer_columns`).
+
+``tests/api/test_record_registry.py`` adds a column to a copy of this file and checks that every
+consumer shows it, and that no other module lists column names.
 
 Imports only the standard library (the operator imports it and must never import torch).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 __all__ = [
     "BENCH_COLUMNS",
+    "DATA_PARALLEL",
+    "DISTRIBUTED_STATUS_FIELDS",
     "MEDIAN_COLUMNS",
     "NAMES",
+    "PROFILE_COLUMNS",
     "RECORD",
     "STATUS_FIELDS",
     "SUMMED",
@@ -51,17 +64,23 @@ class Printer:
 class Column:
     """One key of the per-step record.
 
+    ``source``: who measures it: ``engine`` (a field of the engine's per-micro-batch
+    ``StepProfile``), ``loop`` (the training loop, once per step) or ``data-parallel`` (the
+    loop's collectives; only in the records of a run with more than one rank);
     ``summed``: the sum over the step's micro-batches of the engine's profile value;
     ``table``: in the printed timing table (median after warm-up; ``label`` names it there);
     ``median``: median after warm-up in ``summary.json`` (every ``table`` column is);
     ``bench``: median per variant in the bench; ``status``: in ``status.lastStep`` (with
-    ``digits`` significant digits, ``status_doc`` as the API field's description).
+    ``digits`` significant digits, ``status_doc`` as the API field's description; a
+    data-parallel column is reported in ``status.distributed`` instead); ``bench_label``: its
+    heading in the bench's tables (default: the name).
     """
 
     name: str
-    kind: Literal["int", "float", "bool", "str", "layers"]
+    kind: Literal["int", "float", "bool", "str", "layers", "floats"]
     unit: str
     doc: str
+    source: Literal["engine", "loop", "data-parallel"] = "loop"
     summed: bool = False
     table: bool = False
     median: bool = False
@@ -71,10 +90,20 @@ class Column:
     required: bool = False  # required in the status model
     digits: int = 4
     label: str = ""
+    bench_label: str = ""
     printer: Printer | None = None
 
     @property
+    def data_parallel(self) -> bool:
+        return self.source == "data-parallel"
+
+    @property
     def status_key(self) -> str:
+        """The key in ``status``: ``camel(name)`` (``attn_head_s`` → ``attnHeadS``); in
+        ``status.distributed`` a trailing ``_s`` is spelled ``Seconds`` (``skew_s`` →
+        ``skewSeconds``, the API as released)."""
+        if self.data_parallel:
+            return camel(re.sub(r"_s$", "_seconds", self.name))
         return camel(self.name)
 
 
@@ -85,6 +114,7 @@ def camel(name: str) -> str:
 
 
 _TIME = {"table": True, "median": True, "bench": True, "status": True}
+_ENGINE = {"source": "engine", "summed": True}
 
 #: The record's keys, in the order they appear in ``metrics.jsonl``.
 RECORD: tuple[Column, ...] = (
@@ -102,6 +132,7 @@ RECORD: tuple[Column, ...] = (
         "float",
         "",
         "Mean training loss of the micro-batches (null when not finite).",
+        source="engine",
         status=True,
         status_doc="Training loss of the step.",
         digits=5,
@@ -113,6 +144,7 @@ RECORD: tuple[Column, ...] = (
         "s",
         "Wall seconds of the whole step (micro-batches, clipping, optimizer).",
         **_TIME,
+        bench_label="s/step",
         status_doc="Wall seconds of the whole step.",
     ),
     Column(
@@ -121,9 +153,10 @@ RECORD: tuple[Column, ...] = (
         "s",
         "Device work outside the MoE blocks: embeddings, attention blocks and LM head, "
         "forward + backward.",
-        summed=True,
+        **_ENGINE,
         **_TIME,
         status_doc="Device seconds: embeddings, attention blocks and LM head (fwd+bwd).",
+        bench_label="attn+head",
         printer=Printer("Attn", "Device seconds of the last step: embeddings, attention, LM head."),
     ),
     Column(
@@ -132,9 +165,10 @@ RECORD: tuple[Column, ...] = (
         "s",
         "HostMLP forward (router, dispatch, cold experts, the hot-expert device call and its "
         "transfers) over all layers.",
-        summed=True,
+        **_ENGINE,
         **_TIME,
         status_doc="Host MoE forward seconds.",
+        bench_label="HostMLP fwd",
         printer=Printer("Host-Fwd", "Host MoE forward seconds of the last step."),
     ),
     Column(
@@ -142,9 +176,10 @@ RECORD: tuple[Column, ...] = (
         "float",
         "s",
         "HostMLP backward over all layers, including recompute_s.",
-        summed=True,
+        **_ENGINE,
         **_TIME,
         status_doc="Host MoE backward seconds (includes recompute).",
+        bench_label="HostMLP bwd",
         printer=Printer("Host-Bwd", "Host MoE backward seconds of the last step."),
     ),
     Column(
@@ -152,19 +187,21 @@ RECORD: tuple[Column, ...] = (
         "float",
         "s",
         "The part of host_bwd_s that re-ran the block forward.",
-        summed=True,
+        **_ENGINE,
         **_TIME,
         status_doc="Part of host_bwd_s spent recomputing the forward (keepGraph off).",
+        bench_label="recompute",
     ),
     Column(
         "device_calls_per_layer",
         "float",
         "calls",
         "Forward-direction device calls in decoder layers divided by the number of layers.",
-        summed=True,
+        **_ENGINE,
         **_TIME,
         status_doc="Forward-direction device calls per decoder layer.",
         label="device calls/layer",
+        bench_label="calls/layer",
         printer=Printer(
             "Calls/Layer", "Forward-direction device calls per decoder layer.", priority=1
         ),
@@ -174,12 +211,19 @@ RECORD: tuple[Column, ...] = (
         "int",
         "tokens",
         "B*S summed over the micro-batches (padding included).",
+        source="engine",
         status=True,
         status_doc="Tokens in the step.",
     ),
-    Column("hot_experts", "int", "experts", "Hot experts over all layers (0 while host-only)."),
-    Column("keep_graph", "bool", "", "moe.keepGraph of the step."),
-    Column("placement", "str", "", "moe.placement of the step."),
+    Column(
+        "hot_experts",
+        "int",
+        "experts",
+        "Hot experts over all layers (0 while host-only).",
+        source="engine",
+    ),
+    Column("keep_graph", "bool", "", "moe.keepGraph of the step.", source="engine"),
+    Column("placement", "str", "", "moe.placement of the step.", source="engine"),
     Column("lr", "float", "", "Learning rate of the step."),
     Column("grad_norm", "float", "", "Gradient norm before clipping (null when not finite)."),
     Column("time", "str", "", "When the step ended (RFC 3339, UTC, milliseconds)."),
@@ -188,9 +232,10 @@ RECORD: tuple[Column, ...] = (
         "float",
         "s",
         "The hot-expert device calls inside host_fwd_s.",
-        summed=True,
+        **_ENGINE,
         median=True,
         bench=True,
+        bench_label="hot calls",
     ),
     Column("opt_s", "float", "s", "Clipping and optimizer step.", median=True),
     Column("micro_batches", "int", "", "Micro-batches of the step (training.gradAccumulation)."),
@@ -200,47 +245,51 @@ RECORD: tuple[Column, ...] = (
         "bytes",
         "Bytes copied host→device (forward and backward, all copies through the device seam, "
         "incl. move_bytes).",
-        summed=True,
+        **_ENGINE,
         median=True,
         bench=True,
         status=True,
         status_doc="Bytes copied host→device in the step.",
+        bench_label="→dev",
     ),
     Column(
         "to_host_bytes",
         "int",
         "bytes",
         "Bytes copied device→host (forward and backward).",
-        summed=True,
+        **_ENGINE,
         median=True,
         bench=True,
         status=True,
         status_doc="Bytes copied device→host in the step.",
+        bench_label="→host",
     ),
     Column(
         "to_device_s",
         "float",
         "s",
         "Wall seconds of the host→device copies.",
-        summed=True,
+        **_ENGINE,
         median=True,
         bench=True,
+        bench_label="→dev copy",
     ),
     Column(
         "to_host_s",
         "float",
         "s",
         "Wall seconds of the device→host copies.",
-        summed=True,
+        **_ENGINE,
         median=True,
         bench=True,
+        bench_label="→host copy",
     ),
     Column(
         "copy_mb",
         "float",
         "MB",
         "(to_device_bytes + to_host_bytes) / 10^6.",
-        summed=True,
+        **_ENGINE,
         status=True,
         status_doc="MB (10^6 bytes) copied between host and device, both directions.",
         digits=4,
@@ -253,7 +302,7 @@ RECORD: tuple[Column, ...] = (
         "int",
         "bytes",
         "Part of to_device_bytes that copied hot experts' weights (selection, refresh).",
-        summed=True,
+        **_ENGINE,
     ),
     Column(
         "traffic_layers",
@@ -261,11 +310,96 @@ RECORD: tuple[Column, ...] = (
         "",
         "Per decoder layer: {to_device_bytes, to_host_bytes, to_device_s, to_host_s} as lists (index = layer); "
         "copies outside the layers (inputs, head) are only in the totals.",
-        summed=True,
+        **_ENGINE,
+    ),
+    Column(
+        "expert_bytes",
+        "int",
+        "bytes",
+        "Host expert weight bytes this rank's kernels read: per decoder layer and pass over the "
+        "experts (forward, recompute, backward), the experts hit by at least one host token × "
+        "one expert's bytes (gate/up + down, host dtype); hot experts on the device are not "
+        "counted (npu_lora.moe.expert_reads).",
+        **_ENGINE,
+        median=True,
+        bench=True,
+        status=True,
+        status_doc="Host expert weight bytes this rank read in the step (hit experts × bytes, "
+        "all layers, every pass).",
+        bench_label="expert reads",
+        printer=Printer(
+            "Expert-Bytes",
+            "Host expert weight bytes this rank read in the last step (hit experts × bytes).",
+            priority=1,
+        ),
+    ),
+    # --- data-parallel runs only (npu_lora.distributed.group), after the columns above;
+    # reported in status.distributed
+    Column(
+        "world_size",
+        "int",
+        "ranks",
+        "Training ranks in the process group.",
+        source="data-parallel",
+        status=True,
+        status_doc="Training ranks in the process group.",
+        required=True,
+    ),
+    Column(
+        "rank_compute_s",
+        "floats",
+        "s",
+        "Per rank: wall seconds of the step's forward/backward (micro-batches), by rank.",
+        source="data-parallel",
+        status=True,
+        status_doc="Per rank: seconds of forward/backward of the last step, by rank.",
+    ),
+    Column(
+        "slowest_rank",
+        "int",
+        "rank",
+        "The rank with the most compute seconds.",
+        source="data-parallel",
+        status=True,
+        status_doc="The rank with the most compute seconds.",
+    ),
+    Column(
+        "skew_s",
+        "float",
+        "s",
+        "Slowest minus fastest rank's compute seconds (what the others wait).",
+        source="data-parallel",
+        median=True,
+        status=True,
+        status_doc="Slowest minus fastest rank's compute seconds (the others' wait).",
+    ),
+    Column(
+        "allreduce_s",
+        "float",
+        "s",
+        "Wall seconds of the gradient all-reduce (includes waiting for slower ranks).",
+        source="data-parallel",
+        median=True,
+        status=True,
+        status_doc="Gradient all-reduce seconds of the last step (rank 0).",
+    ),
+    Column(
+        "allreduce_bytes",
+        "int",
+        "bytes",
+        "Gradient bytes all-reduced in the step.",
+        source="data-parallel",
+        status=True,
+        status_doc="Gradient bytes all-reduced per step.",
     ),
 )
 
-NAMES: tuple[str, ...] = tuple(c.name for c in RECORD)
+#: The keys of every record (data-parallel columns excluded), in order.
+NAMES: tuple[str, ...] = tuple(c.name for c in RECORD if not c.data_parallel)
+#: The keys a data-parallel run's records add after :data:`NAMES`.
+DATA_PARALLEL: tuple[str, ...] = tuple(c.name for c in RECORD if c.data_parallel)
+#: The fields of the engine's per-micro-batch profile (``StepProfile``).
+PROFILE_COLUMNS: tuple[Column, ...] = tuple(c for c in RECORD if c.source == "engine")
 #: Summed over the micro-batches of a step (the engine's profile values).
 SUMMED: tuple[str, ...] = tuple(c.name for c in RECORD if c.summed)
 #: The printed timing table (medians after warm-up), in order.
@@ -277,7 +411,11 @@ MEDIAN_COLUMNS: tuple[str, ...] = TABLE_COLUMNS + tuple(
 #: The bench's per-variant median columns from the engine's profile.
 BENCH_COLUMNS: tuple[str, ...] = tuple(c.name for c in RECORD if c.bench)
 #: The columns reported in ``status.lastStep``.
-STATUS_FIELDS: tuple[Column, ...] = tuple(c for c in RECORD if c.status)
+STATUS_FIELDS: tuple[Column, ...] = tuple(c for c in RECORD if c.status and not c.data_parallel)
+#: The columns reported in ``status.distributed`` (data-parallel runs).
+DISTRIBUTED_STATUS_FIELDS: tuple[Column, ...] = tuple(
+    c for c in RECORD if c.status and c.data_parallel
+)
 
 _BY_NAME = {c.name: c for c in RECORD}
 

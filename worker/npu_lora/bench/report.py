@@ -10,7 +10,7 @@ from typing import Any
 
 from npu_lora.bench.config import BenchConfig
 from npu_lora.bench.disturbance import DISTURBED_SHARE
-from npu_lora.bench.stats import hot_dispatch_lines
+from npu_lora.bench.stats import TABLE_COLUMNS, column_cell, column_heading, hot_dispatch_lines
 
 
 def _fmt(x: float | None, nd: int = 3) -> str:
@@ -19,23 +19,18 @@ def _fmt(x: float | None, nd: int = 3) -> str:
     return f"{x:.{nd}f}"
 
 
-def _mb(x: float | None) -> str:
-    return "—" if x is None or math.isnan(x) else f"{x / 1e6:.3f}"
-
-
-def _copy_s(m: dict[str, Any]) -> str:
-    a, b = m.get("to_device_s"), m.get("to_host_s")
-    if a is None or b is None or math.isnan(a) or math.isnan(b):
-        return "—"
-    return f"{a + b:.4f}"
-
-
 def render_table(summary: dict[str, Any], variants: list[str]) -> str:
+    """The per-variant medians of the step record's bench columns (:data:`TABLE_COLUMNS`), then
+    the paired comparison with the baseline and the bench's own CPU seconds."""
     base = summary["baseline"]
-    lines = [
-        f"| variant | s/step | attn+head | HostMLP fwd | HostMLP bwd | recompute | calls/layer | Δ vs {base} (same-sign rounds) | ratio | CPU s/step | →dev MB | →host MB | copy s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    head = [
+        "variant",
+        *(column_heading(c) for c in TABLE_COLUMNS),
+        f"Δ vs {base} (same-sign rounds)",
+        "ratio",
+        "CPU s/step",
     ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for v in variants:
         m, d = summary["medians"][v], summary["deltas"][v]
         delta = (
@@ -44,11 +39,9 @@ def render_table(summary: dict[str, Any], variants: list[str]) -> str:
             else f"{d['median_delta_s']:+.3f} s ({d['same_sign_rounds']}/{d['rounds']})"
         )
         ratio = "1.00" if v == base else _fmt(d["median_ratio"], 2)
-        lines.append(
-            f"| {v} | {_fmt(m['step_s'])} | {_fmt(m['attn_head_s'])} | {_fmt(m['host_fwd_s'])} | "
-            f"{_fmt(m['host_bwd_s'])} | {_fmt(m['recompute_s'])} | {_fmt(m['device_calls_per_layer'], 1)} | {delta} | {ratio} | {_fmt(m.get('cpu_s'))} | "
-            f"{_mb(m.get('to_device_bytes'))} | {_mb(m.get('to_host_bytes'))} | {_copy_s(m)} |"
-        )
+        cells = [v, *(column_cell(c, m.get(c.name)) for c in TABLE_COLUMNS)]
+        cells += [delta, ratio, _fmt(m.get("cpu_s"))]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

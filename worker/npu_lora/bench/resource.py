@@ -29,6 +29,7 @@ from typing import Any
 
 from npu_lora.api.timefmt import rfc3339
 from npu_lora.api.v1alpha1 import BenchmarkStatus, MoEFinetune
+from npu_lora.bench.stats import TABLE_COLUMNS, column_cell, column_heading
 from npu_lora.report.status import _sig as _finite  # 4 significant digits, None if not finite
 
 log = logging.getLogger(__name__)
@@ -94,16 +95,6 @@ def case_table(
     return {k: v for k, v in out.items() if v is not None}
 
 
-_MD_COLUMNS = (
-    ("step_s", "s/step"),
-    ("attn_head_s", "attn+head"),
-    ("host_fwd_s", "HostMLP fwd"),
-    ("host_bwd_s", "HostMLP bwd"),
-    ("recompute_s", "recompute"),
-    ("device_calls_per_layer", "calls/layer"),
-)
-
-
 def markdown(status: dict[str, Any]) -> str:
     """``benchmark.md``: one table per case."""
     lines = ["# npu-lora benchmark", ""]
@@ -112,11 +103,11 @@ def markdown(status: dict[str, Any]) -> str:
             f"## seqLen {c['seqLen']}, host {c['hostDtype']}, hot fraction {c['hotFraction']:g}"
         )
         lines.append("")
-        head = ["variant", *(label for _, label in _MD_COLUMNS), "ratio", "same sign"]
+        head = ["variant", *(column_heading(c) for c in TABLE_COLUMNS), "ratio", "same sign"]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for r in c["variants"]:
             med = r["medians"]
-            cells = [r["name"], *(f"{med[k]:.4g}" if k in med else "—" for k, _ in _MD_COLUMNS)]
+            cells = [r["name"], *(column_cell(c, med.get(c.name), ".4g") for c in TABLE_COLUMNS)]
             ratio = r.get("ratio")
             cells.append("—" if ratio is None else f"{ratio:.3f}")
             cells.append(f"{r.get('sameSignRounds', '—')}/{r.get('rounds', '—')}")

@@ -11,6 +11,29 @@ from npu_lora.api import record as step_record
 
 #: Per-variant medians of the engine's profile (the step record's bench columns).
 PROFILE_COLUMNS = step_record.BENCH_COLUMNS
+#: The bench tables' columns (``bench.md``, ``benchmark.md``): the same, in record order.
+TABLE_COLUMNS: tuple[step_record.Column, ...] = tuple(
+    step_record.by_name(n) for n in PROFILE_COLUMNS
+)
+
+
+def column_heading(col: step_record.Column) -> str:
+    """A bench table's heading of ``col``: its ``bench_label`` (else its name); byte columns
+    are shown in MB (10^6 bytes)."""
+    label = col.bench_label or col.name
+    return f"{label} MB" if col.unit == "bytes" else label
+
+
+def column_cell(col: step_record.Column, value: float | None, spec: str = ".3f") -> str:
+    """``value`` of ``col`` formatted for a table (``spec`` for seconds; calls per layer with
+    one decimal, bytes in MB); ``—`` when missing."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    if col.unit == "bytes":
+        return f"{value / 1e6:{spec}}"
+    if col.unit == "calls" and spec == ".3f":
+        return f"{value:.1f}"
+    return f"{value:{spec}}"
 
 
 def hot_dispatch_lines(records: Sequence[dict[str, Any]], names: Sequence[str]) -> list[str]:

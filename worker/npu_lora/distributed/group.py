@@ -32,19 +32,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from npu_lora.api import record as step_record
 from npu_lora.api.v1alpha1 import EXIT_RENDEZVOUS_TIMEOUT
 from npu_lora.distributed.env import RankInfo
 
 #: Keys the loop adds to a step's record in a data-parallel run (after the record's columns;
-#: a single-rank run's records have none of them).
-RECORD_KEYS = (
-    "world_size",
-    "allreduce_s",
-    "allreduce_bytes",
-    "rank_compute_s",
-    "slowest_rank",
-    "skew_s",
-)
+#: a single-rank run's records have none of them): the record's data-parallel columns.
+RECORD_KEYS = step_record.DATA_PARALLEL
 
 
 class RendezvousTimeout(RuntimeError):
@@ -138,8 +132,9 @@ class StepComm:
     stop: bool = False
 
     def record(self, world: int) -> dict[str, Any]:
+        """The step record's data-parallel columns (:data:`RECORD_KEYS`, in that order)."""
         slow = max(range(len(self.rank_compute_s)), key=lambda r: self.rank_compute_s[r])
-        return {
+        values = {
             "world_size": world,
             "allreduce_s": self.allreduce_s,
             "allreduce_bytes": self.allreduce_bytes,
@@ -147,6 +142,7 @@ class StepComm:
             "slowest_rank": slow,
             "skew_s": max(self.rank_compute_s) - min(self.rank_compute_s),
         }
+        return {k: values[k] for k in RECORD_KEYS}
 
 
 class DataParallel:
@@ -287,27 +283,3 @@ class DataParallel:
         import torch.distributed as dist
 
         dist.barrier()
-
-
-def distributed_status(record: dict[str, Any], info: Any, sig: Any) -> dict[str, Any]:
-    """``status.distributed`` of a data-parallel step record (``sig``: the reporter's
-    rounding). Torch-free."""
-    world = int(record["world_size"])
-    per = int(getattr(info, "ranks_per_worker", 0) or 0) or world
-    out: dict[str, Any] = {
-        "worldSize": world,
-        "workers": int(getattr(info, "workers", 0) or 0) or max(1, world // per),
-        "ranksPerWorker": per,
-        "step": int(record["step"]),
-    }
-    per_rank = record.get("rank_compute_s")
-    if isinstance(per_rank, list) and per_rank:
-        out["rankComputeSeconds"] = [sig(x) for x in per_rank]
-        out["slowestRank"] = int(record.get("slowest_rank") or 0)
-    for src, dst in (("skew_s", "skewSeconds"), ("allreduce_s", "allreduceSeconds")):
-        v = sig(record.get(src))
-        if v is not None:
-            out[dst] = v
-    if record.get("allreduce_bytes") is not None:
-        out["allreduceBytes"] = int(record["allreduce_bytes"])
-    return out

@@ -47,6 +47,7 @@ from npu_lora.models.build import (
     decoder_layers,
     to_dtype,
 )
+from npu_lora.moe.expert_reads import ExpertReads
 from npu_lora.moe.host_mlp import HostMLP, install_host_mlp
 from npu_lora.moe.hot import (
     HotLayer,
@@ -129,6 +130,7 @@ class HybridEngine:
             counts_LE=self.counts_LE,
             compute_dtype=host_compute_dtype,
         )
+        self.expert_reads = ExpertReads([m.experts for m in self.mlps])  # expert_bytes
         self.hot_selected_at: int | None = None
         self.hot_refresh_steps = hot_refresh_steps
         self.hot_memory = hot_memory
@@ -252,6 +254,7 @@ class HybridEngine:
         be.traffic.merge(self._pending)  # moves since the last step count in this one
         self._pending.clear()
         self.times.reset()
+        self.expert_reads.reset()
         ids = batch["input_ids"]
         am = batch.get("attention_mask")
         labels = batch["labels"]
@@ -316,6 +319,7 @@ class HybridEngine:
             copy_mb=(tr["to_device_bytes"] + tr["to_host_bytes"]) / 1e6,
             move_bytes=move_bytes,
             traffic_layers=be.traffic.by_layer(self.num_layers),
+            expert_bytes=self.expert_reads.bytes,
         )
 
     # --- evaluation (no backward) ---------------------------------------------------------------

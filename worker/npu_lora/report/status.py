@@ -84,22 +84,50 @@ def _sig(x: Any, digits: int = 4) -> float | None:
     return float(f"{v:.{digits}g}")
 
 
+def _status_value(col: step_record.Column, v: Any) -> Any:
+    """A record value as its status field: ints as ints, numbers rounded to ``col.digits``
+    significant digits, lists elementwise; ``None`` when not a (finite) value."""
+    if v is None:
+        return None
+    if col.kind == "int":
+        try:
+            return int(v)
+        except (TypeError, ValueError):
+            return None
+    if col.kind == "floats":
+        return [_sig(x, col.digits) for x in v] if isinstance(v, list) and v else None
+    return _sig(v, col.digits)
+
+
+def status_values(
+    record: dict[str, Any], columns: tuple[step_record.Column, ...]
+) -> dict[str, Any]:
+    """``columns`` of a metrics record as status fields (camelCase keys, record order)."""
+    out: dict[str, Any] = {}
+    for col in columns:
+        v = _status_value(col, record.get(col.name))
+        if v is not None:
+            out[col.status_key] = v
+    return out
+
+
 def last_step_status(record: dict[str, Any]) -> dict[str, Any]:
     """The ``status.lastStep`` object of a metrics record (camelCase, rounded, finite only)."""
-    out: dict[str, Any] = {}
-    for col in step_record.STATUS_FIELDS:
-        src, dst = col.name, col.status_key
-        if src not in record or record[src] is None:
-            continue
-        if col.kind == "int":
-            try:
-                out[dst] = int(record[src])
-            except (TypeError, ValueError):
-                continue
-        else:
-            v = _sig(record[src], col.digits)
-            if v is not None:
-                out[dst] = v
+    return status_values(record, step_record.STATUS_FIELDS)
+
+
+def distributed_status(record: dict[str, Any], info: Any) -> dict[str, Any]:
+    """``status.distributed`` of a data-parallel step record: the pods and ranks (``info``: the
+    rank's ``RankInfo``), the step, and the record's data-parallel columns
+    (:data:`npu_lora.api.record.DISTRIBUTED_STATUS_FIELDS`)."""
+    world = int(record["world_size"])
+    per = int(getattr(info, "ranks_per_worker", 0) or 0) or world
+    out: dict[str, Any] = {
+        "workers": int(getattr(info, "workers", 0) or 0) or max(1, world // per),
+        "ranksPerWorker": per,
+        "step": int(record["step"]),
+    }
+    out.update(status_values(record, step_record.DISTRIBUTED_STATUS_FIELDS))
     return out
 
 
@@ -391,11 +419,9 @@ class StatusReporter(TrainCallback):
             self._step_times.append((step, float(step_s)))
         self._state["lastStep"] = last_step_status(record)
         self._state["progress"] = self._progress(step)
-        if "world_size" in record:  # data parallel (rank 0 reports for every rank)
-            from npu_lora.distributed.group import distributed_status
-
+        if any(k in record for k in step_record.DATA_PARALLEL):  # rank 0 reports for all
             info = getattr(ctx, "extra", {}).get("rank_info")
-            self._state["distributed"] = distributed_status(record, info, _sig)
+            self._state["distributed"] = distributed_status(record, info)
         median = self._median()
         if median is not None:
             self._state["stepSecondsMedian"] = _sig(median)

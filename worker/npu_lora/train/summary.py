@@ -24,9 +24,13 @@ def after_warmup(records: list[dict[str, Any]], warmup_steps: int) -> list[dict[
 
 
 def medians(records: list[dict[str, Any]]) -> dict[str, float | None]:
+    """The median of every :data:`~npu_lora.api.record.MEDIAN_COLUMNS` column (``None``: no
+    value; a data-parallel column is left out of a single-rank run's medians)."""
     out: dict[str, float | None] = {}
     for col in step_record.MEDIAN_COLUMNS:
         vals = [float(r[col]) for r in records if isinstance(r.get(col), int | float)]
+        if not vals and step_record.by_name(col).data_parallel:
+            continue
         out[col] = statistics.median(vals) if vals else None
     return out
 

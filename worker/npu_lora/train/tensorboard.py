@@ -11,8 +11,10 @@ tag                         from
 ``train/lr``                ``lr``
 ``train/grad_norm``         ``grad_norm``
 ``throughput/tokens_per_s`` ``tokens / step_s``
-``time/<column>``           every column with unit ``s`` (``step_s``, ``attn_head_s``, ...)
-``traffic/<column>``        every column with unit ``bytes`` (when the record has one)
+``time/<column>``           every other column with unit ``s`` (``step_s``, ``attn_head_s``, ...)
+``dist/<column>``           the data-parallel columns (``allreduce_s``, ``skew_s``, ...; only
+                            in a data-parallel run's records; not the per-rank lists)
+``traffic/<column>``        every other column with unit ``bytes`` (``expert_bytes``, ...)
 ``moe/<column>``            the other numeric columns (``hot_experts``,
                             ``device_calls_per_layer``, ``tokens``, ``micro_batches``)
 ==========================  ==================================================================
@@ -48,6 +50,8 @@ def tag_of(column: step_record.Column) -> str | None:
         return None
     if column.name in _TRAIN:
         return f"train/{column.name}"
+    if column.data_parallel:
+        return f"dist/{column.name}"
     if column.unit == "s":
         return f"time/{column.name}"
     if column.unit in _BYTES_UNITS:

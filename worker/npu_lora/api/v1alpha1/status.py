@@ -11,7 +11,7 @@ from pydantic import (
     Field,
     create_model,
 )
-from pydantic.alias_generators import to_camel
+from pydantic.alias_generators import to_camel, to_snake
 
 from npu_lora.api import record
 from npu_lora.api.v1alpha1.base import _Model
@@ -38,7 +38,21 @@ class Progress(_Model):
     last_update_time: str | None = Field(None, description="When the worker last reported.")
 
 
-_PY_TYPES: dict[str, type] = {"int": int, "float": float}
+_PY_TYPES: dict[str, Any] = {"int": int, "float": float, "floats": list[float]}
+
+
+def _fields(columns: Any) -> dict[str, Any]:
+    """``create_model`` fields of record columns: named by their status key (snake_case, so the
+    camelCase alias is that key), required or ``None`` by default."""
+    out: dict[str, Any] = {}
+    for c in columns:
+        py = _PY_TYPES[c.kind]
+        name = to_snake(c.status_key)
+        if c.required:
+            out[name] = (py, Field(..., description=c.status_doc))
+        else:
+            out[name] = (py | None, Field(None, description=c.status_doc))
+    return out
 
 
 class _LenientModel(_Model):
@@ -47,13 +61,7 @@ class _LenientModel(_Model):
 
 def _step_record_model() -> type[BaseModel]:
     """``status.lastStep``: the status columns of the step record (:mod:`npu_lora.api.record`)."""
-    fields: dict[str, Any] = {}
-    for c in record.STATUS_FIELDS:
-        py = _PY_TYPES[c.kind]
-        if c.required:
-            fields[c.name] = (py, Field(..., description=c.status_doc))
-        else:
-            fields[c.name] = (py | None, Field(None, description=c.status_doc))
+    fields = _fields(record.STATUS_FIELDS)
     return create_model(
         "StepRecord",
         __base__=_LenientModel,
@@ -132,26 +140,36 @@ class EvalStatus(_Model):
     best: EvalBest | None = Field(None, description="The lowest eval loss so far.")
 
 
-class DistributedStatus(_Model):
+class _DistributedBase(_Model):
     """Data-parallel progress of the last reported step (worker, rank 0; spec.distributed)."""
 
-    world_size: int = Field(..., description="Training ranks in the process group.")
     workers: int = Field(..., description="Worker pods.")
     ranks_per_worker: int = Field(..., description="Ranks in each worker pod.")
     step: int | None = Field(
         None, description="Last step every rank finished (the ranks step together)."
     )
-    rank_compute_seconds: list[float] | None = Field(
-        None, description="Per rank: seconds of forward/backward of the last step, by rank."
+
+
+def _distributed_status_model() -> type[BaseModel]:
+    """``status.distributed``: the data-parallel columns of the step record
+    (:data:`npu_lora.api.record.DISTRIBUTED_STATUS_FIELDS`, required ones first) around the
+    fields of :class:`_DistributedBase`."""
+    cols = record.DISTRIBUTED_STATUS_FIELDS
+    fields = _fields([c for c in cols if c.required])
+    fields.update(
+        (n, (f.annotation, f)) for n, f in _DistributedBase.model_fields.items()
+    )  # re-declared here so they follow the required columns
+    fields.update(_fields([c for c in cols if not c.required]))
+    return create_model(
+        "DistributedStatus",
+        __base__=_Model,
+        __doc__=_DistributedBase.__doc__,
+        __module__=__name__,
+        **fields,
     )
-    slowest_rank: int | None = Field(None, description="The rank with the most compute seconds.")
-    skew_seconds: float | None = Field(
-        None, description="Slowest minus fastest rank's compute seconds (the others' wait)."
-    )
-    allreduce_seconds: float | None = Field(
-        None, description="Gradient all-reduce seconds of the last step (rank 0)."
-    )
-    allreduce_bytes: int | None = Field(None, description="Gradient bytes all-reduced per step.")
+
+
+DistributedStatus = _distributed_status_model()
 
 
 class BenchmarkVariant(_Model):
