@@ -7,9 +7,8 @@ definition (:mod:`npu_lora.api.record`), so a new numeric column shows up withou
 ==========================  ==================================================================
 tag                         from
 ==========================  ==================================================================
-``train/loss``              ``loss`` (skipped when not finite)
-``train/lr``                ``lr``
-``train/grad_norm``         ``grad_norm``
+``train/<column>``          the unitless float columns: ``loss`` (skipped when not finite),
+                            ``lr``, ``grad_norm``
 ``throughput/tokens_per_s`` ``tokens / step_s``
 ``time/<column>``           every other column with unit ``s`` (``step_s``, ``attn_head_s``, ...)
 ``dist/<column>``           the data-parallel columns (``allreduce_s``, ``skew_s``, ...; only
@@ -39,7 +38,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["TAGS", "TensorBoardLogger", "scalars", "tag_of"]
 
-_TRAIN = ("loss", "lr", "grad_norm")
 _SKIP = ("step",)
 _BYTES_UNITS = ("bytes", "B")
 
@@ -48,7 +46,7 @@ def tag_of(column: step_record.Column) -> str | None:
     """The scalar tag of a record column (``None``: not a scalar)."""
     if column.kind not in ("int", "float") or column.name in _SKIP:
         return None
-    if column.name in _TRAIN:
+    if column.kind == "float" and column.unit == "":  # loss, lr, grad_norm
         return f"train/{column.name}"
     if column.data_parallel:
         return f"dist/{column.name}"
