@@ -353,7 +353,7 @@ def run(args: argparse.Namespace) -> int:
         f"  operator: {op_line}; worker: {worker_line}\n\n"
         f"  export KUBECONFIG={kc}\n"
         f"  kubectl apply -f {example}\n"
-        f"  kubectl get mft -w            # -o wide for TOTAL, ETA, NODE, CALLS/LAYER\n"
+        f"  kubectl get mft -w            # -o wide: TOTAL, ETA, NODE, CALLS/LAYER, EXPERT-BYTES\n"
         f"  kubectl describe mft tiny-sandbox; kubectl logs job/tiny-sandbox\n"
         f"  ls {parts['root']}/pvc/default/runs/tiny-sandbox\n\n"
         "Ctrl-C stops everything.",

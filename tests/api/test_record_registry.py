@@ -45,6 +45,7 @@ NEW_COLUMNS = """
         median=True,
         status=True,
         status_doc="A data-parallel test column.",
+        printer=Printer("Probe-Wait", "A data-parallel test column.", priority=1),
     ),
 """
 
@@ -126,6 +127,7 @@ def test_a_column_added_to_the_record_appears_in_every_consumer(tmp_path):
     assert "probeWaitSeconds" not in got["last_step"]
     # kubectl get mft -o wide
     assert ["Probe", ".status.lastStep.probeBytes", 1] in got["printer"]
+    assert ["Probe-Wait", ".status.distributed.probeWaitSeconds", 1] in got["printer"]
     # TensorBoard
     assert "traffic/probe_bytes" in got["tb_tags"] and got["tb"]["traffic/probe_bytes"] == 3e6
     assert got["tb"]["dist/probe_wait_s"] == 0.25

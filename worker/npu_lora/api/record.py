@@ -53,7 +53,8 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Printer:
-    """A ``kubectl get mft`` column showing ``status.lastStep.<key>``."""
+    """A ``kubectl get mft`` column showing ``status.lastStep.<key>`` (a data-parallel column:
+    ``status.distributed.<key>``)."""
 
     name: str
     description: str
@@ -96,6 +97,11 @@ class Column:
     @property
     def data_parallel(self) -> bool:
         return self.source == "data-parallel"
+
+    @property
+    def status_section(self) -> str:
+        """Where in ``status`` the column is reported: ``lastStep`` or ``distributed``."""
+        return "distributed" if self.data_parallel else "lastStep"
 
     @property
     def status_key(self) -> str:
@@ -467,7 +473,7 @@ def printer_columns(
         col: dict[str, Any] = {
             "name": p.name,
             "type": "integer" if c.kind == "int" else "number",
-            "jsonPath": f".status.lastStep.{c.status_key}",
+            "jsonPath": f".status.{c.status_section}.{c.status_key}",
         }
         if p.priority:
             col["priority"] = p.priority
