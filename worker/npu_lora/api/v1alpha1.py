@@ -31,6 +31,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from npu_lora.api import backends as registry
 from npu_lora.api import record
 from npu_lora.api.variant import HOST_MODIFIERS, PEER_MODIFIERS, Variant
 
@@ -657,23 +658,39 @@ class EvalSpec(_Model):
     )
 
 
+def _backend_description() -> str:
+    def one(e: registry.BackendEntry) -> str:
+        return f"`{e.name}` ({e.summary})" if e.summary else f"`{e.name}`"
+
+    listed = ", ".join(one(registry.entry(n)) for n in registry.names())
+    return f"{listed}, or `auto` (the first available of {', '.join(registry.names())})."
+
+
+#: the API's words for the registered backends (``npu_lora.api.backends``)
+_BACKEND_DESCRIPTION = _backend_description()
+_ACCELERATORS = " or ".join(registry.accelerators())
+_FIRST_RESOURCE = next(
+    registry.entry(n).resource for n in registry.accelerators() if registry.entry(n).resource
+)
+#: ``precompile: auto`` is on for the first accelerator of ``auto``'s order (furiosa: its
+#: compiles take minutes; cuda's eager graphs need none)
+_PRECOMPILED = registry.accelerators()[0]
+
+
 class DeviceSpec(_Model):
     """The accelerator."""
 
-    backend: Literal["auto", "cpu", "cuda", "furiosa"] = Field(
+    backend: Literal[registry.choices()] = Field(  # type: ignore[valid-type]
         "auto",
-        description=(
-            "`furiosa` (RNGD via furiosa-torch), `cuda`, `cpu` (the host stands in for the device), "
-            "or `auto` (the first available of furiosa, cuda, cpu)."
-        ),
+        description=_BACKEND_DESCRIPTION,
     )
     cards: int = Field(
         1,
         ge=0,
         le=8,
         description=(
-            "Accelerator cards requested from Kubernetes (`furiosa.ai/rngd`). 0: none (not with "
-            "backend furiosa or cuda)."
+            f"Accelerator cards requested from Kubernetes (`{_FIRST_RESOURCE}`). 0: none (not "
+            f"with backend {_ACCELERATORS})."
         ),
     )
     dtype: Literal["float32", "bfloat16"] = Field(
@@ -709,11 +726,11 @@ class DeviceSpec(_Model):
         """``precompile`` resolved: ``auto`` is on for ``furiosa`` (and ``auto`` with cards)."""
         if self.precompile != "auto":
             return self.precompile == "true"
-        return self.backend == "furiosa" or (self.backend == "auto" and self.cards > 0)
+        return self.backend == _PRECOMPILED or (self.backend == "auto" and self.cards > 0)
 
     @model_validator(mode="after")
     def _cards_for_accelerators(self) -> DeviceSpec:
-        if self.backend in ("furiosa", "cuda") and self.cards < 1:
+        if self.backend in registry.accelerators() and self.cards < 1:
             raise ValueError(f"device.cards must be at least 1 with backend {self.backend}")
         return self
 
@@ -721,8 +738,10 @@ class DeviceSpec(_Model):
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
-                    "!(self.backend == 'furiosa' || self.backend == 'cuda') || self.cards >= 1",
-                    "cards must be at least 1 with backend furiosa or cuda",
+                    "!("
+                    + " || ".join(f"self.backend == '{n}'" for n in registry.accelerators())
+                    + ") || self.cards >= 1",
+                    f"cards must be at least 1 with backend {_ACCELERATORS}",
                     field_path=".cards",
                 )
             ]
