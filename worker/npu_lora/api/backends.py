@@ -32,13 +32,16 @@ class BackendEntry:
     """``implementation``: ``"package.module:Class"``; ``cards``: needs accelerator cards
     (``device.cards >= 1``); ``resource``: the Kubernetes extended resource a card is requested
     as; ``device_gather``: the hot rows may be gathered on the device (``HotLayer``; off where
-    that graph is not yet verified); ``summary``: a few words for the API reference."""
+    that graph is not yet verified); ``compiler``: what compiles its graphs (``inductor``,
+    ``furiosa-torch``; ``npu_lora.compile.plan.compiler_id``); ``summary``: a few words for
+    the API reference."""
 
     name: str
     implementation: str
     cards: bool = False
     resource: str | None = None
     device_gather: bool = True
+    compiler: str = "inductor"
     summary: str = ""
 
 
@@ -80,6 +83,6 @@ def entry(name: str) -> BackendEntry:
 
 
 # --- the registry (auto's order: the first available wins) -------------------------------------
-register(BackendEntry("furiosa", "npu_lora.backends.furiosa:FuriosaBackend", cards=True, resource="furiosa.ai/rngd", device_gather=False, summary="RNGD via furiosa-torch"))  # fmt: skip
+register(BackendEntry("furiosa", "npu_lora.backends.furiosa:FuriosaBackend", cards=True, resource="furiosa.ai/rngd", device_gather=False, compiler="furiosa-torch", summary="RNGD via furiosa-torch"))  # fmt: skip
 register(BackendEntry("cuda", "npu_lora.backends.cuda:CudaBackend", cards=True, resource="nvidia.com/gpu"))  # fmt: skip
 register(BackendEntry("cpu", "npu_lora.backends.cpu:CpuBackend", summary="the host stands in for the device"))  # fmt: skip

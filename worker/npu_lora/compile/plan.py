@@ -122,12 +122,13 @@ def _version(dist: str) -> str | None:
 def compiler_id(backend: str) -> str:
     """The compiler that turns the graphs into device code, with its version as installed here
     (``furiosa``: the worker image's pins where furiosa-torch is not installed)."""
-    if backend == "furiosa":
+    compiler = registry.entry(backend).compiler if backend in registry.names() else None
+    if compiler == "furiosa-torch":
         ft = _version("furiosa-torch")
         if ft is None:
             return f"furiosa-torch=={PINNED_FURIOSA_TORCH} torch=={PINNED_TORCH_FOR_FURIOSA}"
         return f"furiosa-torch=={ft} torch=={_version('torch') or 'unknown'}"
-    if backend in ("cpu", "cuda"):
+    if compiler == "inductor":
         return f"torch=={_version('torch') or 'unknown'} inductor-{backend}"
     raise ValueError(f"no compiler for backend {backend!r}; choose one of {PLAN_BACKENDS}")
 
