@@ -228,6 +228,27 @@ class HybridEngine:
         """Per layer the tensors the experts compute with now (``gate_up_proj``, ``down_proj``)."""
         return [(m.experts.gate_up_proj.data, m.experts.down_proj.data) for m in self.mlps]
 
+    def share_expert_weights(self, weights: ExpertWeights) -> None:
+        """Compute with ``weights`` (per layer ``gate_up_proj``, ``down_proj``; same shapes and
+        dtypes) from now on, as the engine's own: the data-parallel ranks of one pod share one
+        copy in shared memory (``npu_lora.distributed.launch``)."""
+        if len(weights) != len(self.mlps):
+            raise ValueError(f"{len(weights)} layers of expert weights, model {len(self.mlps)}")
+        for m, pair in zip(self.mlps, weights, strict=True):
+            for p, t in zip((m.experts.gate_up_proj, m.experts.down_proj), pair, strict=True):
+                if p.shape != t.shape or p.dtype != t.dtype:
+                    raise ValueError("shared expert weights differ in shape/dtype")
+                p.data = t
+        self._own_weights = self.expert_weights()
+
+    def unwrap_moe(self) -> nn.Module:
+        """The peft model with the stock MoE blocks back in its decoder layers (weights shared,
+        not copied), for export; the engine does not run afterwards."""
+        for layer, block in zip(self.layers, self.stock_blocks, strict=True):
+            if isinstance(layer.mlp, HostMLP):
+                layer.mlp = block
+        return self.model
+
     def set_experts_implementation(self, impl: str) -> None:
         """The host experts kernel (a key of transformers' ``ALL_EXPERTS_FUNCTIONS``)."""
         if self.lm.config._experts_implementation != impl:
