@@ -339,9 +339,9 @@ def accelerator_resources(run: Run) -> dict[str, int]:
     cards = run.spec.device.cards
     if cards <= 0:
         return {}
-    if backend == registry.AUTO:  # auto with cards: the first accelerator (furiosa)
-        backend = registry.accelerators()[0]
-    resource = registry.entry(backend).resource
+    resource = (  # auto with cards: the first accelerator's (furiosa)
+        registry.card_resource() if backend == registry.AUTO else registry.entry(backend).resource
+    )
     return {resource: cards} if resource else {}
 
 

@@ -33,7 +33,8 @@ class BackendEntry:
     (``device.cards >= 1``); ``resource``: the Kubernetes extended resource a card is requested
     as; ``device_gather``: the hot rows may be gathered on the device (``HotLayer``; off where
     that graph is not yet verified); ``compiler``: what compiles its graphs (``inductor``,
-    ``furiosa-torch``; ``npu_lora.compile.plan.compiler_id``); ``summary``: a few words for
+    ``furiosa-torch``; ``npu_lora.compile.plan.compiler_id``); ``precompile``: ``device.precompile:
+    auto`` is on (compiles that take minutes); ``summary``: a few words for
     the API reference."""
 
     name: str
@@ -42,6 +43,7 @@ class BackendEntry:
     resource: str | None = None
     device_gather: bool = True
     compiler: str = "inductor"
+    precompile: bool = False
     summary: str = ""
 
 
@@ -82,7 +84,31 @@ def entry(name: str) -> BackendEntry:
         raise ValueError(f"unknown device backend {name!r}; choose one of {choices()}") from None
 
 
+def describe() -> str:
+    """The API's words for ``spec.device.backend``."""
+
+    def one(e: BackendEntry) -> str:
+        return f"`{e.name}` ({e.summary})" if e.summary else f"`{e.name}`"
+
+    listed = ", ".join(one(e) for e in _REGISTRY.values())
+    return f"{listed}, or `{AUTO}` (the first available of {', '.join(names())})."
+
+
+def card_resource() -> str | None:
+    """The extended resource of ``auto`` with cards (the first accelerator's)."""
+    return next((_REGISTRY[n].resource for n in accelerators() if _REGISTRY[n].resource), None)
+
+
+def card_rule() -> tuple[str, str]:
+    """The CEL rule (and its message) that an accelerator backend asks for cards."""
+    rule = " || ".join(f"self.backend == '{n}'" for n in accelerators())
+    return (
+        f"!({rule}) || self.cards >= 1",
+        f"cards must be at least 1 with backend {' or '.join(accelerators())}",
+    )
+
+
 # --- the registry (auto's order: the first available wins) -------------------------------------
-register(BackendEntry("furiosa", "npu_lora.backends.furiosa:FuriosaBackend", cards=True, resource="furiosa.ai/rngd", device_gather=False, compiler="furiosa-torch", summary="RNGD via furiosa-torch"))  # fmt: skip
+register(BackendEntry("furiosa", "npu_lora.backends.furiosa:FuriosaBackend", cards=True, resource="furiosa.ai/rngd", device_gather=False, compiler="furiosa-torch", precompile=True, summary="RNGD via furiosa-torch"))  # fmt: skip
 register(BackendEntry("cuda", "npu_lora.backends.cuda:CudaBackend", cards=True, resource="nvidia.com/gpu"))  # fmt: skip
 register(BackendEntry("cpu", "npu_lora.backends.cpu:CpuBackend", summary="the host stands in for the device"))  # fmt: skip

@@ -658,39 +658,20 @@ class EvalSpec(_Model):
     )
 
 
-def _backend_description() -> str:
-    def one(e: registry.BackendEntry) -> str:
-        return f"`{e.name}` ({e.summary})" if e.summary else f"`{e.name}`"
-
-    listed = ", ".join(one(registry.entry(n)) for n in registry.names())
-    return f"{listed}, or `auto` (the first available of {', '.join(registry.names())})."
-
-
-#: the API's words for the registered backends (``npu_lora.api.backends``)
-_BACKEND_DESCRIPTION = _backend_description()
-_ACCELERATORS = " or ".join(registry.accelerators())
-_FIRST_RESOURCE = next(
-    registry.entry(n).resource for n in registry.accelerators() if registry.entry(n).resource
-)
-#: ``precompile: auto`` is on for the first accelerator of ``auto``'s order (furiosa: its
-#: compiles take minutes; cuda's eager graphs need none)
-_PRECOMPILED = registry.accelerators()[0]
-
-
 class DeviceSpec(_Model):
     """The accelerator."""
 
     backend: Literal[registry.choices()] = Field(  # type: ignore[valid-type]
         "auto",
-        description=_BACKEND_DESCRIPTION,
+        description=registry.describe(),
     )
     cards: int = Field(
         1,
         ge=0,
         le=8,
         description=(
-            f"Accelerator cards requested from Kubernetes (`{_FIRST_RESOURCE}`). 0: none (not "
-            f"with backend {_ACCELERATORS})."
+            f"Accelerator cards requested from Kubernetes (`{registry.card_resource()}`). 0: "
+            f"none (not with backend {' or '.join(registry.accelerators())})."
         ),
     )
     dtype: Literal["float32", "bfloat16"] = Field(
@@ -726,7 +707,9 @@ class DeviceSpec(_Model):
         """``precompile`` resolved: ``auto`` is on for ``furiosa`` (and ``auto`` with cards)."""
         if self.precompile != "auto":
             return self.precompile == "true"
-        return self.backend == _PRECOMPILED or (self.backend == "auto" and self.cards > 0)
+        if self.backend == "auto":
+            return self.cards > 0
+        return registry.entry(self.backend).precompile
 
     @model_validator(mode="after")
     def _cards_for_accelerators(self) -> DeviceSpec:
@@ -738,10 +721,7 @@ class DeviceSpec(_Model):
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
-                    "!("
-                    + " || ".join(f"self.backend == '{n}'" for n in registry.accelerators())
-                    + ") || self.cards >= 1",
-                    f"cards must be at least 1 with backend {_ACCELERATORS}",
+                    *registry.card_rule(),
                     field_path=".cards",
                 )
             ]
