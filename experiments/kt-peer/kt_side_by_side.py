@@ -169,7 +169,7 @@ def _check(m, cfg, impls: list[str], T: int, seed: int, log) -> list[dict]:
 
     H, E = m.gate_up_proj.shape[2], m.gate_up_proj.shape[0]
     K = cfg.num_experts_per_tok
-    m32, cfg32 = _module(H, m.down_proj.shape[2], E, K, torch.float32, False, seed)
+    m32, cfg32, _ = _module(H, m.down_proj.shape[2], E, K, torch.float32, False, seed)
     with torch.no_grad():
         m32.gate_up_proj.copy_(m.gate_up_proj.float())
         m32.down_proj.copy_(m.down_proj.float())
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         jf.flush()
 
     H, inter, E, K = a.hidden, a.intermediate, a.experts, a.top_k
-    m, cfg = _module(H, inter, E, K, torch.bfloat16, False, a.seed)
+    m, cfg, _ = _module(H, inter, E, K, torch.bfloat16, False, a.seed)
     per_expert = expert_bytes(m.gate_up_proj, m.down_proj)
     facts = {
         "kind": "machine",

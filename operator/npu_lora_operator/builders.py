@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
+from npu_lora.api import backends as registry
 from npu_lora.api.v1alpha1 import (
     API_VERSION,
     ENV_NAME,
@@ -69,8 +70,7 @@ CACHE_ROOT = "/mnt/cache"
 CACHE_MOUNT = f"{CACHE_ROOT}/furiosa"
 TMP_MOUNT = "/tmp"
 TERMINATION_LOG = "/dev/termination-log"
-RNGD_RESOURCE = "furiosa.ai/rngd"
-CUDA_RESOURCE = "nvidia.com/gpu"
+RNGD_RESOURCE = registry.entry("furiosa").resource  # the extended resources: the registry's
 MANAGED_BY = "npu-lora-operator"
 
 _MAX_NAME = 63  # DNS label (Job names feed the pods' job-name label)
@@ -339,11 +339,10 @@ def accelerator_resources(run: Run) -> dict[str, int]:
     cards = run.spec.device.cards
     if cards <= 0:
         return {}
-    if backend in ("furiosa", "auto"):
-        return {RNGD_RESOURCE: cards}
-    if backend == "cuda":
-        return {CUDA_RESOURCE: cards}
-    return {}
+    resource = (  # auto with cards: the first accelerator's (furiosa)
+        registry.card_resource() if backend == registry.AUTO else registry.entry(backend).resource
+    )
+    return {resource: cards} if resource else {}
 
 
 def _resources(run: Run, config: OperatorConfig) -> Body:

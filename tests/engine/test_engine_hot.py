@@ -184,6 +184,10 @@ def test_set_mode_is_the_one_owner_of_the_mode(tiny):
         eng.mode.keep_graph = True  # type: ignore[misc]
     with pytest.raises(ValueError, match="placement must be 'hot' or 'host-only'"):
         EngineMode("gpu")  # type: ignore[arg-type]
-    eng.train_experts = True
+    from npu_lora.engine.mode import ModeControl
+
+    trained = ModeControl("auto", True, False, train_experts=True)  # auto = host-only
+    assert trained.policy == "host-only" and trained.mode.placement == "host-only"
     with pytest.raises(ValueError, match="train_experts requires placement host-only"):
-        eng.set_mode(eng.mode)
+        trained.set(eng.mode)
+    assert trained.mode.placement == "host-only"  # refused: unchanged

@@ -8,7 +8,9 @@ import time
 
 import pytest
 import torch
+from npu_lora.api.variant import Variant
 from npu_lora.backends import CpuBackend
+from npu_lora.bench.hooks import VariantHooks
 from npu_lora.device.graphs import causal_mask, label_gather, positions
 from npu_lora.engine import build_engine
 from npu_lora.moe.hot import coverage, device_expert_bytes, select_hot, select_hot_memory
@@ -135,14 +137,14 @@ def test_auto_keeps_the_faster_placement(tiny, backend_args, expect):
 
 
 def test_auto_keeps_the_agreed_choice(tiny):
-    """Data parallel: each rank times its own trials, ``auto_agree`` (rank 0's choice, a
+    """Data parallel: each rank times its own trials, ``agree_placement_with`` (rank 0's choice, a
     broadcast) decides, so every rank keeps the same placement even where its own medians
     disagree."""
     be = DelayBackend("hot_experts", 1.5)  # this rank alone would keep host-only
     eng = build_engine(tiny.spec(moe={"placement": "auto", "warmupSteps": 1}), backend=be)
     be.engine = eng
     asked: list[str] = []
-    eng.auto_agree = lambda mine: asked.append(mine) or "hot"
+    eng.agree_placement_with(lambda mine: asked.append(mine) or "hot")
     batch = tiny.batch()
     for step in range(1, 9):
         eng.forward_backward(batch)
@@ -311,8 +313,9 @@ def test_hot_memory_refresh_moves_budget_between_layers(tiny):
     assert len(eng.mlps[0].hot.experts) == 2 * L and all(m.hot is None for m in eng.mlps[1:])
     batch = tiny.batch()
     eng.forward_backward(batch)
-    eng.hist_LE = torch.zeros(L, E, dtype=torch.float64)  # forget the skew: the batch decides
-    eng._counts_at_refresh = skew.clone()  # recent = this batch only
+    state = eng.hot_state()  # forget the skew (the batch decides): recent = this batch only
+    state.update(hist=torch.zeros(L, E).tolist(), counts_at_refresh=skew.tolist())
+    eng.load_hot_state(state)
     assert eng.select_hot_experts(1)["refreshed_at_step"] == 1
     sizes = [len(m.hot.experts) if m.hot else 0 for m in eng.mlps]
     assert sum(sizes) == 2 * L and sizes[0] < 2 * L
@@ -358,9 +361,9 @@ def test_legacy_path_is_the_same_arithmetic_with_more_bytes(tiny):
         eng = build_engine(spec)
         tiny.randomize_lora(eng.model)
         eng.select_hot_experts(0)
-        eng.legacy_traffic = legacy
-        for m in eng.mlps:
-            m.hot.legacy = legacy
+        hooks = VariantHooks()  # the bench's strategy, through the engine's one seam
+        hooks.use(Variant.parse("hot+legacy" if legacy else "hot"))
+        eng.use_hooks(hooks)
         eng.forward_backward(tiny.batch())  # the selection's copies
         for p in eng.trainable_parameters():
             p.grad = None
@@ -384,9 +387,13 @@ def test_device_gather_sends_token_rows_and_computes_the_same(tiny):
     batch = tiny.batch()
     B, S = batch["input_ids"].shape
     res = {}
+
+    class NoGather(CpuBackend):
+        device_gather = False
+
     for gather in (True, False):
-        eng = build_engine(spec)
-        eng.device_gather = gather
+        eng = build_engine(spec, backend=CpuBackend() if gather else NoGather())
+        assert eng.device_gather is gather
         tiny.randomize_lora(eng.model)
         eng.select_hot_experts(0)
         eng.forward_backward(batch)  # the selection's copies

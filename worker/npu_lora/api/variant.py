@@ -31,6 +31,9 @@ PEER_MODIFIERS = ("fp32", "sdpa")
 class Variant:
     """``<placement>[+keep_graph][+sequential][+fp32][@<experts_impl>]`` or ``peer[+fp32][@...]``.
 
+    The A/B modifiers (``+legacy``, ``+torch_head``, ``+padmax``, ``+fp32``, ``+4k``) are the
+    bench's strategies, carried out through the engine's one seam
+    (``npu_lora.bench.hooks.VariantHooks``, an ``npu_lora.engine.EngineHooks``), not engine flags.
     ``+overlap``: hot placement with the overlapped device call (``HostMLP.overlap``; only
     differs on a non-CPU device); ``+sequential``: without it (the default, named explicitly).
     ``+padmax``: hot groups padded to

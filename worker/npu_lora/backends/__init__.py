@@ -1,18 +1,36 @@
-"""Device backends behind one seam (``Backend``): ``furiosa``, ``cuda``, ``cpu``; ``auto``."""
+"""Device backends behind one seam (``Backend``), keyed by the names of the one registry
+(:mod:`npu_lora.api.backends`: ``furiosa``, ``cuda``, ``cpu``; ``auto``). A backend's module is
+imported when it is asked for (``backend_class``), so furiosa-torch is never imported here."""
 
 from __future__ import annotations
 
+import importlib
+
+from npu_lora.api import backends as registry
 from npu_lora.backends.base import Backend
 from npu_lora.backends.cpu import CpuBackend
 from npu_lora.backends.cuda import CudaBackend
 
-BACKENDS = ("auto", "cpu", "cuda", "furiosa")
+#: ``auto`` and the registered backends (sorted)
+BACKENDS = registry.choices()
+
+
+def backend_class(name: str) -> type[Backend]:
+    """The implementation registered as ``name`` (ValueError for an unknown name)."""
+    module, _, cls = registry.entry(name).implementation.partition(":")
+    found = getattr(importlib.import_module(module), cls)
+    if not (isinstance(found, type) and issubclass(found, Backend)):
+        raise TypeError(f"backend {name!r}: {module}:{cls} is not a Backend")
+    return found
+
+
+def backend_available(name: str) -> bool:
+    """Whether backend ``name`` can run on this machine (its ``available()``)."""
+    return bool(backend_class(name).available())
 
 
 def furiosa_available() -> bool:
-    from npu_lora.backends.furiosa import FuriosaBackend
-
-    return FuriosaBackend.available()
+    return backend_available("furiosa")
 
 
 def _local_rank() -> int:
@@ -26,28 +44,23 @@ def _local_rank() -> int:
 
 
 def get_backend(name: str = "auto", index: int | None = None) -> Backend:
-    """``auto`` picks the first available of furiosa → cuda → cpu. ``index``: the card (default:
-    ``LOCAL_RANK``, so each rank of a pod drives its own card; 0 without data parallel)."""
+    """``auto`` picks the first available in the registry's order (furiosa → cuda → cpu).
+    ``index``: the card (default: ``LOCAL_RANK``, so each rank of a pod drives its own card; 0
+    without data parallel)."""
     if index is None:
         index = _local_rank()
-    if name == "auto":
-        if furiosa_available():
-            name = "furiosa"
-        elif CudaBackend.available():
-            name = "cuda"
-        else:
-            name = "cpu"
-    if name == "cpu":
-        return CpuBackend()
-    if name == "cuda":
-        if not CudaBackend.available():
-            raise RuntimeError("device backend 'cuda' requested but torch.cuda is not available")
-        return CudaBackend(index)
-    if name == "furiosa":
-        from npu_lora.backends.furiosa import FuriosaBackend
-
-        return FuriosaBackend(index)
-    raise ValueError(f"unknown device backend {name!r}; choose one of {BACKENDS}")
+    if name == registry.AUTO:
+        name = next((n for n in registry.names() if backend_available(n)), "cpu")
+    return backend_class(name)(index)
 
 
-__all__ = ["BACKENDS", "Backend", "CpuBackend", "CudaBackend", "furiosa_available", "get_backend"]
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "CpuBackend",
+    "CudaBackend",
+    "backend_available",
+    "backend_class",
+    "furiosa_available",
+    "get_backend",
+]

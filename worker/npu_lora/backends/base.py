@@ -117,11 +117,25 @@ class _Transfer(torch.autograd.Function):
 
 class Backend:
     """Base class; subclasses set ``name`` and ``device`` and may override ``compile`` and the
-    raw copies ``_copy_to_device`` / ``_copy_to_host``."""
+    raw copies ``_copy_to_device`` / ``_copy_to_host``. A subclass is registered by name in
+    :mod:`npu_lora.api.backends` (its ``implementation``)."""
 
     name: str = "base"
     #: staging buffers are pinned (page-locked) host memory (cuda)
     pin_staging: bool = False
+
+    @staticmethod
+    def available() -> bool:
+        """Whether this backend can run on this machine."""
+        return True
+
+    @property
+    def device_gather(self) -> bool:
+        """Hot rows may be gathered on the device (``HotLayer.device_gather``): the registry's
+        ``device_gather`` of this backend's name (True for an unregistered name)."""
+        from npu_lora.api import backends as registry
+
+        return registry.entry(self.name).device_gather if self.name in registry.names() else True
 
     def __init__(self, device: torch.device | str) -> None:
         self.device = torch.device(device)

@@ -13,7 +13,7 @@ from npu_lora.backends.base import Backend
 class CpuBackend(Backend):
     name = "cpu"
 
-    def __init__(self) -> None:
+    def __init__(self, index: int = 0) -> None:  # one host: the card index does not apply
         super().__init__(torch.device("cpu"))
 
     def _copy_to_device(self, t: torch.Tensor) -> torch.Tensor:

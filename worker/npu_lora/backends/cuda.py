@@ -16,6 +16,8 @@ class CudaBackend(Backend):
     pin_staging = True
 
     def __init__(self, index: int = 0, *, use_compile: bool = False) -> None:
+        if not self.available():
+            raise RuntimeError("device backend 'cuda' requested but torch.cuda is not available")
         super().__init__(torch.device("cuda", index))
         self.use_compile = use_compile
 

@@ -50,8 +50,8 @@ def _module(H: int, inter: int, E: int, K: int, dtype: torch.dtype, train: bool,
     m.requires_grad_(train)
     from npu_lora.moe.pages import place_experts
 
-    m.experts_pages = place_experts([m])  # as the engine places them (NPU_LORA_HUGEPAGES=0: not)
-    return m, cfg
+    pages = place_experts([m])  # as the engine places them (NPU_LORA_HUGEPAGES=0: not)
+    return m, cfg, pages
 
 
 def _inputs(T: int, H: int, E: int, K: int, dtype: torch.dtype, seed: int) -> tuple:
@@ -275,11 +275,11 @@ def bench_kernels(
     for dname in dtypes:
         dtype = getattr(torch, dname)
         for mode in modes:
-            m, cfg = _module(H, inter, E, K, dtype, mode == "train", seed)
+            m, cfg, m_pages = _module(H, inter, E, K, dtype, mode == "train", seed)
             per_expert = expert_bytes(m.gate_up_proj, m.down_proj)
-            pages = {"kind": "pages", "dtype": dname, "mode": mode, **m.experts_pages}
+            pages = {"kind": "pages", "dtype": dname, "mode": mode, **m_pages}
             jf.write(json.dumps(pages) + "\n")
-            log(f"{dname} {mode} expert weights: {m.experts_pages}")
+            log(f"{dname} {mode} expert weights: {m_pages}")
             for T in tokens:
                 x0, idx, w, gy, hit = _inputs(T, H, E, K, dtype, seed)
                 inputs = (x0, idx, w, gy)
@@ -330,10 +330,10 @@ def bench_dtype_ab(
     jf = (out / "dtype_ab.jsonl").open("w")
     jf.write(json.dumps({"kind": "machine", **machine_facts(), "stream_backend": stream.backend()}))
     jf.write("\n")
-    m32, cfg32 = _module(H, inter, E, K, torch.float32, False, seed)
-    m16, cfg16 = _module(H, inter, E, K, torch.bfloat16, False, seed)
-    for dname, m in (("float32", m32), ("bfloat16", m16)):
-        jf.write(json.dumps({"kind": "pages", "dtype": dname, **m.experts_pages}) + "\n")
+    m32, cfg32, pages32 = _module(H, inter, E, K, torch.float32, False, seed)
+    m16, cfg16, pages16 = _module(H, inter, E, K, torch.bfloat16, False, seed)
+    for dname, pages in (("float32", pages32), ("bfloat16", pages16)):
+        jf.write(json.dumps({"kind": "pages", "dtype": dname, **pages}) + "\n")
     cfg32._experts_implementation = cfg16._experts_implementation = impl
     rows = []
     for T in tokens:

@@ -14,36 +14,11 @@ from typing import Any
 import torch
 
 from npu_lora.bench.config import BenchConfig
+from npu_lora.bench.hooks import VariantHooks
 from npu_lora.bench.variant import Variant
 from npu_lora.moe.experts import expert_bytes
 from npu_lora.moe.host_dtype import STREAM
 from npu_lora.moe.mode import EngineMode
-from npu_lora.moe.stream_linear import head_linear
-
-
-class _CastBlock(torch.nn.Module):
-    """The stock MoE block with the host-dtype cast HostMLP also does (fp32 model, bf16 experts)."""
-
-    def __init__(self, block: torch.nn.Module, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.block = block
-        self.dtype = dtype
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.block(x.to(self.dtype)).to(x.dtype)
-
-
-def _set_experts_impl(engine: Any, impl: str) -> None:
-    from npu_lora.models.build import causal_lm
-
-    lm = causal_lm(engine.model)
-    if lm.config._experts_implementation != impl:
-        lm.set_experts_implementation(impl)
-    # the experts modules hold a reference to the (same) config; make sure
-    for m in engine.mlps:
-        cfg = getattr(m.experts, "config", None)
-        if cfg is not None and cfg._experts_implementation != impl:
-            cfg._experts_implementation_internal = impl
 
 
 def stream_compute_dtype(host_dtype: torch.dtype) -> torch.dtype:
@@ -108,7 +83,9 @@ def check_copy_memory(engine: Any, variants: Sequence[Variant]) -> dict[str, int
 
 
 class VariantRunner:
-    """Switches one engine between variants and runs one measured step of any of them."""
+    """Switches one engine between variants and runs one measured step of any of them. The
+    variants' strategies reach the engine through its hooks (:class:`VariantHooks`, installed
+    here with ``engine.use_hooks``)."""
 
     def __init__(self, engine: Any, cfg: BenchConfig, hot_layers: list[Any] | None) -> None:
         self.engine = engine
@@ -118,9 +95,9 @@ class VariantRunner:
         self._fp32_blocks: list[torch.nn.Module] | None = None
         self._plain: dict[bool, list[tuple[torch.Tensor, torch.Tensor]]] = {}  # +4k, by fp32
         # the engine's own expert tensors, restored after a +fp32 variant
-        self._stored = [
-            (m.experts.gate_up_proj.data, m.experts.down_proj.data) for m in engine.mlps
-        ]
+        self._stored = engine.expert_weights()
+        self.hooks = VariantHooks()
+        engine.use_hooks(self.hooks)
 
     def fp32_blocks(self) -> list[torch.nn.Module]:
         """Per layer, an fp32 copy of the stock MoE block (``peer+fp32``), made on first use."""
@@ -128,12 +105,12 @@ class VariantRunner:
             import copy
 
             blocks = []
-            for m in self.engine.mlps:
+            for block in self.engine.stock_blocks:
                 # the copy shares the model config, so the peer's experts kernel still follows
-                # ``_set_experts_impl``
-                cfg = getattr(m.experts, "config", None)
+                # ``set_experts_implementation``
+                cfg = getattr(block.experts, "config", None)
                 memo = {id(cfg): cfg} if cfg is not None else {}
-                blocks.append(copy.deepcopy(m._block, memo).float())
+                blocks.append(copy.deepcopy(block, memo).float())
             from npu_lora.moe.pages import place_experts
 
             place_experts(blocks)  # the same kind of pages as the engine's own weights
@@ -152,20 +129,16 @@ class VariantRunner:
             self._plain[fp32] = [(gu.clone(), dn.clone()) for gu, dn in self._weights(fp32)]
         return self._plain[fp32]
 
-    def _point_experts(self, fp32: bool, plain: bool = False) -> None:
-        """The engine's expert parameters on the fp32 copies (``+fp32``), on copies in the
-        allocator's memory (``+4k``) or on their own data."""
-        weights = self.plain_weights(fp32) if plain else self._weights(fp32)
-        for m, (want_gu, want_dn) in zip(self.engine.mlps, weights, strict=True):
-            if m.experts.gate_up_proj.data_ptr() != want_gu.data_ptr():
-                m.experts.gate_up_proj.data = want_gu
-                m.experts.down_proj.data = want_dn
-
     def apply(self, v: Variant) -> None:
+        """Switch the engine to ``v``: its experts kernel, its hooks' answers (applied now: the
+        expert weights on the fp32 copies (``+fp32``), on copies in the allocator's memory
+        (``+4k``) or on their own data; the head kernel, the hot path), its mode."""
         eng = self.engine
         impl = v.experts_impl or self.cfg.experts_impl
-        _set_experts_impl(eng, impl)
-        self._point_experts(v.fp32 and not v.is_peer, v.plain_pages)
+        eng.set_experts_implementation(impl)
+        fp32 = v.fp32 and not v.is_peer
+        self.hooks.use(v, self.plain_weights(fp32) if v.plain_pages else self._weights(fp32))
+        eng.apply_hooks()
         host_dtype = eng.mlps[0].experts.gate_up_proj.dtype  # one dtype for every block
         compute = stream_compute_dtype(host_dtype) if impl == STREAM else host_dtype
         for m in eng.mlps:  # fp32 activations with bf16 weights: the stream kernel only
@@ -175,13 +148,6 @@ class VariantRunner:
         if v.placement == "hot" and not self.hot_layers:
             raise RuntimeError(f"variant {v.name}: no hot set was selected")
         eng.set_mode(EngineMode(v.placement, v.keep_graph, v.overlap))  # type: ignore[arg-type]
-        eng.legacy_traffic = v.legacy
-        if hasattr(eng.head, "linear"):  # the DeviceHead module (eager backends)
-            eng.head.linear = None if v.torch_head else head_linear(eng.backend)
-        for m in eng.mlps:
-            if m.hot is not None:
-                m.hot.capacity = "max" if v.padmax else "cost"
-                m.hot.legacy = v.legacy
 
     def _clear_grads(self) -> None:
         for p in self.params:
@@ -234,11 +200,7 @@ class VariantRunner:
         """Stock transformers + peft step on the same model: HostMLP swapped for the stock block,
         logits only for the label positions (``logits_to_keep``: the same LM-head work as the
         engine's head), mean CE over the label tokens, ``backward``."""
-        from npu_lora.models.build import decoder_layers
-
         eng = self.engine
-        layers = decoder_layers(eng.model)
-        saved = [layer.mlp for layer in layers]
         ids, labels = batch["input_ids"], batch["labels"]
         tgt = torch.full_like(labels, -100)
         tgt[:, :-1] = labels[:, 1:]
@@ -247,23 +209,12 @@ class VariantRunner:
         blocks = (
             [(b, torch.float32) for b in self.fp32_blocks()]
             if v.fp32
-            else [(m._block, m.host_dtype) for m in saved]
+            else [(b, m.host_dtype) for b, m in zip(eng.stock_blocks, eng.mlps, strict=True)]
         )
-        # transformers picks the attention function per call from each module's config
-        configs = (
-            {id(c): c for m in eng.model.modules() if (c := getattr(m, "config", None))}
-            if v.sdpa
-            else {}
-        )
-        attn_saved = {k: c._attn_implementation for k, c in configs.items()}
-        try:
-            for c in configs.values():
-                c._attn_implementation = "sdpa"
-            for layer, (block, dtype) in zip(layers, blocks, strict=True):
-                layer.mlp = _CastBlock(block, dtype)
+        with eng.stock_model(blocks, attention="sdpa" if v.sdpa else None) as model:
             c0 = time.process_time()
             t0 = time.perf_counter()
-            out = eng.model(
+            out = model(
                 input_ids=ids, attention_mask=batch.get("attention_mask"), logits_to_keep=keep
             )
             logits = out.logits.float()  # [B, keep, V]
@@ -275,11 +226,6 @@ class VariantRunner:
             step_s = time.perf_counter() - t0
             bwd_s = time.perf_counter() - t1
             cpu_s = time.process_time() - c0
-        finally:
-            for layer, m in zip(layers, saved, strict=True):
-                layer.mlp = m
-            for k, c in configs.items():
-                c._attn_implementation = attn_saved[k]
         self._clear_grads()
         return {
             "loss": float(loss.detach()),

@@ -22,6 +22,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from npu_lora.api import backends as registry
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     src = parser.add_mutually_exclusive_group()
@@ -52,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--host-dtype", choices=["fp32", "bf16", "float32", "bfloat16"], default="fp32"
     )
-    parser.add_argument("--backend", choices=["auto", "cpu", "cuda", "furiosa"], default="cpu")
+    parser.add_argument("--backend", choices=registry.choices(), default="cpu")
     parser.add_argument(
         "--threads",
         type=int,

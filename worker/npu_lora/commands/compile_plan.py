@@ -11,6 +11,8 @@ import json
 import sys
 from pathlib import Path
 
+from npu_lora.api import backends as registry
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", type=Path, help="MoEFinetune manifest or bare spec (YAML)")
@@ -24,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--backend",
-        choices=("cpu", "cuda", "furiosa"),
+        choices=sorted(registry.names()),
         default=None,
         help="plan for this backend (default: spec.device.backend; auto: furiosa with cards, "
         "else cpu)",

@@ -15,13 +15,15 @@ import sys
 import traceback
 from pathlib import Path
 
+from npu_lora.api import backends as registry
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", type=Path, help="MoEFinetune manifest or bare spec (YAML)")
     parser.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE"
     )
-    parser.add_argument("--backend", choices=("cpu", "cuda", "furiosa"), default=None)
+    parser.add_argument("--backend", choices=sorted(registry.names()), default=None)
     parser.add_argument(
         "--model-config",
         type=Path,

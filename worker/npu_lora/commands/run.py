@@ -111,6 +111,7 @@ def check_compile_cache(spec: Any, engine: Any, *, compile_misses: bool = True) 
     root = cache.cache_root(spec)
     if root is None:
         return None
+    from npu_lora.api import backends as registry
     from npu_lora.compile.plan import PLAN_BACKENDS, compile_plan
 
     name = getattr(getattr(engine, "backend", None), "name", None)
@@ -119,7 +120,7 @@ def check_compile_cache(spec: Any, engine: Any, *, compile_misses: bool = True) 
         from npu_lora.compile.precompile import ensure_plan
 
         env = os.environ.get("NPU_LORA_COMPILE_MISSES")
-        wanted = spec.device.precompile_enabled or plan.backend == "furiosa"
+        wanted = spec.device.precompile_enabled or registry.entry(plan.backend).precompile
         misses_ok = compile_misses and (wanted if env is None else env != "0")
         rec = ensure_plan(plan, root, compile_misses=misses_ok)
     except Exception as e:  # never stops training

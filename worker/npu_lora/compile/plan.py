@@ -39,6 +39,8 @@ from importlib import metadata, resources
 from pathlib import Path
 from typing import Any
 
+from npu_lora.api import backends as registry
+
 PLAN_VERSION = 1
 #: the files whose text defines the device graphs (relative to the ``npu_lora`` package)
 GRAPH_SOURCES = ("device/graphs.py", "device/ops.py")
@@ -46,7 +48,7 @@ GRAPH_SOURCES = ("device/graphs.py", "device/ops.py")
 #: key where furiosa-torch is not installed (the operator, a laptop)
 PINNED_FURIOSA_TORCH = "2026.4.0"
 PINNED_TORCH_FOR_FURIOSA = "2.10.0"
-PLAN_BACKENDS = ("cpu", "cuda", "furiosa")
+PLAN_BACKENDS = tuple(sorted(registry.names()))
 
 
 @dataclass
@@ -120,12 +122,13 @@ def _version(dist: str) -> str | None:
 def compiler_id(backend: str) -> str:
     """The compiler that turns the graphs into device code, with its version as installed here
     (``furiosa``: the worker image's pins where furiosa-torch is not installed)."""
-    if backend == "furiosa":
+    compiler = registry.entry(backend).compiler if backend in registry.names() else None
+    if compiler == "furiosa-torch":
         ft = _version("furiosa-torch")
         if ft is None:
             return f"furiosa-torch=={PINNED_FURIOSA_TORCH} torch=={PINNED_TORCH_FOR_FURIOSA}"
         return f"furiosa-torch=={ft} torch=={_version('torch') or 'unknown'}"
-    if backend in ("cpu", "cuda"):
+    if compiler == "inductor":
         return f"torch=={_version('torch') or 'unknown'} inductor-{backend}"
     raise ValueError(f"no compiler for backend {backend!r}; choose one of {PLAN_BACKENDS}")
 
@@ -243,8 +246,9 @@ def resolve_backend(spec: Any, backend: str | None = None) -> str:
     """``backend`` if given, else ``spec.device.backend``; ``auto`` means ``furiosa`` when the
     spec asks for cards (what a cluster run resolves to), else ``cpu``."""
     b = backend or spec.device.backend
-    if b == "auto":
-        b = "furiosa" if spec.device.cards > 0 else "cpu"
+    if b == registry.AUTO:  # the first accelerator with cards, else the first without
+        want_cards = spec.device.cards > 0
+        b = next(n for n in registry.names() if registry.entry(n).cards == want_cards)
     if b not in PLAN_BACKENDS:
         raise ValueError(f"unknown backend {b!r}; choose one of {PLAN_BACKENDS}")
     return b
@@ -367,7 +371,7 @@ def compile_plan(
                 directions=["forward", "backward"],
                 depends_on=dep,
             )
-        if be != "furiosa":  # HotLayer.device_gather (engine: off for furiosa)
+        if registry.entry(be).device_gather:  # HotLayer.device_gather (off for furiosa)
             for bk in buckets:
                 if Eh * bk > T:
                     add(

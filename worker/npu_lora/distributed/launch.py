@@ -85,7 +85,7 @@ def build_shared(build: Any, spec: Any) -> Any:
                 raise RuntimeError(f"shared expert weights: tensor {i} differs in shape/dtype")
             if i < 2 and not torch.equal(p.data, t):  # the first layer: same weights
                 raise RuntimeError("shared expert weights: local rank 0 built other weights")
-            p.data = t
+        engine.share_expert_weights(list(zip(shared[0::2], shared[1::2], strict=True)))
         import gc
 
         gc.collect()

@@ -23,7 +23,14 @@ Also: ``engine.model`` (peft model), ``engine.config`` (HF config), ``engine.bac
 selected_at_step, per_layer``; ``{}`` before selection), ``adapter_state_dict()`` /
 ``load_adapter_state_dict(sd)`` (for checkpoints), ``named_trainable_parameters()``,
 ``StepProfile.to_dict()``, ``engine.mode`` / ``set_mode(EngineMode(...))`` (placement,
-keep_graph, overlap: one owner, checked by the engine; HostMLP reads it from there).
+keep_graph, overlap: one owner, checked by the engine; HostMLP reads it from there),
+``build_engine(spec, hooks=...)`` / ``engine.use_hooks(hooks)`` (``EngineHooks``: the one seam
+for the bench's strategies), ``engine.agree_placement_with(agree)`` (data parallel ``auto``).
+
+Modules: ``hybrid`` (the facade: one micro-batch, evaluation), ``mode`` (``ModeControl``),
+``placement`` (device placement, ``AutoPlacement``), ``hotset`` (``HotSet``: the hot experts'
+lifecycle), ``state`` (``AdapterState``: trainable state and the adapter on disk), ``hooks``
+(``EngineHooks``, ``DefaultHooks``), ``build`` (``build_engine``), ``profile`` (``StepProfile``).
 
 Label convention (Hugging Face): ``labels`` has the same shape as ``input_ids``; it equals
 ``input_ids`` at the answer positions and ``-100`` elsewhere; the engine shifts internally:
@@ -31,8 +38,19 @@ the logits at position ``t`` predict ``labels[t + 1]``. The loss is the mean cro
 all (shifted) label positions of the micro-batch.
 """
 
-from npu_lora.engine.hybrid import HybridEngine, build_engine
+from npu_lora.engine.build import build_engine
+from npu_lora.engine.hooks import DefaultHooks, EngineHooks, HotPath
+from npu_lora.engine.hybrid import HybridEngine
 from npu_lora.engine.profile import HostTimes, StepProfile
 from npu_lora.moe.mode import EngineMode
 
-__all__ = ["EngineMode", "HostTimes", "HybridEngine", "StepProfile", "build_engine"]
+__all__ = [
+    "DefaultHooks",
+    "EngineHooks",
+    "EngineMode",
+    "HostTimes",
+    "HotPath",
+    "HybridEngine",
+    "StepProfile",
+    "build_engine",
+]

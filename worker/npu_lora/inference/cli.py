@@ -8,6 +8,7 @@ import sys
 import warnings
 from typing import Any
 
+from npu_lora.api import backends as registry
 from npu_lora.inference.load import ADAPTERS
 
 EXIT_ERROR = 1
@@ -33,7 +34,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--backend",
-        choices=["auto", "cpu", "cuda", "furiosa"],
+        choices=registry.choices(),
         default=None,
         help="device backend (default: the run's spec.device.backend)",
     )

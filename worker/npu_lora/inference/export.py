@@ -1,7 +1,7 @@
 """Merge a run's adapter into its base and write a Hugging Face model directory.
 
 ``export_merged(loaded, out)``: the engine's MoE blocks go back to the stock transformers blocks
-(``HostMLP._block``, which shares the router and expert weights), peft ``merge_and_unload()``
+(``HybridEngine.unwrap_moe``: they share the router and expert weights), peft ``merge_and_unload()``
 folds each LoRA pair into its base weight (``W + scaling · B A``), the model is cast to one
 dtype and saved with ``save_pretrained`` (safetensors; transformers 5.x writes the fused expert
 parameters in the layout its loader reads back), with the tokenizer (its chat template, the
@@ -50,12 +50,7 @@ def plain_model(loaded: Any, dtype: torch.dtype) -> Any:
     """The peft model (base + adapter, unmerged) with the stock MoE blocks back in place
     (weights shared, not copied), on the CPU, every weight in ``dtype`` (the engine keeps the
     MoE blocks in the host dtype and the rest in the device dtype)."""
-    from npu_lora.moe.host_mlp import HostMLP
-
-    for layer in loaded.engine.layers:
-        if isinstance(layer.mlp, HostMLP):
-            layer.mlp = layer.mlp._block
-    model = loaded.engine.model
+    model = loaded.engine.unwrap_moe()
     model.to("cpu", dtype)
     return model
 

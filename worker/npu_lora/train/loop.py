@@ -179,8 +179,8 @@ class Trainer:
         #: spec.eval (:class:`npu_lora.evaluate.heldout.HeldOutEval`); rank 0 alone evaluates
         self.evaluator = evaluator if self.rank0 else None
         self.sched: Any = None
-        if dist is not None and hasattr(engine, "auto_agree"):
-            engine.auto_agree = dist.agree  # every rank keeps rank 0's placement choice
+        if dist is not None and hasattr(engine, "agree_placement_with"):
+            engine.agree_placement_with(dist.agree)  # every rank keeps rank 0's placement choice
 
     # ------------------------------------------------------------------------------------------
     def _make_optimizer(self) -> Any:

@@ -26,6 +26,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from npu_lora.api import backends as registry
 from npu_lora.api.load import SpecError
 from npu_lora.api.memory import (  # model_widths: re-exported (it moved to api.memory)
     GiB,
@@ -89,17 +90,14 @@ def check_model(spec: Any) -> None:
                 f"spec.model.path: {p} has no config.json (expected a Hugging Face model directory)"
             )
     backend = spec.device.backend
-    if backend in ("cuda", "furiosa"):
-        from npu_lora.backends import furiosa_available
-        from npu_lora.backends.cuda import CudaBackend
+    if backend in registry.accelerators():
+        from npu_lora.backends import backend_available
 
-        ok = CudaBackend.available() if backend == "cuda" else furiosa_available()
-        if not ok:
+        if not backend_available(backend):
+            here = [n for n in registry.choices() if n == "auto" or backend_available(n)]
             raise SpecError(
                 f"spec.device.backend: {backend!r} is not available on this machine "
-                "(allowed here: auto, cpu"
-                + (", cuda" if backend != "cuda" and CudaBackend.available() else "")
-                + ")"
+                f"(allowed here: {', '.join(here)})"
             )
 
 

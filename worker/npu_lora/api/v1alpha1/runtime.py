@@ -12,6 +12,7 @@ from pydantic import (
     model_validator,
 )
 
+from npu_lora.api import backends as registry
 from npu_lora.api.v1alpha1.base import (
     DNS_SUBDOMAIN_PATTERN,
     MAX_PATH,
@@ -25,20 +26,17 @@ from npu_lora.api.v1alpha1.base import (
 class DeviceSpec(_Model):
     """The accelerator."""
 
-    backend: Literal["auto", "cpu", "cuda", "furiosa"] = Field(
+    backend: Literal[registry.choices()] = Field(  # type: ignore[valid-type]
         "auto",
-        description=(
-            "`furiosa` (RNGD via furiosa-torch), `cuda`, `cpu` (the host stands in for the device), "
-            "or `auto` (the first available of furiosa, cuda, cpu)."
-        ),
+        description=registry.describe(),
     )
     cards: int = Field(
         1,
         ge=0,
         le=8,
         description=(
-            "Accelerator cards requested from Kubernetes (`furiosa.ai/rngd`). 0: none (not with "
-            "backend furiosa or cuda)."
+            f"Accelerator cards requested from Kubernetes (`{registry.card_resource()}`). 0: "
+            f"none (not with backend {' or '.join(registry.accelerators())})."
         ),
     )
     dtype: Literal["float32", "bfloat16"] = Field(
@@ -74,11 +72,13 @@ class DeviceSpec(_Model):
         """``precompile`` resolved: ``auto`` is on for ``furiosa`` (and ``auto`` with cards)."""
         if self.precompile != "auto":
             return self.precompile == "true"
-        return self.backend == "furiosa" or (self.backend == "auto" and self.cards > 0)
+        if self.backend == "auto":
+            return self.cards > 0
+        return registry.entry(self.backend).precompile
 
     @model_validator(mode="after")
     def _cards_for_accelerators(self) -> DeviceSpec:
-        if self.backend in ("furiosa", "cuda") and self.cards < 1:
+        if self.backend in registry.accelerators() and self.cards < 1:
             raise ValueError(f"device.cards must be at least 1 with backend {self.backend}")
         return self
 
@@ -86,8 +86,7 @@ class DeviceSpec(_Model):
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
-                    "!(self.backend == 'furiosa' || self.backend == 'cuda') || self.cards >= 1",
-                    "cards must be at least 1 with backend furiosa or cuda",
+                    *registry.card_rule(),
                     field_path=".cards",
                 )
             ]

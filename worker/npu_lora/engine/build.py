@@ -1,0 +1,85 @@
+"""``build_engine``: a ``MoEFinetuneSpec`` to a ready :class:`~npu_lora.engine.hybrid.HybridEngine`
+(model, backend, host dtype, expert pages, the base's fingerprint)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from npu_lora.api.v1alpha1 import MoEFinetuneSpec
+from npu_lora.backends import Backend, get_backend
+from npu_lora.engine.hooks import EngineHooks
+from npu_lora.engine.hybrid import HybridEngine
+from npu_lora.models.build import build_model, to_dtype
+
+__all__ = ["build_engine"]
+
+
+def build_engine(
+    spec: MoEFinetuneSpec,
+    *,
+    vocab_size: int | None = None,
+    backend: Backend | str | None = None,
+    experts_implementation: str | None = None,
+    model_root: str | Path | None = None,
+    device_dtype: torch.dtype | None = None,
+    hooks: EngineHooks | None = None,
+) -> HybridEngine:
+    """Build model (``spec.model``, ``spec.lora``), backend (``spec.device.backend`` unless
+    ``backend`` is given) and engine. ``vocab_size``: the tokenizer's size (the embedding grows
+    to it). ``experts_implementation``: the host experts kernel (a key of transformers'
+    ``ALL_EXPERTS_FUNCTIONS``; default ``spec.moe.expertsKernel``). ``device_dtype``: dtype of
+    everything but the MoE blocks (embeddings, attention, norms, head, LoRA; default
+    ``spec.device.dtype``). ``hooks``: the bench's strategies (``engine.hooks``; default: the
+    engine's own way). ``moe.hostThreads`` sets ``torch.set_num_threads`` (process-wide)."""
+    experts_implementation = experts_implementation or spec.moe.experts_kernel
+    if experts_implementation.startswith("npu_lora_"):
+        from npu_lora.moe import experts as sorted_experts
+
+        sorted_experts.register()
+    from npu_lora.moe.host_dtype import resolve_host_dtype
+
+    host_choice = resolve_host_dtype(spec.moe.host_dtype, experts_implementation)
+    if device_dtype is None:
+        device_dtype = to_dtype(spec.device.dtype)
+    if spec.moe.host_threads:
+        torch.set_num_threads(spec.moe.host_threads)
+    be = backend if isinstance(backend, Backend) else get_backend(backend or spec.device.backend)
+    model, config = build_model(
+        spec.model,
+        spec.lora,
+        seed=spec.training.seed,
+        vocab_size=vocab_size,
+        host_dtype=to_dtype(host_choice.dtype),
+        experts_implementation=experts_implementation,
+        model_root=model_root,
+        device_dtype=device_dtype,
+    )
+    from npu_lora.models.build import moe_blocks
+    from npu_lora.models.fingerprint import base_fingerprint
+    from npu_lora.moe.pages import place_experts
+
+    fingerprint = base_fingerprint(model)  # the base as built, before any adapter is loaded
+
+    experts_pages = place_experts(moe_blocks(model))  # before anything reads or copies them
+    return HybridEngine(
+        model,
+        config,
+        be,
+        placement=spec.moe.placement,
+        keep_graph=spec.moe.keep_graph,
+        overlap=spec.moe.overlap,
+        hot_fraction=spec.moe.hot_fraction,
+        warmup_steps=spec.moe.warmup_steps,
+        bucket_sizes=spec.moe.bucket_sizes,
+        tokens_per_batch=spec.training.batch_size * spec.training.seq_len,
+        train_experts=spec.lora.train_experts,
+        hot_refresh_steps=spec.moe.hot_refresh_steps,
+        hot_memory=spec.moe.hot_memory_bytes,
+        host_compute_dtype=to_dtype(host_choice.compute_dtype),
+        hooks=hooks,
+        host_choice=host_choice,  # summary.json machine.host, status.host
+        experts_pages=experts_pages,  # summary.json machine.experts_pages
+        base_fingerprint=fingerprint,  # adapter/npu_lora_base.json, summary.json
+    )
