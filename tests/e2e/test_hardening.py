@@ -227,7 +227,7 @@ POLICY_CASES = [
         "propagation",
         {
             "podTemplate": {
-                "volumes": [{"name": "s", "emptyDir": {}}],
+                "volumes": [{"name": "s", "emptyDir": {"sizeLimit": "1Gi"}}],
                 "volumeMounts": [
                     {"name": "s", "mountPath": "/data/s", "mountPropagation": "Bidirectional"}
                 ],

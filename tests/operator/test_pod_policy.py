@@ -12,6 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from npu_lora_operator import builders as b
 from npu_lora_operator import policy as pol
+from npu_lora_operator.policy.common import under
+from npu_lora_operator.policy.env import prefix_can_form_reserved
 from npu_lora_operator.settings import OperatorConfig
 
 WORKER = "reg/npu-lora-worker:1"
@@ -247,7 +249,7 @@ def test_sub_path_of_the_spec_volumes_may_not_climb() -> None:
 
 def test_podtemplate_volume_names_may_not_shadow_the_operator_volumes() -> None:
     for name in sorted(pol.OPERATOR_VOLUMES):
-        assert fields({"volumes": [{"name": name, "emptyDir": {}}]}) == [
+        assert fields({"volumes": [{"name": name, "emptyDir": {"sizeLimit": "1Gi"}}]}) == [
             "spec.podTemplate.volumes[0].name"
         ]
 
@@ -432,7 +434,7 @@ env_item = st.one_of(
 )
 sources = st.sampled_from(
     [
-        {"emptyDir": {}},
+        {"emptyDir": {"sizeLimit": "1Gi"}},
         {"persistentVolumeClaim": {"claimName": "c1"}},
         {"configMap": {"name": "cm"}},
         {"hostPath": {"path": "/srv/ok/a"}},
@@ -504,7 +506,7 @@ def test_any_accepted_template_renders_only_allowed_things(pt: dict, img: str | 
         (kind,) = [k for k in v if k != "name"]
         assert kind in ("persistentVolumeClaim", "emptyDir", "configMap", "hostPath"), v
         if kind == "hostPath":
-            assert pol._under(v["hostPath"]["path"], ("/srv/ok",))
+            assert under(v["hostPath"]["path"], ("/srv/ok",))
     names_ = [v["name"] for v in pod["volumes"]]
     assert len(names_) == len(set(names_))
     for m in c["volumeMounts"]:
@@ -521,7 +523,7 @@ def test_any_accepted_template_renders_only_allowed_things(pt: dict, img: str | 
     user = {e["name"] for e in pt.get("env") or []}
     assert not any(pol.reserved_env(n) for n in user)
     for ef in c.get("envFrom") or []:
-        assert ef["secretRef"]["name"] == "db" and not pol._prefix_can_form_reserved(ef["prefix"])
+        assert ef["secretRef"]["name"] == "db" and not prefix_can_form_reserved(ef["prefix"])
     for t in pod.get("tolerations") or []:
         assert t.get("key") == "furiosa.ai/rngd"
     assert pod.get("priorityClassName") in (None, "batch")

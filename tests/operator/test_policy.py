@@ -60,7 +60,7 @@ def test_every_host_path_is_named() -> None:
         device={"backend": "cpu", "compileCache": {"hostPath": "/var/cache/furiosa"}},
         podTemplate={
             "volumes": [
-                {"name": "ok", "emptyDir": {}},
+                {"name": "ok", "emptyDir": {"sizeLimit": "1Gi"}},
                 {"name": "root", "hostPath": {"path": "/etc"}},
             ],
             "volumeMounts": [{"name": "root", "mountPath": "/data/host-etc"}],

@@ -112,7 +112,7 @@ def test_validating_admission_policy_refuses_the_static_cases() -> None:
         "spec.output.volume.hostPath"
     ]
     assert _refused(rules, {"output": {"volume": {"claimName": "runs"}}}) == []
-    vols = {"volumes": [{"name": "a", "emptyDir": {}}, {"name": "h", "hostPath": {"path": "/"}}]}
+    vols = {"volumes": [{"name": "a", "emptyDir": {"sizeLimit": "1Gi"}}, {"name": "h", "hostPath": {"path": "/"}}]}
     assert _refused(rules, {"podTemplate": vols}) == ["spec.podTemplate.volumes"]
     assert _refused(rules, {"device": {"compileCache": {"hostPath": "/c"}}}) == [
         "spec.device.compileCache.hostPath"
@@ -190,7 +190,7 @@ def test_validating_admission_policy_admits_what_the_operator_admits() -> None:
             {"name": "WANDB_MODE", "value": "offline"},
             {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         ],
-        "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"}}],
+        "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}}],
         "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm", "subPath": "a/b"}],
         "tolerations": [{"key": "furiosa.ai/rngd", "operator": "Exists"}],
         "nodeSelector": {"furiosa.ai/model": "rngd"},
