@@ -416,6 +416,7 @@ POLICY = pol.PodPolicy(
     allowed_config_maps=("app",),
     allowed_host_paths=("/srv/ok",),
     allowed_priority_classes=("batch",),
+    allowed_image_pull_secrets=("regcred",),
 )
 names = st.sampled_from(
     ["A", "OK_1", "x", "WANDB_MODE", "B", "PYTHONPATH", "HOME", "LD_PRELOAD", "NPU_LORA_X"]
@@ -435,6 +436,9 @@ env_item = st.one_of(
 sources = st.sampled_from(
     [
         {"emptyDir": {"sizeLimit": "1Gi"}},
+        {"emptyDir": {}},
+        {"emptyDir": {"medium": "Memory", "sizeLimit": "6Gi"}},
+        {"emptyDir": {"sizeLimit": "20Gi"}},
         {"persistentVolumeClaim": {"claimName": "c1"}},
         {"configMap": {"name": "cm"}},
         {"hostPath": {"path": "/srv/ok/a"}},
@@ -476,6 +480,10 @@ template = st.fixed_dictionaries(
         "volumeMounts": st.lists(mount, max_size=2, unique_by=lambda m: m["mountPath"]),
         "tolerations": st.lists(toleration, max_size=3),
         "priorityClassName": st.sampled_from(["batch", "system-node-critical", "other"]),
+        "imagePullSecrets": st.lists(
+            st.builds(lambda n: {"name": n}, st.sampled_from(["regcred", "db", "other", "x"])),
+            max_size=2,
+        ),
         "nodeSelector": st.dictionaries(
             st.sampled_from(["furiosa.ai/model", "node-role.kubernetes.io/master", "k"]),
             st.just("v"),
@@ -507,6 +515,18 @@ def test_any_accepted_template_renders_only_allowed_things(pt: dict, img: str | 
         assert kind in ("persistentVolumeClaim", "emptyDir", "configMap", "hostPath"), v
         if kind == "hostPath":
             assert under(v["hostPath"]["path"], ("/srv/ok",))
+        if kind == "emptyDir" and v["name"] in {u["name"] for u in pt.get("volumes") or []}:
+            assert v["emptyDir"].get("sizeLimit") in ("1Gi", "6Gi", "20Gi"), v
+    tmpfs = sum(6 for v in pod["volumes"] if (v.get("emptyDir") or {}).get("medium") == "Memory")
+    disk = sum(
+        int(v["emptyDir"]["sizeLimit"][:-2])
+        for v in pod["volumes"]
+        if v["name"] in {u["name"] for u in pt.get("volumes") or []}
+        and "emptyDir" in v
+        and v["emptyDir"].get("medium") != "Memory"
+    )
+    assert tmpfs <= 8 and disk <= 32
+    assert all(s["name"] == "regcred" for s in pod.get("imagePullSecrets") or [])
     names_ = [v["name"] for v in pod["volumes"]]
     assert len(names_) == len(set(names_))
     for m in c["volumeMounts"]:

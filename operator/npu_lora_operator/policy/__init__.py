@@ -33,6 +33,11 @@ before any of its children exists: the run ends ``Failed`` with the condition re
                                   when listed exactly
 ``allowedMountPaths``             where ``podTemplate.volumeMounts`` may mount (path prefixes);
                                   never over the operator's own mounts
+``allowedImagePullSecrets``       ``podTemplate.imagePullSecrets[].name`` globs; empty: none
+``maxEmptyDirSize``               the total ``sizeLimit`` of the podTemplate's disk emptyDirs
+                                  (``sizeLimit`` required); default 32Gi
+``maxMemoryEmptyDirSize``         the same for ``medium: Memory`` (tmpfs, charged to the pod's
+                                  memory: added to ``auto`` memory); default 8Gi
 ``defaultResources``              requests/limits of the worker container for the keys the spec
                                   leaves unset; a memory of ``auto`` is the estimate below
 ``memoryWhenUnknown``             ``auto`` memory when the model's size is unknown to the
