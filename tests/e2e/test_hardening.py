@@ -247,6 +247,21 @@ POLICY_CASES = [
         },
         "spec.podTemplate.tolerations[0].key",
     ),
+    (
+        "pull-secret",
+        {"podTemplate": {"imagePullSecrets": [{"name": "registry-admin"}]}},
+        "spec.podTemplate.imagePullSecrets[0].name",
+    ),
+    (
+        "tmpfs-unbounded",
+        {
+            "podTemplate": {
+                "volumes": [{"name": "m", "emptyDir": {"medium": "Memory"}}],
+                "volumeMounts": [{"name": "m", "mountPath": "/dev/shm"}],
+            }
+        },
+        "spec.podTemplate.volumes[0].emptyDir.sizeLimit",
+    ),
 ]
 
 
