@@ -15,19 +15,12 @@ from npu_lora_operator import policy as pol
 from npu_lora_operator.policy.common import under
 from npu_lora_operator.policy.env import prefix_can_form_reserved
 from npu_lora_operator.settings import OperatorConfig
+from policy_runs import run
 
 WORKER = "reg/npu-lora-worker:1"
 #: no auto memory (the estimate imports the worker's pre-flight; not what is tested here)
 FAST = pol.PodPolicy(default_resources=())
 SECRET = "s3cr3t-value-never-echoed"
-
-
-def run(**spec: Any) -> b.Run:
-    base: dict[str, Any] = {"model": {"preset": "tiny-qwen3-moe"}, "data": {"path": "example:x"}}
-    base.update(spec)
-    return b.Run.from_body(
-        {"metadata": {"name": "r1", "namespace": "team", "uid": "u1"}, "spec": base}
-    )
 
 
 def fields(pt: dict[str, Any], policy: pol.PodPolicy = FAST, **spec: Any) -> list[str]:

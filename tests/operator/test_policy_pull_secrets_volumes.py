@@ -10,17 +10,10 @@ import pytest
 from npu_lora_operator import builders as b
 from npu_lora_operator import policy as pol
 from npu_lora_operator.settings import OperatorConfig
+from policy_runs import run
 
 WORKER = "reg/npu-lora-worker:1"
 FAST = pol.PodPolicy(default_resources=())
-
-
-def run(**spec: Any) -> b.Run:
-    base: dict[str, Any] = {"model": {"preset": "tiny-qwen3-moe"}, "data": {"path": "example:x"}}
-    base.update(spec)
-    return b.Run.from_body(
-        {"metadata": {"name": "r1", "namespace": "team", "uid": "u1"}, "spec": base}
-    )
 
 
 def fields(pt: dict[str, Any], policy: pol.PodPolicy = FAST, **spec: Any) -> list[str]:

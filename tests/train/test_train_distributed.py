@@ -15,25 +15,19 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from testkit import free_port
 from train_helpers import cli_cmd, cli_env, run_cli, tiny_manifest
 
 pytest.importorskip("torch")
 
 ATOL = 1e-5
 STEPS = 8
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _manifest(tmp: Path, name: str, batch: int, port: int, **over: Any) -> Path:
@@ -67,8 +61,8 @@ def _max_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """One rank × batch 4 and two ranks × batch 2 (deterministic kernels)."""
     tmp = tmp_path_factory.mktemp("dp")
-    one = _manifest(tmp, "one", 4, _free_port())
-    two = _manifest(tmp, "two", 2, _free_port())
+    one = _manifest(tmp, "one", 4, free_port())
+    two = _manifest(tmp, "two", 2, free_port())
     env = {"NPU_LORA_DETERMINISTIC": "1"}
     r1 = run_cli("run", str(one), "--out", str(tmp / "r1"), "-q", "--no-plot", **env)
     assert r1.returncode == 0, r1.stderr[-3000:]
@@ -171,7 +165,7 @@ def test_sigkill_of_a_rank_then_resume_records_every_step_once(
 
 
 def test_a_rank_that_never_comes_up_fails_with_the_rendezvous_code(tmp_path: Path) -> None:
-    m = _manifest(tmp_path, "alone", 2, _free_port())
+    m = _manifest(tmp_path, "alone", 2, free_port())
     out = tmp_path / "r"
     t0 = time.monotonic()
     # torchrun-style: this process is rank 0 of 2; rank 1 never starts
@@ -197,7 +191,7 @@ def test_a_rank_that_never_comes_up_fails_with_the_rendezvous_code(tmp_path: Pat
 
 
 def test_world_size_mismatch_is_a_config_error(tmp_path: Path) -> None:
-    m = _manifest(tmp_path, "bad", 2, _free_port())
+    m = _manifest(tmp_path, "bad", 2, free_port())
     r = run_cli("run", str(m), "-q", "--ranks", "2", RANK="0", WORLD_SIZE="3", LOCAL_RANK="0")
     assert r.returncode == 2
     assert "WORLD_SIZE=3" in r.stderr and "spec.distributed" in r.stderr
