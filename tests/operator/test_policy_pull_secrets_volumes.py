@@ -151,3 +151,13 @@ def test_memory_volumes_may_not_take_an_explicit_limit() -> None:
     assert fields(pt, resources={"limits": {"memory": "6Gi"}}) == []
     # a request alone leaves the limit to the policy's auto memory (tmpfs added there)
     assert fields(pt, resources={"requests": {"memory": "1Gi"}}) == []
+
+
+def test_memory_volumes_may_not_take_the_policys_default_limit() -> None:
+    pt = {"volumes": [{"name": "m", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}}]}
+    fixed = pol.PodPolicy.from_mapping({"defaultResources": {"limits": {"memory": "8Gi"}}})
+    assert fields(pt, fixed) == ["spec.podTemplate.volumes"]
+    roomy = pol.PodPolicy.from_mapping({"defaultResources": {"limits": {"memory": "24Gi"}}})
+    assert fields(pt, roomy) == []
+    # the spec's own limit overrides the default (and is what must leave room)
+    assert fields(pt, fixed, resources={"limits": {"memory": "12Gi"}}) == []

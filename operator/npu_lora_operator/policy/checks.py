@@ -7,7 +7,7 @@ from typing import Any
 
 from npu_lora_operator.messages import quote
 from npu_lora_operator.policy.common import allowed_text, check_sub_path, matches, under
-from npu_lora_operator.policy.config import Body, PodPolicy, Violation
+from npu_lora_operator.policy.config import AUTO, Body, PodPolicy, Violation
 from npu_lora_operator.policy.env import check_env, check_env_from
 from npu_lora_operator.policy.images import check_image, check_pull_secrets
 from npu_lora_operator.policy.privileged import check_pod_spec
@@ -54,25 +54,31 @@ def check_spec(
     if pt is not None:
         api = pt.to_api()
         out += check_pod_template(api, policy, operator_env)
-        out += _check_memory_volumes_fit(api, spec)
+        out += _check_memory_volumes_fit(api, spec, policy)
     return out
 
 
-def _check_memory_volumes_fit(pt: Mapping[str, Any], spec: Any) -> list[Violation]:
+def _check_memory_volumes_fit(
+    pt: Mapping[str, Any], spec: Any, policy: PodPolicy
+) -> list[Violation]:
     """A ``medium: Memory`` emptyDir is charged to the pod's memory: with an explicit memory
     limit, the Memory volumes' ``sizeLimit``s must leave the worker room below it (an ``auto``
     limit adds them: :func:`~npu_lora_operator.policy.resources.auto_memory`)."""
     tmpfs = memory_volume_bytes(pt)
     res = spec.resources.to_api() if getattr(spec, "resources", None) is not None else {}
     limit = (res.get("limits") or {}).get("memory")
-    limit_bytes = quantity_bytes(str(limit)) if limit is not None else None
+    where = "spec.resources.limits.memory"
+    if limit is None and (res.get("requests") or {}).get("memory") is None:
+        # the policy's default limit applies (an explicit one; ``auto`` adds the tmpfs itself)
+        limit, where = policy.defaults("limits").get("memory"), "policy.defaultResources"
+    limit_bytes = quantity_bytes(str(limit)) if limit not in (None, AUTO) else None
     if not tmpfs or limit_bytes is None or tmpfs < limit_bytes:
         return []
     return [
         Violation(
             "spec.podTemplate.volumes",
             "the emptyDir volumes with medium Memory (their sizeLimits) would take the whole "
-            "spec.resources.limits.memory; raise the limit or lower the sizeLimits",
+            f"memory limit ({where}); raise the limit or lower the sizeLimits",
         )
     ]
 
