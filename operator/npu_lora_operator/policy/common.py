@@ -13,8 +13,6 @@ from npu_lora_operator.messages import bounded
 from npu_lora_operator.policy.config import Violation
 
 DNS1123_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-
-
 #: node labels that place a pod on the control plane: never allowed unless listed exactly
 CONTROL_PLANE_KEYS = (
     "node-role.kubernetes.io/control-plane",

@@ -13,8 +13,6 @@ from npu_lora_operator.policy.quantities import quantity_bytes
 Body = dict[str, Any]
 AUTO = "auto"
 REASON = "PolicyViolation"
-
-
 #: the chart value keys (camelCase) -> PodPolicy attribute
 _KEYS = {
     "allowedImages": "allowed_images",
@@ -34,8 +32,6 @@ _KEYS = {
     "memoryWhenUnknown": "memory_when_unknown",
 }
 _RESOURCE_KEYS = ("requests", "limits")
-
-
 #: defaults of the list-valued keys that are not empty (the chart's values.yaml repeats them)
 DEFAULT_TOLERATION_KEYS = ("furiosa.ai/*", "nvidia.com/gpu", "npu-lora.io/*")
 DEFAULT_NODE_SELECTOR_KEYS = (

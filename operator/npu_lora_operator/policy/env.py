@@ -61,13 +61,9 @@ RESERVED_ENV_PREFIXES = (
     "TRANSFORMERS_",
     "TOKENIZERS_",
 )
-
-
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 _ENV_KEYS = {"name", "value", "valueFrom"}
 _ENV_FROM_KEYS = {"prefix", "secretRef", "configMapRef"}
-
-
 #: downward-API fields an env var may read (about the pod itself)
 _FIELD_PATHS = frozenset(
     {
@@ -80,8 +76,6 @@ _FIELD_PATHS = frozenset(
         "status.podIP",
     }
 )
-
-
 MAX_ENV = 128
 
 

@@ -8,8 +8,6 @@ import re
 GiB = 1 << 30
 #: the quantity forms the policy accepts (a plain number of bytes, or with a binary/decimal suffix)
 QUANTITY_RE = re.compile(r"[0-9]+(\.[0-9]+)?(k|M|G|T|Ki|Mi|Gi|Ti)?")
-
-
 _SUFFIX = {
     "Ki": 1 << 10,
     "Mi": 1 << 20,

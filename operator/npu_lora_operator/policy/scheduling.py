@@ -11,8 +11,6 @@ from npu_lora_operator.policy.common import allowed_name, allowed_text, key_allo
 from npu_lora_operator.policy.config import PodPolicy, Violation
 
 _TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
-
-
 MAX_TOLERATIONS = 32
 MAX_SELECTOR = 32
 

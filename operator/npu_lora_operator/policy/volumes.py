@@ -21,8 +21,6 @@ from npu_lora_operator.policy.env import expand_literal
 from npu_lora_operator.policy.quantities import QUANTITY_RE, quantity_bytes
 
 _VOLUME_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-
-
 #: the operator's own volumes and mount points (a podTemplate may neither reuse nor overlap them)
 OPERATOR_VOLUMES = frozenset({"config", "tmp", "model", "data", "output", "furiosa-cache"})
 OPERATOR_MOUNTS = (
@@ -36,11 +34,7 @@ OPERATOR_MOUNTS = (
 )
 #: volume sources a podTemplate may use (``hostPath`` only under ``allowedHostPaths``)
 ALLOWED_VOLUME_SOURCES = ("persistentVolumeClaim", "emptyDir", "configMap", "hostPath")
-
-
 _MOUNT_KEYS = {"name", "mountPath", "readOnly", "subPath", "subPathExpr", "mountPropagation"}
-
-
 MAX_VOLUMES = 32
 
 
