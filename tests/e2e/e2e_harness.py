@@ -138,7 +138,9 @@ class OperatorProcess:
         try:
             return wait_until(pred, timeout=timeout, interval=0.3)
         except AssertionError:
-            raise AssertionError(f"timed out waiting for {what}\n{self.log()}") from None
+            raise AssertionError(
+                f"timed out waiting for {what}\noperator log:\n{self.log()}"
+            ) from None
 
 
 @dataclass
