@@ -22,7 +22,15 @@ from typing import Any
 
 import pytest
 from testkit import free_port
-from train_helpers import cli_cmd, cli_env, run_cli, tiny_manifest
+from train_helpers import (
+    adapter_tensors,
+    cli_cmd,
+    cli_env,
+    max_abs_diff,
+    records,
+    run_cli,
+    tiny_manifest,
+)
 
 pytest.importorskip("torch")
 
@@ -40,21 +48,6 @@ def _manifest(tmp: Path, name: str, batch: int, port: int, **over: Any) -> Path:
         distributed={"port": port, "rendezvousTimeoutSeconds": 60},
         **over,
     )
-
-
-def _adapter(run_dir: Path) -> dict[str, Any]:
-    from safetensors.torch import load_file
-
-    return load_file(str(run_dir / "adapter" / "adapter_model.safetensors"))
-
-
-def _steps(run_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
-
-
-def _max_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
-    assert a.keys() == b.keys()
-    return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
 @pytest.fixture(scope="module")
@@ -75,9 +68,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def test_two_ranks_match_one_rank_with_the_double_batch(runs: dict[str, Path]) -> None:
-    a, b = _adapter(runs["r1"]), _adapter(runs["r2"])
-    assert _max_diff(a, b) <= ATOL
-    s1, s2 = _steps(runs["r1"]), _steps(runs["r2"])
+    a, b = adapter_tensors(runs["r1"]), adapter_tensors(runs["r2"])
+    assert max_abs_diff(a, b) <= ATOL
+    s1, s2 = records(runs["r1"]), records(runs["r2"])
     assert [r["step"] for r in s2] == list(range(1, STEPS + 1))  # rank 0 alone writes
     for x, y in zip(s1, s2, strict=True):
         assert y["loss"] == pytest.approx(x["loss"], abs=1e-5)  # the global batch's loss
@@ -135,7 +128,7 @@ def test_sigkill_of_a_rank_then_resume_records_every_step_once(
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
-            if (out / "metrics.jsonl").exists() and len(_steps(out)) >= 4:
+            if (out / "metrics.jsonl").exists() and len(records(out)) >= 4:
                 break
             assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
             time.sleep(0.05)
@@ -159,9 +152,9 @@ def test_sigkill_of_a_rank_then_resume_records_every_step_once(
     again = run_cli(*args, NPU_LORA_DETERMINISTIC="1")
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"from the checkpoint at step {done}" in again.stderr
-    assert [r["step"] for r in _steps(out)] == list(range(1, STEPS + 1))
+    assert [r["step"] for r in records(out)] == list(range(1, STEPS + 1))
     # the resumed run ends where the uninterrupted one did
-    assert _max_diff(_adapter(out), _adapter(runs["r2"])) <= ATOL
+    assert max_abs_diff(adapter_tensors(out), adapter_tensors(runs["r2"])) <= ATOL
 
 
 def test_a_rank_that_never_comes_up_fails_with_the_rendezvous_code(tmp_path: Path) -> None:

@@ -49,7 +49,20 @@ def snapshot(d: Path) -> dict[str, int]:
 
 def records(run_dir: Path) -> list[dict]:
     """The run's step records (``metrics.jsonl``)."""
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
+
+
+def adapter_tensors(run_dir: Path) -> dict[str, Any]:
+    """The run's saved LoRA adapter (``adapter/adapter_model.safetensors``)."""
+    from safetensors.torch import load_file
+
+    return load_file(str(run_dir / "adapter" / "adapter_model.safetensors"))
+
+
+def max_abs_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
+    """The largest elementwise difference between two state dicts of the same keys."""
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
 __all__ = ["REPO", "SHARED", "STANDIN", "cli_cmd", "cli_env", "run_cli", "tiny_manifest"]
