@@ -3,7 +3,7 @@
 For trying the operator with the real ``kubectl`` on a laptop, without a cluster::
 
     npu-lora sandbox --root .sandbox          # prints the KUBECONFIG to export
-    export KUBECONFIG=.sandbox/kubeconfig
+    export KUBECONFIG=.sandbox/admin/kubeconfig
     kubectl apply -f examples/tiny-sandbox.yaml
     kubectl get mft -w
 
@@ -98,7 +98,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kubeconfig",
         metavar="PATH",
-        help="where to write the sandbox's kubeconfig (default: ROOT/kubeconfig)",
+        help="where to write the sandbox's kubeconfig (default: ROOT/admin/kubeconfig, in a 0700 directory no pod is given)",
     )
     parser.add_argument(
         "--root",
@@ -224,10 +224,10 @@ def start_sandbox(
     emu = ApiEmulator(port=port, host=host).start()
     emu.load_crd(build_crd())
     kubelet = LocalKubelet(emu, root=root, runtime=pod_runtime).start()
-    kc = Path(kubeconfig).resolve() if kubeconfig else root / "kubeconfig"
+    kc = Path(kubeconfig).resolve() if kubeconfig else kubelet.kubeconfig
     emu.write_kubeconfig(kc)
-    # no pod's hostPath may reach the admin kubeconfig (the sandbox root is private already)
-    kubelet.private_paths = (kc,)
+    # no pod's hostPath or environment may reach the admin kubeconfig, wherever it was written
+    kubelet.private_paths = (kubelet.private_dir, kc)
     parts: dict[str, Any] = {
         "emulator": emu,
         "kubelet": kubelet,
@@ -245,7 +245,7 @@ def start_sandbox(
     parts["worker_image"] = worker_image
     op_kc = None
     if operator:
-        op_kc = install_operator_identity(emu, root / "operator-kubeconfig")
+        op_kc = install_operator_identity(emu, kubelet.private_dir / "operator-kubeconfig")
         parts["operator_kubeconfig"] = op_kc
     if op_kc is not None and runtime == "podman" and not operator_in_process:
         from npu_lora_sandbox.podman import OperatorContainer

@@ -62,7 +62,9 @@ Kubelet (every pod, Job-owned or bare, runs once: ``restartPolicy`` is not emula
   with ``pod_identity=True``, the default, it carries the token of the pod's
   ``serviceAccountName`` (``ApiEmulator.service_account_token``: random, issued per
   ServiceAccount, revoked with it) and the emulator enforces RBAC on its requests, as a cluster
-  would; ``pod_identity=False`` gives pods the admin kubeconfig),
+  would; ``pod_identity=False`` gives pods the admin kubeconfig, for tests only; otherwise the
+  admin kubeconfig lives in ``<root>/admin/`` (0700), never in a pod's environment or files:
+  a pod whose environment would name it or carry the admin token does not start),
   ``NPU_LORA_SANDBOX=1``, ``NPU_LORA_PATH_MAP`` (JSON ``{container path: local path}``),
   ``NPU_LORA_TERMINATION_MESSAGE_PATH`` (the local termination-message file) and ``extra_env``;
   ``PATH`` starts with the directory of ``python_executable`` (a venv's console scripts work);
@@ -99,6 +101,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import re
 import sys
 import time
@@ -180,14 +183,21 @@ class LocalKubelet(JobController, PodRunner, PodEnvironment):
         self._main_task: asyncio.Future[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ready: asyncio.Event | None = None
-        self.kubeconfig = self.root / "kubeconfig"
-        #: paths no pod's hostPath may reach besides the root (e.g. an admin kubeconfig elsewhere)
-        self.private_paths: tuple[Path, ...] = (self.kubeconfig,)
+        #: the sandbox's own credentials (a 0700 directory): the admin kubeconfig (written only
+        #: for ``pod_identity=False``; ``npu-lora sandbox`` writes the user's there too) and the
+        #: operator's. No pod is given this directory, a path into it or a token from it.
+        self.private_dir = self.root / "admin"
+        self.kubeconfig = self.private_dir / "kubeconfig"
+        #: paths no pod may reach through a hostPath or its environment, besides the root
+        self.private_paths: tuple[Path, ...] = (self.private_dir,)
 
     def start(self) -> LocalKubelet:
         (self.root / "pvc").mkdir(parents=True, exist_ok=True)
         (self.root / "pods").mkdir(parents=True, exist_ok=True)
-        self.emu.write_kubeconfig(self.kubeconfig)
+        self.private_dir.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(self.private_dir, 0o700)
+        if not self.pod_identity:
+            self.emu.write_kubeconfig(self.kubeconfig)
         self._ensure_node()
         fut = asyncio.run_coroutine_threadsafe(self._main(), self.emu.loop)
         self._main_task = fut  # type: ignore[assignment]

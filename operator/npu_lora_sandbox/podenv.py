@@ -274,6 +274,7 @@ class PodEnvironment:
             env["KUBECONFIG"] = POD_KUBECONFIG
         env["NPU_LORA_SANDBOX"] = "1"
         env.setdefault("HOSTNAME", name)
+        self._check_private_env(env)
         argv = self._argv(container, env, rewrite, host)
         workdir = rewrite(str(container.get("workingDir") or ""))
         if host:
@@ -284,6 +285,23 @@ class PodEnvironment:
             argv, env, workdir, log_path, image=image, mounts=mapping, pod=pod, container=container
         )
         return launch, tm_local
+
+    def _check_private_env(self, env: Mapping[str, str]) -> None:
+        """A pod's environment never names the sandbox's private state (the admin kubeconfig's
+        directory or path) nor carries the admin token, whatever put it there (the pod spec,
+        ``extra_env``, this process's environment). ``pod_identity=False`` is exempt: it gives
+        pods the admin kubeconfig on purpose (tests only)."""
+        if not getattr(self, "pod_identity", True):
+            return
+        needles = {self.emu.admin_token}
+        for p in getattr(self, "private_paths", ()):
+            needles |= {str(p), str(Path(p).resolve())}
+        for key, value in env.items():
+            if any(n and n in value for n in needles):
+                raise _StartError(
+                    f"sandbox kubelet: env {key!r} names the sandbox's private state (the admin "
+                    "kubeconfig or its token); a pod gets only its own kubeconfig and token"
+                )
 
     def _service_account(self, pod: dict[str, Any], pdir: Path) -> tuple[Path, Path]:
         """The pod's kubeconfig (its ServiceAccount's identity, or the admin's without

@@ -12,6 +12,8 @@ import torch
 from npu_lora.bench import harness as h
 from npu_lora.bench.limits import effective_bandwidth, fraction_of, hit_bytes, stream_bandwidth
 
+from .records import step
+
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
 
 
@@ -56,15 +58,11 @@ def test_variant_parse():
             h.Variant.parse(bad)
 
 
-def _rec(variant, rnd, step_s, **kw):
-    return {"kind": "step", "variant": variant, "round": rnd, "step_s": step_s, **kw}
-
-
 def test_summarize_paired_deltas():
     recs = []
     # a drifting machine: every round slower, B always 0.5 s faster than A within the round
     for k in range(6):
-        recs += [_rec("A", k, 2.0 + k, host_bwd_s=1.0), _rec("B", k, 1.5 + k, host_bwd_s=0.5)]
+        recs += [step("A", k, 2.0 + k, host_bwd_s=1.0), step("B", k, 1.5 + k, host_bwd_s=0.5)]
     s = h.summarize(recs, ["A", "B"], "A")
     d = s["deltas"]["B"]
     assert d["median_delta_s"] == pytest.approx(-0.5)
@@ -81,7 +79,7 @@ def test_kernel_variant_is_paired_with_the_peer_against_the_target():
     v, peer = "host-only+keep_graph@npu_lora_stream", "peer@grouped_mm"
     recs = []
     for k in range(3):
-        recs += [_rec(v, k, 2.0 + k, cpu_s=4.0), _rec(peer, k, 3.0 + k, cpu_s=6.0)]
+        recs += [step(v, k, 2.0 + k, cpu_s=4.0), step(peer, k, 3.0 + k, cpu_s=6.0)]
     s = h.summarize(recs, [v, peer], v)
     pair = s["pairs"][f"{v} / {peer} : step_s"]
     assert pair["median_ratio"] == pytest.approx(3.0 / 4.0)
@@ -92,7 +90,7 @@ def test_kernel_variant_is_paired_with_the_peer_against_the_target():
         for t in targets
     )
     assert not any(t.startswith("step vs stock") for t in targets)
-    slow = [_rec(v, k, 3.5, cpu_s=4.0) for k in range(3)] + [_rec(peer, k, 4.0) for k in range(3)]
+    slow = [step(v, k, 3.5, cpu_s=4.0) for k in range(3)] + [step(peer, k, 4.0) for k in range(3)]
     targets = h.derived_targets(h.summarize(slow, [v, peer], v), None, None)
     assert any(t.startswith("step (wall)") and t.endswith(": NOT met") for t in targets)
 

@@ -10,6 +10,8 @@ from npu_lora.bench import disturbance as dist
 from npu_lora.bench import harness as h
 from npu_lora.bench import verdicts as vd
 
+from .records import step
+
 
 def _pct(x):
     return f"{x:.0%}"
@@ -60,10 +62,6 @@ def test_rounds_without_a_figure_are_left_out_and_none_is_not_measured():
     assert empty.line("x").endswith(": not measured")
 
 
-def _step(variant, rnd, step_s=1.0, **kw):
-    return {"kind": "step", "variant": variant, "round": rnd, "step_s": step_s, **kw}
-
-
 def _round(rnd, read, copy, disturbed=False):
     return {"kind": "round", "round": rnd, "read_gbs": read, "copy_gbs": copy,
             "loadavg1": 2.0, "others_share": 0.5 if disturbed else 0.0, "disturbed": disturbed}  # fmt: skip
@@ -78,7 +76,7 @@ def test_bench_fraction_target_follows_the_per_round_median_with_both_bandwidths
     reads = [30.0, 31.0, 29.0, 30.0, 28.0, 32.0]
     recs = []
     for k, (c, r) in enumerate(zip(copies, reads, strict=True)):
-        recs.append(_step("ours", k, host_fwd_copy_fraction=9 / c, host_fwd_read_fraction=9 / r))
+        recs.append(step("ours", k, host_fwd_copy_fraction=9 / c, host_fwd_read_fraction=9 / r))
         recs.append(_round(k, r, c, disturbed=k == 2))
     s = h.summarize(recs, ["ours"], "ours")
     assert s["fractions"]["ours"]["rounds"] == list(range(6))
@@ -95,8 +93,8 @@ def test_pair_lines_quote_the_per_round_median_and_rounds_won():
     not move it), its range, and in how many rounds the variant was faster."""
     recs = []
     for k, (a, b) in enumerate([(1.0, 0.9), (1.0, 0.8), (1.0, 1.5), (1.0, 0.9)]):
-        recs += [_step("host-only+keep_graph", k, a), _step("host-only+keep_graph@x", k, b)]
-        recs += [_step("host-only+keep_graph", k, a, kind="x")]  # not a step: ignored
+        recs += [step("host-only+keep_graph", k, a), step("host-only+keep_graph@x", k, b)]
+        recs += [step("host-only+keep_graph", k, a, kind="x")]  # not a step: ignored
     s = h.summarize(
         recs, ["host-only+keep_graph", "host-only+keep_graph@x"], "host-only+keep_graph"
     )
@@ -113,8 +111,8 @@ def test_keep_graph_backward_target_is_judged_per_round():
     recs = []
     for k, ratio in enumerate([0.5, 0.9, 0.55, 0.58, 0.95]):
         recs += [
-            _step("host-only", k, host_bwd_s=1.0),
-            _step("host-only+keep_graph", k, host_bwd_s=ratio),
+            step("host-only", k, host_bwd_s=1.0),
+            step("host-only+keep_graph", k, host_bwd_s=ratio),
         ]
         recs.append(_round(k, math.nan, math.nan, disturbed=k in (1, 4)))
     s = h.summarize(recs, ["host-only", "host-only+keep_graph"], "host-only")

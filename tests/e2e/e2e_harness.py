@@ -4,10 +4,8 @@ subprocess, the cluster handle."""
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,16 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import sandbox_fixtures
 import yaml
+from testkit import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "crds" / "npu-lora.io_moefinetunes.yaml"
 
-_path = ROOT / "tests" / "sandbox" / "conftest.py"
-_spec = importlib.util.spec_from_file_location("_npu_lora_sandbox_fixtures_e2e", _path)
-assert _spec is not None and _spec.loader is not None
-sandbox_fixtures = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(sandbox_fixtures)
 wait_until = sandbox_fixtures.wait_for
 
 
@@ -59,12 +54,6 @@ def to_yaml(obj: dict[str, Any]) -> str:
     return yaml.safe_dump(obj, sort_keys=False)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class OperatorProcess:
     """``npu-lora operator`` against the emulator, as a real subprocess."""
 
@@ -77,8 +66,8 @@ class OperatorProcess:
     metrics_url: str = ""
 
     def start(self, timeout: float = 60) -> OperatorProcess:
-        port = _free_port()
-        metrics_port = _free_port()
+        port = free_port()
+        metrics_port = free_port()
         self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         self.starts += 1
         log = open(self.logdir / f"operator-{self.starts}.log", "wb")  # noqa: SIM115
@@ -143,6 +132,15 @@ class OperatorProcess:
             p.read_text(errors="replace")[-6000:]
             for p in sorted(self.logdir.glob("operator-*.log"))
         )
+
+    def wait(self, pred: Any, timeout: float, what: str) -> Any:
+        """:func:`wait_until` ``pred``; on a time-out the error carries this operator's log."""
+        try:
+            return wait_until(pred, timeout=timeout, interval=0.3)
+        except AssertionError:
+            raise AssertionError(
+                f"timed out waiting for {what}\noperator log:\n{self.log()}"
+            ) from None
 
 
 @dataclass

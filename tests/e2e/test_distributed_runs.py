@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from e2e_harness import ROOT, Cluster, OperatorProcess, wait_until
+from testkit import free_port
 
 pytestmark = [
     pytest.mark.e2e,
@@ -25,19 +25,13 @@ pytestmark = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _example(name: str, **distributed: Any) -> dict[str, Any]:
     doc = yaml.safe_load((ROOT / "examples" / "tiny-distributed.yaml").read_text())
     doc["metadata"]["name"] = name
     doc["spec"]["training"]["steps"] = 6
     doc["spec"]["moe"]["warmupSteps"] = 2
     doc["spec"]["checkpoint"]["everySteps"] = 3
-    doc["spec"]["distributed"].update({"port": _free_port(), **distributed})
+    doc["spec"]["distributed"].update({"port": free_port(), **distributed})
     return doc
 
 

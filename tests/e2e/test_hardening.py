@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
-from e2e_harness import Cluster, OperatorProcess, manifest, wait_until
+from e2e_harness import Cluster, OperatorProcess, manifest
 
 pytestmark = [
     pytest.mark.e2e,
@@ -34,13 +34,6 @@ pytestmark = [
 ]
 
 CURL = shutil.which("curl")
-
-
-def _wait(pred: Any, timeout: float, what: str, op: OperatorProcess) -> Any:
-    try:
-        return wait_until(pred, timeout=timeout, interval=0.3)
-    except AssertionError:
-        raise AssertionError(f"timed out waiting for {what}\n{op.log()}") from None
 
 
 def _worker_kubectl(cluster: Cluster, kubeconfig: Path, tmp_path: Path) -> Any:
@@ -73,12 +66,11 @@ def test_worker_kubeconfig_cannot_touch_other_runs_or_secrets(
     cluster.kubectl("create", "secret", "generic", "db-password", "--from-literal=password=hunter2")
     cluster.apply(manifest("victim", steps=4, suspend=True))
     cluster.apply(manifest("worker-a", steps=4))
-    _wait(lambda: cluster.status("victim").get("phase") == "Suspended", 60, "victim", operator)
-    _wait(
+    operator.wait(lambda: cluster.status("victim").get("phase") == "Suspended", 60, "victim")
+    operator.wait(
         lambda: cluster.status("worker-a").get("phase") in ("Succeeded", "Failed"),
         240,
         "worker-a to finish",
-        operator,
     )
     assert cluster.status("worker-a")["phase"] == "Succeeded", cluster.status("worker-a")
     (pod,) = cluster.pods("worker-a")
@@ -227,7 +219,7 @@ POLICY_CASES = [
         "propagation",
         {
             "podTemplate": {
-                "volumes": [{"name": "s", "emptyDir": {}}],
+                "volumes": [{"name": "s", "emptyDir": {"sizeLimit": "1Gi"}}],
                 "volumeMounts": [
                     {"name": "s", "mountPath": "/data/s", "mountPropagation": "Bidirectional"}
                 ],
@@ -247,6 +239,21 @@ POLICY_CASES = [
         },
         "spec.podTemplate.tolerations[0].key",
     ),
+    (
+        "pull-secret",
+        {"podTemplate": {"imagePullSecrets": [{"name": "registry-admin"}]}},
+        "spec.podTemplate.imagePullSecrets[0].name",
+    ),
+    (
+        "tmpfs-unbounded",
+        {
+            "podTemplate": {
+                "volumes": [{"name": "m", "emptyDir": {"medium": "Memory"}}],
+                "volumeMounts": [{"name": "m", "mountPath": "/dev/shm"}],
+            }
+        },
+        "spec.podTemplate.volumes[0].emptyDir.sizeLimit",
+    ),
 ]
 
 
@@ -257,7 +264,7 @@ def test_admission_policy_refuses_before_any_child(
     for name, spec, _ in POLICY_CASES:
         cluster.apply(manifest(name, **spec))
     for name, _, field in POLICY_CASES:
-        _wait(lambda n=name: cluster.status(n).get("phase") == "Failed", 60, name, operator)
+        operator.wait(lambda n=name: cluster.status(n).get("phase") == "Failed", 60, name)
         st = cluster.status(name)
         (cond,) = [c for c in st["conditions"] if c["status"] == "True"]
         assert cond["type"] == "Failed" and cond["reason"] == "PolicyViolation", st
@@ -277,7 +284,7 @@ def test_admission_policy_refuses_before_any_child(
             if e.get("reason") == "PolicyViolation" and e.get("type") == "Warning"
         }
 
-    _wait(lambda: set(warnings()) >= {n for n, _, _ in POLICY_CASES}, 30, "events", operator)
+    operator.wait(lambda: set(warnings()) >= {n for n, _, _ in POLICY_CASES}, 30, "events")
     for name, _, field in POLICY_CASES:
         assert field in warnings()[name]
     described = cluster.kubectl("describe", "mft", "bad-image").stdout
@@ -307,7 +314,7 @@ def test_secret_values_never_reach_status_or_events(
         ]
     }
     cluster.apply(manifest("leak", podTemplate=pt))
-    _wait(lambda: cluster.status("leak").get("phase") == "Failed", 180, "leak", operator)
+    operator.wait(lambda: cluster.status("leak").get("phase") == "Failed", 180, "leak")
     st = cluster.status("leak")
     assert secret not in json.dumps(st) and cluster.jobs("leak") == []
     events = [e.get("message", "") for e in emu.list("v1", "Event", namespace="default")]
@@ -321,12 +328,12 @@ def test_orphaned_children_are_not_adopted_by_a_recreated_run(
     # explicit resources: no memory estimate needed (it is not what this test is about)
     res = {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "1Gi"}}
     cluster.apply(manifest("orphan", suspend=True, resources=res))
-    _wait(lambda: cluster.jobs("orphan"), 180, "the Job", operator)
+    operator.wait(lambda: cluster.jobs("orphan"), 180, "the Job")
     old_uid = cluster.mft("orphan")["metadata"]["uid"]
     cluster.kubectl("delete", "mft", "orphan", "--cascade=orphan", "--wait=true")
-    _wait(lambda: cluster.mft("orphan") is None, 30, "deletion", operator)
+    operator.wait(lambda: cluster.mft("orphan") is None, 30, "deletion")
     cm = emu.get("v1", "ConfigMap", "orphan-config", namespace="default")
-    _wait(
+    operator.wait(
         lambda: (
             not (emu.get("batch/v1", "Job", "orphan", namespace="default") or {})
             .get("metadata", {})
@@ -334,11 +341,10 @@ def test_orphaned_children_are_not_adopted_by_a_recreated_run(
         ),
         30,
         "orphaning",
-        operator,
     )
     # re-created with a new spec: the old Job and ConfigMap (old spec) must not be adopted
     cluster.apply(manifest("orphan", steps=3, suspend=True, resources=res))
-    _wait(lambda: cluster.status("orphan").get("phase") == "Failed", 180, "conflict", operator)
+    operator.wait(lambda: cluster.status("orphan").get("phase") == "Failed", 180, "conflict")
     st = cluster.status("orphan")
     (cond,) = [c for c in st["conditions"] if c["status"] == "True"]
     assert cond["reason"] == "ChildConflict", st
@@ -366,6 +372,6 @@ def test_planted_configmap_is_a_conflict_not_the_runs_config(
     )
     res = {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "1Gi"}}
     cluster.apply(manifest("planted", resources=res))
-    _wait(lambda: cluster.status("planted").get("phase") == "Failed", 180, "planted", operator)
+    operator.wait(lambda: cluster.status("planted").get("phase") == "Failed", 180, "planted")
     st = cluster.status("planted")
     assert "ConfigMap default/planted-config" in st["message"] and cluster.jobs("planted") == []

@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 import pytest
-from e2e_harness import Cluster, OperatorProcess, manifest, wait_until
+from e2e_harness import Cluster, OperatorProcess, manifest
 
 pytestmark = [
     pytest.mark.e2e,
@@ -26,10 +26,7 @@ TIMEOUT = 900
 
 
 def _wait(pred: Any, timeout: float, what: str, op: OperatorProcess) -> Any:
-    try:
-        return wait_until(pred, timeout=timeout, interval=0.3)
-    except AssertionError:
-        raise AssertionError(f"timed out waiting for {what}\noperator log:\n{op.log()}") from None
+    return op.wait(pred, timeout, what)
 
 
 def test_precompiled_run_compiles_then_trains_with_every_graph_a_cache_hit(

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_harness import ROOT, Cluster, OperatorProcess, _free_port, manifest, wait_until
+from e2e_harness import ROOT, Cluster, OperatorProcess, manifest
+from testkit import free_port
 
 pytestmark = [
     pytest.mark.e2e,
@@ -96,16 +97,11 @@ def test_operator_under_the_charts_rbac(cluster: Cluster, tmp_path: Path) -> Non
     )
     op = OperatorProcess(kubeconfig, tmp_path).start()
 
-    def wait(pred: Any, timeout: float, what: str) -> Any:
-        try:
-            return wait_until(pred, timeout=timeout, interval=0.3)
-        except AssertionError:
-            raise AssertionError(f"timed out waiting for {what}\n{op.log()}") from None
-
+    wait = op.wait
     name = "e2e-rbac"
     try:
         # two workers: the Indexed Job and its headless Service go through the chart's RBAC too
-        dp = {"workers": 2, "port": _free_port(), "rendezvousTimeoutSeconds": 120}
+        dp = {"workers": 2, "port": free_port(), "rendezvousTimeoutSeconds": 120}
         cluster.apply(manifest(name, steps=4, suspend=True, distributed=dp))
         wait(lambda: cluster.status(name).get("phase") == "Suspended", 60, "phase Suspended")
         patch = '{"spec":{"activeDeadlineSeconds":3600,"reporting":{"everySteps":2}}}'

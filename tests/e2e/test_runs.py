@@ -26,11 +26,9 @@ RUN_TIMEOUT = 240
 
 
 def _wait(pred: Any, timeout: float, what: str, op: OperatorProcess | None = None) -> Any:
-    try:
-        return wait_until(pred, timeout=timeout, interval=0.3)
-    except AssertionError:
-        extra = f"\noperator log:\n{op.log()}" if op is not None else ""
-        raise AssertionError(f"timed out waiting for {what}{extra}") from None
+    if op is not None:
+        return op.wait(pred, timeout, what)
+    return wait_until(pred, timeout=timeout, interval=0.3)
 
 
 def _step(cluster: Cluster, name: str) -> int:

@@ -108,7 +108,7 @@ def test_sandbox_runs_the_example(tmp_path: Path) -> None:
         assert (run_dir / "summary.json").exists() and (run_dir / "adapter").is_dir()
         # the operator ran as its own ServiceAccount (the chart's ClusterRole), not as the admin
         token = yaml.safe_load(kc.read_text())["users"][0]["user"]["token"]
-        op_kc = yaml.safe_load((tmp_path / "root" / "operator-kubeconfig").read_text())
+        op_kc = yaml.safe_load((tmp_path / "root" / "admin" / "operator-kubeconfig").read_text())
         assert op_kc["users"][0]["user"]["token"] != token
         op = "--as=system:serviceaccount:npu-lora-system:npu-lora-operator"
         assert k("auth", "can-i", "create", "jobs.batch", op).stdout.strip() == "yes"

@@ -18,6 +18,7 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 import pytest
 import torch
+from moe.moe_blocks import small_block
 from npu_lora.api.v1alpha1 import MoEFinetuneSpec
 from npu_lora.backends import get_backend
 from npu_lora.engine import build_engine
@@ -79,23 +80,6 @@ def _randomize_lora(model: torch.nn.Module) -> None:
                 p.copy_(0.05 * torch.randn(p.shape, generator=g))
 
 
-def _moe_block():
-    from transformers import Qwen3MoeConfig
-    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
-
-    cfg = Qwen3MoeConfig(
-        hidden_size=64, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2
-    )
-    cfg._experts_implementation = "grouped_mm"
-    torch.manual_seed(0)
-    blk = Qwen3MoeSparseMoeBlock(cfg)
-    with torch.no_grad():
-        blk.experts.gate_up_proj.normal_(std=0.1)
-        blk.experts.down_proj.normal_(std=0.1)
-        blk.gate.weight.normal_(std=0.1)
-    return blk
-
-
 @pytest.mark.parametrize(
     ("placement", "keep_graph", "overlap"),
     [
@@ -145,8 +129,8 @@ def test_stream_runner_overlap_is_bitwise_on_cuda(grad):
     equal in some runs and not in others (before and after ``StreamRunner.run_backward``
     ordered the backward's streams), so gradients are compared with a tolerance here; the
     bitwise-gradient property is proven on the CPU with a thread as the device
-    (tests/bench/test_overlap.py)."""
-    blk = _moe_block()
+    (tests/moe/test_overlap.py)."""
+    blk = small_block()
     be = get_backend("cuda")
     hot = make_hot_layer(
         blk.experts, [0, 3, 5], be, buckets=(8, 16, 32, 64), device_dtype=torch.float32

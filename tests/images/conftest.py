@@ -18,12 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sandbox_fixtures
 
-_path = Path(__file__).resolve().parents[1] / "sandbox" / "conftest.py"
-_spec = importlib.util.spec_from_file_location("_npu_lora_sandbox_fixtures_images", _path)
-assert _spec is not None and _spec.loader is not None
-sandbox_fixtures = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(sandbox_fixtures)
 emulator = sandbox_fixtures.emulator
 kubeconfig = sandbox_fixtures.kubeconfig
 kubectl = sandbox_fixtures.kubectl

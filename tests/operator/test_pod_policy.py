@@ -12,20 +12,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from npu_lora_operator import builders as b
 from npu_lora_operator import policy as pol
+from npu_lora_operator.policy.common import under
+from npu_lora_operator.policy.env import prefix_can_form_reserved
 from npu_lora_operator.settings import OperatorConfig
+from policy_runs import run
 
 WORKER = "reg/npu-lora-worker:1"
 #: no auto memory (the estimate imports the worker's pre-flight; not what is tested here)
 FAST = pol.PodPolicy(default_resources=())
 SECRET = "s3cr3t-value-never-echoed"
-
-
-def run(**spec: Any) -> b.Run:
-    base: dict[str, Any] = {"model": {"preset": "tiny-qwen3-moe"}, "data": {"path": "example:x"}}
-    base.update(spec)
-    return b.Run.from_body(
-        {"metadata": {"name": "r1", "namespace": "team", "uid": "u1"}, "spec": base}
-    )
 
 
 def fields(pt: dict[str, Any], policy: pol.PodPolicy = FAST, **spec: Any) -> list[str]:
@@ -247,7 +242,7 @@ def test_sub_path_of_the_spec_volumes_may_not_climb() -> None:
 
 def test_podtemplate_volume_names_may_not_shadow_the_operator_volumes() -> None:
     for name in sorted(pol.OPERATOR_VOLUMES):
-        assert fields({"volumes": [{"name": name, "emptyDir": {}}]}) == [
+        assert fields({"volumes": [{"name": name, "emptyDir": {"sizeLimit": "1Gi"}}]}) == [
             "spec.podTemplate.volumes[0].name"
         ]
 
@@ -414,6 +409,7 @@ POLICY = pol.PodPolicy(
     allowed_config_maps=("app",),
     allowed_host_paths=("/srv/ok",),
     allowed_priority_classes=("batch",),
+    allowed_image_pull_secrets=("regcred",),
 )
 names = st.sampled_from(
     ["A", "OK_1", "x", "WANDB_MODE", "B", "PYTHONPATH", "HOME", "LD_PRELOAD", "NPU_LORA_X"]
@@ -432,7 +428,10 @@ env_item = st.one_of(
 )
 sources = st.sampled_from(
     [
+        {"emptyDir": {"sizeLimit": "1Gi"}},
         {"emptyDir": {}},
+        {"emptyDir": {"medium": "Memory", "sizeLimit": "6Gi"}},
+        {"emptyDir": {"sizeLimit": "20Gi"}},
         {"persistentVolumeClaim": {"claimName": "c1"}},
         {"configMap": {"name": "cm"}},
         {"hostPath": {"path": "/srv/ok/a"}},
@@ -474,6 +473,10 @@ template = st.fixed_dictionaries(
         "volumeMounts": st.lists(mount, max_size=2, unique_by=lambda m: m["mountPath"]),
         "tolerations": st.lists(toleration, max_size=3),
         "priorityClassName": st.sampled_from(["batch", "system-node-critical", "other"]),
+        "imagePullSecrets": st.lists(
+            st.builds(lambda n: {"name": n}, st.sampled_from(["regcred", "db", "other", "x"])),
+            max_size=2,
+        ),
         "nodeSelector": st.dictionaries(
             st.sampled_from(["furiosa.ai/model", "node-role.kubernetes.io/master", "k"]),
             st.just("v"),
@@ -504,7 +507,19 @@ def test_any_accepted_template_renders_only_allowed_things(pt: dict, img: str | 
         (kind,) = [k for k in v if k != "name"]
         assert kind in ("persistentVolumeClaim", "emptyDir", "configMap", "hostPath"), v
         if kind == "hostPath":
-            assert pol._under(v["hostPath"]["path"], ("/srv/ok",))
+            assert under(v["hostPath"]["path"], ("/srv/ok",))
+        if kind == "emptyDir" and v["name"] in {u["name"] for u in pt.get("volumes") or []}:
+            assert v["emptyDir"].get("sizeLimit") in ("1Gi", "6Gi", "20Gi"), v
+    tmpfs = sum(6 for v in pod["volumes"] if (v.get("emptyDir") or {}).get("medium") == "Memory")
+    disk = sum(
+        int(v["emptyDir"]["sizeLimit"][:-2])
+        for v in pod["volumes"]
+        if v["name"] in {u["name"] for u in pt.get("volumes") or []}
+        and "emptyDir" in v
+        and v["emptyDir"].get("medium") != "Memory"
+    )
+    assert tmpfs <= 8 and disk <= 32
+    assert all(s["name"] == "regcred" for s in pod.get("imagePullSecrets") or [])
     names_ = [v["name"] for v in pod["volumes"]]
     assert len(names_) == len(set(names_))
     for m in c["volumeMounts"]:
@@ -521,7 +536,7 @@ def test_any_accepted_template_renders_only_allowed_things(pt: dict, img: str | 
     user = {e["name"] for e in pt.get("env") or []}
     assert not any(pol.reserved_env(n) for n in user)
     for ef in c.get("envFrom") or []:
-        assert ef["secretRef"]["name"] == "db" and not pol._prefix_can_form_reserved(ef["prefix"])
+        assert ef["secretRef"]["name"] == "db" and not prefix_can_form_reserved(ef["prefix"])
     for t in pod.get("tolerations") or []:
         assert t.get("key") == "furiosa.ai/rngd"
     assert pod.get("priorityClassName") in (None, "batch")

@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from npu_lora_operator import builders as b
 from npu_lora_operator import policy as pol
 from npu_lora_operator.settings import OperatorConfig
+from policy_runs import run
 
 WORKER = "reg/npu-lora-worker:1"
 CFG = OperatorConfig(worker_image=WORKER)
-
-
-def run(**spec: Any) -> b.Run:
-    base: dict[str, Any] = {"model": {"preset": "tiny-qwen3-moe"}, "data": {"path": "example:x"}}
-    base.update(spec)
-    return b.Run.from_body(
-        {"metadata": {"name": "r1", "namespace": "team", "uid": "u1"}, "spec": base}
-    )
 
 
 def violations(r: b.Run, policy: pol.PodPolicy | None = None) -> list[tuple[str, str]]:
@@ -60,7 +51,7 @@ def test_every_host_path_is_named() -> None:
         device={"backend": "cpu", "compileCache": {"hostPath": "/var/cache/furiosa"}},
         podTemplate={
             "volumes": [
-                {"name": "ok", "emptyDir": {}},
+                {"name": "ok", "emptyDir": {"sizeLimit": "1Gi"}},
                 {"name": "root", "hostPath": {"path": "/etc"}},
             ],
             "volumeMounts": [{"name": "root", "mountPath": "/data/host-etc"}],

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 from npu_lora.report.status import WORKER_KEYS, StatusReporter, last_step_status
 from npu_lora_operator.crd import build_crd
+from testkit import free_port
 
 
 def record(step: int, **kw: Any) -> dict[str, Any]:
@@ -153,17 +153,11 @@ def test_flush_gives_up_when_api_is_down() -> None:
     assert time.perf_counter() - t0 < 3
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_real_client_network_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     kc = tmp_path / "kubeconfig"
     kc.write_text(
         "apiVersion: v1\nkind: Config\ncurrent-context: x\n"
-        f"clusters: [{{name: x, cluster: {{server: 'http://127.0.0.1:{_free_port()}'}}}}]\n"
+        f"clusters: [{{name: x, cluster: {{server: 'http://127.0.0.1:{free_port()}'}}}}]\n"
         "users: [{name: x, user: {token: t}}]\n"
         "contexts: [{name: x, context: {cluster: x, user: x}}]\n"
     )
@@ -248,7 +242,7 @@ class FlakyServer:
         self.codes = [409, 500, 503]
         self.bodies: list[dict[str, Any]] = []
         self.content_types: list[str] = []
-        self.port = _free_port()
+        self.port = free_port()
         self._ready = threading.Event()
         self._stop: Any = None
         self.thread = threading.Thread(target=self._run, daemon=True)

@@ -112,7 +112,12 @@ def test_validating_admission_policy_refuses_the_static_cases() -> None:
         "spec.output.volume.hostPath"
     ]
     assert _refused(rules, {"output": {"volume": {"claimName": "runs"}}}) == []
-    vols = {"volumes": [{"name": "a", "emptyDir": {}}, {"name": "h", "hostPath": {"path": "/"}}]}
+    vols = {
+        "volumes": [
+            {"name": "a", "emptyDir": {"sizeLimit": "1Gi"}},
+            {"name": "h", "hostPath": {"path": "/"}},
+        ]
+    }
     assert _refused(rules, {"podTemplate": vols}) == ["spec.podTemplate.volumes"]
     assert _refused(rules, {"device": {"compileCache": {"hostPath": "/c"}}}) == [
         "spec.device.compileCache.hostPath"
@@ -190,7 +195,7 @@ def test_validating_admission_policy_admits_what_the_operator_admits() -> None:
             {"name": "WANDB_MODE", "value": "offline"},
             {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         ],
-        "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"}}],
+        "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}}],
         "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm", "subPath": "a/b"}],
         "tolerations": [{"key": "furiosa.ai/rngd", "operator": "Exists"}],
         "nodeSelector": {"furiosa.ai/model": "rngd"},
@@ -226,3 +231,37 @@ def test_vap_reserved_env_lists_match_the_operator() -> None:
         assert f'"{name}"' in text, name
     for prefix in policy.RESERVED_ENV_PREFIXES:
         assert f'"{prefix}"' in text, prefix
+
+
+def test_vap_pull_secrets_and_empty_dirs_follow_the_policy() -> None:
+    default = _vap_default()
+    pull = {"imagePullSecrets": [{"name": "regcred"}]}
+    assert _refused(default, {"podTemplate": pull}) == ["spec.podTemplate.imagePullSecrets"]
+    listed = _vap_rules(
+        {
+            "validatingAdmissionPolicy": {"enabled": True},
+            "policy": {"allowedImagePullSecrets": ["regcred", "team-*"]},
+        }
+    )
+    assert _refused(listed, {"podTemplate": pull}) == []
+    assert _refused(listed, {"podTemplate": {"imagePullSecrets": [{"name": "team-a"}]}}) == []
+    for name in ("admin", "regcred-x", "xregcred"):
+        pt = {"imagePullSecrets": [{"name": name}]}
+        assert _refused(listed, {"podTemplate": pt}) == ["spec.podTemplate.imagePullSecrets"]
+    for src in ({}, {"medium": "Memory"}, {"medium": "HugePages", "sizeLimit": "1Gi"}):
+        pt = {"volumes": [{"name": "s", "emptyDir": src}]}
+        assert _refused(default, {"podTemplate": pt}) == ["spec.podTemplate.volumes"], src
+        assert policy.check_pod_template(pt, policy.PodPolicy()), src  # the operator agrees
+    ok = {"volumes": [{"name": "s", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}}]}
+    assert _refused(default, {"podTemplate": ok}) == []
+
+
+def test_policy_values_schema_checks_the_new_keys() -> None:
+    for values, needle in (
+        ({"policy": {"maxEmptyDirSize": "lots"}}, "/policy/maxEmptyDirSize"),
+        ({"policy": {"maxMemoryEmptyDirSize": "-1Gi"}}, "/policy/maxMemoryEmptyDirSize"),
+        ({"policy": {"allowedImagePullSecrets": [""]}}, "/policy/allowedImagePullSecrets/0"),
+    ):
+        with pytest.raises(helm_python.HelmValuesError) as err:
+            render(values)
+        assert needle in str(err.value)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
+from testkit import isolate_worker_env
 from train_helpers import HERE
 
 
@@ -31,6 +33,5 @@ def standin(monkeypatch):
 
 
 @pytest.fixture(autouse=True)
-def _no_termination_log(monkeypatch, tmp_path):
-    monkeypatch.setenv("NPU_LORA_TERMINATION_LOG", str(tmp_path / "termination-log"))
-    monkeypatch.delenv("NPU_LORA_RESOURCE_NAME", raising=False)
+def _no_termination_log(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    isolate_worker_env(monkeypatch, tmp_path)

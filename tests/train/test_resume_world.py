@@ -19,12 +19,12 @@ another order (the same tolerance as tests/train/test_train_distributed.py; meas
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
-from train_helpers import run_cli, tiny_manifest
+from testkit import free_port
+from train_helpers import adapter_tensors, max_abs_diff, records, run_cli, tiny_manifest
 
 pytest.importorskip("torch")
 
@@ -32,12 +32,6 @@ ATOL = 1e-5
 STEPS = 8
 CUT = 3  # the first segment's steps (after moe.warmupSteps: the hot set is in its checkpoint)
 ENV = {"NPU_LORA_DETERMINISTIC": "1"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _manifest(tmp: Path, variant: str, batch: int, **over: Any) -> Path:
@@ -56,7 +50,7 @@ def _manifest(tmp: Path, variant: str, batch: int, **over: Any) -> Path:
         },
         "moe": {"hostThreads": 1, "placement": "hot", "warmupSteps": 2, "hostDtype": "float32"},
         "checkpoint": {"everySteps": 100},
-        "distributed": {"port": _free_port(), "rendezvousTimeoutSeconds": 60},
+        "distributed": {"port": free_port(), "rendezvousTimeoutSeconds": 60},
     }
     for section, values in over.items():
         spec.setdefault(section, {}).update(values)
@@ -68,21 +62,6 @@ def _run(manifest: Path, out: Path, ranks: int, *extra: str) -> Any:
     if ranks > 1:
         args += ["--ranks", str(ranks)]
     return run_cli(*args, *extra, timeout=600, **ENV)
-
-
-def _steps(run_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
-
-
-def _adapter(run_dir: Path) -> dict[str, Any]:
-    from safetensors.torch import load_file
-
-    return load_file(str(run_dir / "adapter" / "adapter_model.safetensors"))
-
-
-def _max_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
-    assert a.keys() == b.keys()
-    return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
 def _hot(run_dir: Path) -> dict[str, Any]:
@@ -120,14 +99,14 @@ def test_resume_at_another_world_size_continues_the_uninterrupted_run(
     out = runs[key]
     assert f"written by {before} rank(s), this run has {after}" in runs[f"{key}_err"]
     assert f"from the checkpoint at step {CUT}" in runs[f"{key}_err"]
-    got = _steps(out)
+    got = records(out)
     assert [r["step"] for r in got] == list(range(1, STEPS + 1))  # every step once
-    ref_before = _steps(runs["u2" if before == 2 else "u1"])
-    for rec in (got, _steps(runs["u1"]), _steps(runs["u2"])):
+    ref_before = records(runs["u2" if before == 2 else "u1"])
+    for rec in (got, records(runs["u1"]), records(runs["u2"])):
         assert len(rec) == STEPS
     for x, y in zip(got[:CUT], ref_before[:CUT], strict=True):
         assert (x["loss"], x["lr"], x["tokens"]) == (y["loss"], y["lr"], y["tokens"])
-    for ref in (_steps(runs["u1"]), _steps(runs["u2"])):
+    for ref in (records(runs["u1"]), records(runs["u2"])):
         for x, y in zip(got, ref, strict=True):
             assert x["lr"] == y["lr"]  # the schedule: a function of the step
             assert x["tokens"] == y["tokens"]  # the same samples (all ranks' tokens)
@@ -136,7 +115,7 @@ def test_resume_at_another_world_size_continues_the_uninterrupted_run(
     assert all(r.get("world_size", 1) == before for r in got[:CUT])
     assert all(r.get("world_size", 1) == after for r in got[CUT:])
     for ref in ("u1", "u2"):
-        assert _max_diff(_adapter(out), _adapter(runs[ref])) <= ATOL
+        assert max_abs_diff(adapter_tensors(out), adapter_tensors(runs[ref])) <= ATOL
         # routing counts are global (all-reduced) in every checkpoint: equal, integers
         assert _hot(out)["routing_counts"] == _hot(runs[ref])["routing_counts"]
         assert _hot(out)["per_layer"] == _hot(runs[ref])["per_layer"]
@@ -174,14 +153,14 @@ def test_two_ranks_with_dropout_resume_bit_for_bit(tmp_path: Path) -> None:
     assert _run(m, out, 2, "--steps", str(CUT)).returncode == 0
     r = _run(m, out, 2)
     assert r.returncode == 0, r.stderr[-3000:]
-    got, want = _steps(out), _steps(ref)
+    got, want = records(out), records(ref)
     assert [(x["loss"], x["lr"]) for x in got] == [(x["loss"], x["lr"]) for x in want]
-    a, b = _adapter(out), _adapter(ref)
+    a, b = adapter_tensors(out), adapter_tensors(ref)
     assert all(bool((a[k] == b[k]).all()) for k in a)
     # dropout is on: the same run without it trains to another adapter
     plain = tmp_path / "plain"
     assert _run(_manifest(tmp_path, "plain", 2), plain, 2).returncode == 0
-    assert _max_diff(_adapter(plain), b) > 1e-4
+    assert max_abs_diff(adapter_tensors(plain), b) > 1e-4
 
 
 # ------------------------------------------------------------- the check itself (in process)

@@ -12,20 +12,7 @@ from npu_lora.api.load import SpecError
 from npu_lora.api.v1alpha1 import EXIT_CONFIG_ERROR, OutputSpec
 from npu_lora.cli import main
 from npu_lora.train.identity import RUN_FILE, check_own_directory
-from train_helpers import tiny_manifest
-
-
-def _run(cfg: Path, out: Path, *extra: str) -> int:
-    return main(["run", str(cfg), "--out", str(out), "--quiet", "--no-plot", *extra])
-
-
-def _as(monkeypatch, namespace: str, uid: str) -> None:
-    monkeypatch.setenv("NPU_LORA_RESOURCE_NAMESPACE", namespace)
-    monkeypatch.setenv("NPU_LORA_RESOURCE_UID", uid)
-
-
-def _snapshot(d: Path) -> dict[str, int]:
-    return {str(p.relative_to(d)): p.stat().st_mtime_ns for p in d.rglob("*") if p.is_file()}
+from train_helpers import as_run, run_in_process, snapshot, tiny_manifest
 
 
 def _cfg(tmp_path: Path, name: str = "same") -> Path:
@@ -52,57 +39,57 @@ def test_a_filesystem_root_is_not_a_run_directory() -> None:
 def test_inside_another_runs_directory_is_refused(tmp_path, capsys, monkeypatch, standin):
     cfg = _cfg(tmp_path)
     first = tmp_path / "vol" / "first"
-    _as(monkeypatch, "team", "uid-first")
-    assert _run(cfg, first) == 0
-    before = _snapshot(first)
+    as_run(monkeypatch, "team", "uid-first")
+    assert run_in_process(cfg, first) == 0
+    before = snapshot(first)
     capsys.readouterr()
-    _as(monkeypatch, "team", "uid-second")
+    as_run(monkeypatch, "team", "uid-second")
     for inner in (first / "checkpoint", first / "adapter" / "x", first / "new"):
-        code = _run(_cfg(tmp_path, "other"), inner)
+        code = run_in_process(_cfg(tmp_path, "other"), inner)
         err = capsys.readouterr().err
         assert code == EXIT_CONFIG_ERROR, err
         assert f"is inside the run directory {first.resolve()}" in err
         assert "team/same (uid uid-first)" in err and "Traceback" not in err
-    assert _snapshot(first) == before
+    assert snapshot(first) == before
 
 
 def test_above_another_runs_directory_is_refused(tmp_path, capsys, monkeypatch, standin):
     vol = tmp_path / "vol"
-    _as(monkeypatch, "team", "uid-a")
-    assert _run(_cfg(tmp_path, "a"), vol / "deep" / "a") == 0
-    before = _snapshot(vol)
+    as_run(monkeypatch, "team", "uid-a")
+    assert run_in_process(_cfg(tmp_path, "a"), vol / "deep" / "a") == 0
+    before = snapshot(vol)
     capsys.readouterr()
-    _as(monkeypatch, "team", "uid-b")
+    as_run(monkeypatch, "team", "uid-b")
     for outer in (vol, vol / "deep"):
-        code = _run(_cfg(tmp_path, "b"), outer)
+        code = run_in_process(_cfg(tmp_path, "b"), outer)
         err = capsys.readouterr().err
         assert code == EXIT_CONFIG_ERROR, err
         assert "contains the run directory" in err and "team/a (uid uid-a)" in err
-    assert _snapshot(vol) == before
+    assert snapshot(vol) == before
 
 
 def test_moving_a_stale_directory_aside_touches_nothing_else(
     tmp_path, capsys, monkeypatch, standin
 ):
     vol = tmp_path / "vol"
-    _as(monkeypatch, "team", "uid-x1")
-    assert _run(_cfg(tmp_path, "x"), vol / "x") == 0
-    _as(monkeypatch, "team", "uid-y")
-    assert _run(_cfg(tmp_path, "y"), vol / "y") == 0
+    as_run(monkeypatch, "team", "uid-x1")
+    assert run_in_process(_cfg(tmp_path, "x"), vol / "x") == 0
+    as_run(monkeypatch, "team", "uid-y")
+    assert run_in_process(_cfg(tmp_path, "y"), vol / "y") == 0
     (vol / "unrelated.txt").write_text("keep")
-    others = _snapshot(vol / "y")
+    others = snapshot(vol / "y")
     # x deleted and re-created: only x's directory moves aside
-    _as(monkeypatch, "team", "uid-x2")
-    assert _run(_cfg(tmp_path, "x"), vol / "x") == 0
+    as_run(monkeypatch, "team", "uid-x2")
+    assert run_in_process(_cfg(tmp_path, "x"), vol / "x") == 0
     assert "starting fresh" in capsys.readouterr().err
     assert sorted(p.name for p in vol.iterdir()) == ["unrelated.txt", "x", "x.prev-uid-x1", "y"]
-    assert _snapshot(vol / "y") == others
+    assert snapshot(vol / "y") == others
     assert json.loads((vol / "x" / RUN_FILE).read_text())["uid"] == "uid-x2"
 
 
 def test_own_resume_is_not_mistaken_for_nesting(tmp_path, monkeypatch, standin):
-    _as(monkeypatch, "team", "uid-1")
+    as_run(monkeypatch, "team", "uid-1")
     out = tmp_path / "r"
     cfg = _cfg(tmp_path)
-    assert _run(cfg, out) == 0
-    assert _run(cfg, out, "--steps", "3") == 0
+    assert run_in_process(cfg, out) == 0
+    assert run_in_process(cfg, out, "--steps", "3") == 0

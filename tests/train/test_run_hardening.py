@@ -11,16 +11,11 @@ from pathlib import Path
 
 import pytest
 from npu_lora.api.v1alpha1 import EXIT_CONFIG_ERROR
-from npu_lora.cli import main
 from npu_lora.train import checkpoint as ckpt
 from npu_lora.train.preflight import estimate_memory, model_widths, parse_bytes
-from train_helpers import tiny_manifest
+from train_helpers import as_run, run_in_process, snapshot, tiny_manifest
 
 EXIT_ERROR = 1
-
-
-def _run(cfg: Path, out: Path, *extra: str) -> int:
-    return main(["run", str(cfg), "--out", str(out), "--quiet", "--no-plot", *extra])
 
 
 def _refused(code: int, err: str, out: Path, *needles: str) -> None:
@@ -39,7 +34,7 @@ def test_huge_batch_is_refused_at_once_with_the_figure(tmp_path, capsys, monkeyp
     cfg = tiny_manifest(tmp_path, training={"batchSize": 4096, "seqLen": 32768})
     out = tmp_path / "run"
     t0 = time.perf_counter()
-    code = _run(cfg, out)
+    code = run_in_process(cfg, out)
     took = time.perf_counter() - t0
     err = capsys.readouterr().err
     _refused(code, err, out, "spec.training.batchSize: 4096", "spec.training.seqLen: 32768")
@@ -51,9 +46,9 @@ def test_memory_limit_from_the_environment(tmp_path, capsys, monkeypatch, standi
     cfg = tiny_manifest(tmp_path, training={"steps": 3}, moe={"placement": "host-only"})
     out = tmp_path / "run"
     monkeypatch.setenv("NPU_LORA_MEMORY_LIMIT", "64Ki")
-    _refused(_run(cfg, out), capsys.readouterr().err, out, "NPU_LORA_MEMORY_LIMIT")
+    _refused(run_in_process(cfg, out), capsys.readouterr().err, out, "NPU_LORA_MEMORY_LIMIT")
     monkeypatch.setenv("NPU_LORA_MEMORY_LIMIT", "none")
-    assert _run(cfg, out) == 0
+    assert run_in_process(cfg, out) == 0
 
 
 def test_memory_estimate_formula_on_qwen3_widths():
@@ -82,7 +77,7 @@ def test_out_under_a_regular_file(tmp_path, capsys):
     f = tmp_path / "file"
     f.write_text("x")
     cfg = tiny_manifest(tmp_path)
-    code = _run(cfg, f / "run")
+    code = run_in_process(cfg, f / "run")
     _refused(code, capsys.readouterr().err, f / "run", f"{f} is a file", "--out")
 
 
@@ -98,7 +93,7 @@ def test_out_on_a_read_only_filesystem(tmp_path, capsys):
     else:
         ro.chmod(0o555)
     try:
-        code = _run(tiny_manifest(tmp_path), ro / "run")
+        code = run_in_process(tiny_manifest(tmp_path), ro / "run")
         err = capsys.readouterr().err
         _refused(code, err, ro / "run", f"--out: cannot write the run directory {ro / 'run'}")
         assert ("read-only file system" if mounted else "permission denied") in err
@@ -130,7 +125,7 @@ def test_disk_full_at_a_checkpoint_keeps_the_previous_one(tmp_path, capsys, monk
         tmp_path, training={"steps": 12}, moe={"placement": "host-only"}, checkpoint={}
     )
     out = tmp_path / "run"
-    code = _run(cfg, out)
+    code = run_in_process(cfg, out)
     err = capsys.readouterr().err
     assert code == EXIT_ERROR, err
     assert "Traceback" not in err
@@ -141,7 +136,7 @@ def test_disk_full_at_a_checkpoint_keeps_the_previous_one(tmp_path, capsys, monk
     assert not list(out.glob("*.tmp*")) and not list(out.glob(".*.tmp*"))
     # and the run resumes from it once there is room again
     monkeypatch.setattr(ckpt, "_torch_save", real_save)
-    assert _run(cfg, out) == 0
+    assert run_in_process(cfg, out) == 0
     assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [
         *range(1, 13)
     ]
@@ -160,7 +155,7 @@ def test_data_outside_the_data_root_is_not_read(tmp_path, capsys, monkeypatch):
     for path in (str(secret), "../secret.tsv", str(root / "link.tsv")):
         out = tmp_path / "run"
         cfg = tiny_manifest(tmp_path, data={"path": path, "volume": {"claimName": "d"}})
-        code = _run(cfg, out)
+        code = run_in_process(cfg, out)
         err = capsys.readouterr().err
         _refused(code, err, out, "spec.data.path", f"outside the data root {root}")
         assert "SECRET" not in err
@@ -170,7 +165,7 @@ def test_data_file_contents_are_not_echoed(tmp_path, capsys):
     secret = tmp_path / "secret.tsv"
     secret.write_text("root:x:0:0:SECRET-FIRST-LINE\n")
     out = tmp_path / "run"
-    code = _run(tiny_manifest(tmp_path, data={"path": str(secret)}), out)
+    code = run_in_process(tiny_manifest(tmp_path, data={"path": str(secret)}), out)
     err = capsys.readouterr().err
     _refused(code, err, out, "spec.data.path", "expected the NSMC header")
     assert "SECRET" not in err and "root:x" not in err
@@ -179,32 +174,23 @@ def test_data_file_contents_are_not_echoed(tmp_path, capsys):
 # --- run identity -----------------------------------------------------------------------------
 
 
-def _as(monkeypatch, namespace: str, uid: str) -> None:
-    monkeypatch.setenv("NPU_LORA_RESOURCE_NAMESPACE", namespace)
-    monkeypatch.setenv("NPU_LORA_RESOURCE_UID", uid)
-
-
-def _snapshot(d: Path) -> dict[str, int]:
-    return {str(p.relative_to(d)): p.stat().st_mtime_ns for p in d.rglob("*") if p.is_file()}
-
-
 def test_another_namespace_never_resumes_or_overwrites(tmp_path, capsys, monkeypatch, standin):
     cfg = tiny_manifest(
         tmp_path, name="same", training={"steps": 3}, moe={"placement": "host-only"}
     )
     out = tmp_path / "run"
-    _as(monkeypatch, "a", "uid-a")
-    assert _run(cfg, out) == 0
+    as_run(monkeypatch, "a", "uid-a")
+    assert run_in_process(cfg, out) == 0
     state = json.loads((out / "checkpoint" / "state.json").read_text())
     assert state["run"]["namespace"] == "a" and state["run"]["uid"] == "uid-a"
-    before = _snapshot(out)
+    before = snapshot(out)
     capsys.readouterr()
-    _as(monkeypatch, "b", "uid-b")
-    code = _run(cfg, out)
+    as_run(monkeypatch, "b", "uid-b")
+    code = run_in_process(cfg, out)
     err = capsys.readouterr().err
     assert code == EXIT_CONFIG_ERROR and "Traceback" not in err
     assert "belongs to run a/same (uid uid-a), not to this run b/same (uid uid-b)" in err
-    assert _snapshot(out) == before
+    assert snapshot(out) == before
 
 
 def test_recreated_run_starts_fresh_unless_asked_to_resume(tmp_path, capsys, monkeypatch, standin):
@@ -212,31 +198,31 @@ def test_recreated_run_starts_fresh_unless_asked_to_resume(tmp_path, capsys, mon
         tmp_path, name="same", training={"steps": 3}, moe={"placement": "host-only"}
     )
     out = tmp_path / "run"
-    _as(monkeypatch, "a", "uid-1")
-    assert _run(cfg, out) == 0
-    old = _snapshot(out)
+    as_run(monkeypatch, "a", "uid-1")
+    assert run_in_process(cfg, out) == 0
+    old = snapshot(out)
     # deleted and re-created: a new UID, same namespace and name -> fresh, old files kept aside
-    _as(monkeypatch, "a", "uid-2")
-    assert _run(cfg, out) == 0
+    as_run(monkeypatch, "a", "uid-2")
+    assert run_in_process(cfg, out) == 0
     err = capsys.readouterr().err
     assert "starting fresh" in err
     aside = tmp_path / "run.prev-uid-1"
-    assert _snapshot(aside) == old
+    assert snapshot(aside) == old
     assert json.loads((out / "run.json").read_text())["uid"] == "uid-2"
     assert "resuming" not in err
     # re-created again, asking to continue its own directory: resumes at the checkpoint
-    _as(monkeypatch, "a", "uid-3")
-    code = _run(cfg, out, "--set", "resumeFrom=run", "--steps", "5")
+    as_run(monkeypatch, "a", "uid-3")
+    code = run_in_process(cfg, out, "--set", "resumeFrom=run", "--steps", "5")
     err = capsys.readouterr().err
     assert code == 0, err
     assert "from the checkpoint at step 3" in err
     recs = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert recs == [1, 2, 3, 4, 5]
     # another namespace may start from it, into a directory of its own (the source only read)
-    before = _snapshot(out)
-    _as(monkeypatch, "b", "uid-b")
+    before = snapshot(out)
+    as_run(monkeypatch, "b", "uid-b")
     own = tmp_path / "b-run"
-    assert _run(cfg, own, "--set", f"resumeFrom={out}", "--steps", "6") == 0
+    assert run_in_process(cfg, own, "--set", f"resumeFrom={out}", "--steps", "6") == 0
     assert "starting from the checkpoint of" in capsys.readouterr().err
     assert [json.loads(x)["step"] for x in (own / "metrics.jsonl").read_text().splitlines()] == [
         1,
@@ -246,16 +232,16 @@ def test_recreated_run_starts_fresh_unless_asked_to_resume(tmp_path, capsys, mon
         5,
         6,
     ]
-    assert _snapshot(out) == before
+    assert snapshot(out) == before
 
 
 def test_local_rerun_keeps_its_run_id(tmp_path, standin):
     cfg = tiny_manifest(tmp_path, training={"steps": 2}, moe={"placement": "host-only"})
     out = tmp_path / "run"
-    assert _run(cfg, out) == 0
+    assert run_in_process(cfg, out) == 0
     first = json.loads((out / "run.json").read_text())
     assert first["uid"] is None and first["runId"].startswith("local-")
-    assert _run(cfg, out, "--steps", "3") == 0
+    assert run_in_process(cfg, out, "--steps", "3") == 0
     assert json.loads((out / "run.json").read_text())["runId"] == first["runId"]
 
 
@@ -286,7 +272,7 @@ def test_deleted_run_stops_cleanly_on_403(tmp_path, capsys, monkeypatch, standin
     monkeypatch.setenv("NPU_LORA_RESOURCE_NAME", "same")
     cfg = tiny_manifest(tmp_path, training={"steps": 200}, moe={"placement": "host-only"})
     out = tmp_path / "run"
-    code = _run(cfg, out)
+    code = run_in_process(cfg, out)
     err = capsys.readouterr().err
     assert code == 143, err
     assert "the MoEFinetune a/same was deleted (its status patch answered 403)" in err

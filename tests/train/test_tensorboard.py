@@ -9,7 +9,7 @@ import pytest
 from npu_lora.api import record as step_record
 from npu_lora.cli import main
 from npu_lora.train.tensorboard import TAGS, scalars, tag_of
-from train_helpers import tiny_manifest
+from train_helpers import records, tiny_manifest
 
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 
@@ -18,10 +18,6 @@ def _load(run_dir: Path):
     acc = event_accumulator.EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     acc.Reload()
     return acc
-
-
-def _records(run_dir: Path) -> list[dict]:
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_tags_follow_the_step_record():
@@ -65,7 +61,7 @@ def test_run_writes_event_files_tensorboard_reads(tmp_path, standin):
         *(f"time/{c}" for c in step_record.TABLE_COLUMNS if step_record.by_name(c).unit == "s"),
     }
     assert expected <= tags, expected - tags
-    recs = _records(out)
+    recs = records(out)
     loss = acc.Scalars("train/loss")
     assert [e.step for e in loss] == [r["step"] for r in recs] == list(range(1, 7))
     assert [e.value for e in loss] == pytest.approx([r["loss"] for r in recs], rel=1e-6)

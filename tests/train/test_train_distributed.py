@@ -15,25 +15,27 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from train_helpers import cli_cmd, cli_env, run_cli, tiny_manifest
+from testkit import free_port
+from train_helpers import (
+    adapter_tensors,
+    cli_cmd,
+    cli_env,
+    max_abs_diff,
+    records,
+    run_cli,
+    tiny_manifest,
+)
 
 pytest.importorskip("torch")
 
 ATOL = 1e-5
 STEPS = 8
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _manifest(tmp: Path, name: str, batch: int, port: int, **over: Any) -> Path:
@@ -48,27 +50,12 @@ def _manifest(tmp: Path, name: str, batch: int, port: int, **over: Any) -> Path:
     )
 
 
-def _adapter(run_dir: Path) -> dict[str, Any]:
-    from safetensors.torch import load_file
-
-    return load_file(str(run_dir / "adapter" / "adapter_model.safetensors"))
-
-
-def _steps(run_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
-
-
-def _max_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
-    assert a.keys() == b.keys()
-    return max(float((a[k] - b[k]).abs().max()) for k in a)
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """One rank × batch 4 and two ranks × batch 2 (deterministic kernels)."""
     tmp = tmp_path_factory.mktemp("dp")
-    one = _manifest(tmp, "one", 4, _free_port())
-    two = _manifest(tmp, "two", 2, _free_port())
+    one = _manifest(tmp, "one", 4, free_port())
+    two = _manifest(tmp, "two", 2, free_port())
     env = {"NPU_LORA_DETERMINISTIC": "1"}
     r1 = run_cli("run", str(one), "--out", str(tmp / "r1"), "-q", "--no-plot", **env)
     assert r1.returncode == 0, r1.stderr[-3000:]
@@ -81,9 +68,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def test_two_ranks_match_one_rank_with_the_double_batch(runs: dict[str, Path]) -> None:
-    a, b = _adapter(runs["r1"]), _adapter(runs["r2"])
-    assert _max_diff(a, b) <= ATOL
-    s1, s2 = _steps(runs["r1"]), _steps(runs["r2"])
+    a, b = adapter_tensors(runs["r1"]), adapter_tensors(runs["r2"])
+    assert max_abs_diff(a, b) <= ATOL
+    s1, s2 = records(runs["r1"]), records(runs["r2"])
     assert [r["step"] for r in s2] == list(range(1, STEPS + 1))  # rank 0 alone writes
     for x, y in zip(s1, s2, strict=True):
         assert y["loss"] == pytest.approx(x["loss"], abs=1e-5)  # the global batch's loss
@@ -141,7 +128,7 @@ def test_sigkill_of_a_rank_then_resume_records_every_step_once(
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
-            if (out / "metrics.jsonl").exists() and len(_steps(out)) >= 4:
+            if (out / "metrics.jsonl").exists() and len(records(out)) >= 4:
                 break
             assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
             time.sleep(0.05)
@@ -165,13 +152,13 @@ def test_sigkill_of_a_rank_then_resume_records_every_step_once(
     again = run_cli(*args, NPU_LORA_DETERMINISTIC="1")
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"from the checkpoint at step {done}" in again.stderr
-    assert [r["step"] for r in _steps(out)] == list(range(1, STEPS + 1))
+    assert [r["step"] for r in records(out)] == list(range(1, STEPS + 1))
     # the resumed run ends where the uninterrupted one did
-    assert _max_diff(_adapter(out), _adapter(runs["r2"])) <= ATOL
+    assert max_abs_diff(adapter_tensors(out), adapter_tensors(runs["r2"])) <= ATOL
 
 
 def test_a_rank_that_never_comes_up_fails_with_the_rendezvous_code(tmp_path: Path) -> None:
-    m = _manifest(tmp_path, "alone", 2, _free_port())
+    m = _manifest(tmp_path, "alone", 2, free_port())
     out = tmp_path / "r"
     t0 = time.monotonic()
     # torchrun-style: this process is rank 0 of 2; rank 1 never starts
@@ -197,7 +184,7 @@ def test_a_rank_that_never_comes_up_fails_with_the_rendezvous_code(tmp_path: Pat
 
 
 def test_world_size_mismatch_is_a_config_error(tmp_path: Path) -> None:
-    m = _manifest(tmp_path, "bad", 2, _free_port())
+    m = _manifest(tmp_path, "bad", 2, free_port())
     r = run_cli("run", str(m), "-q", "--ranks", "2", RANK="0", WORLD_SIZE="3", LOCAL_RANK="0")
     assert r.returncode == 2
     assert "WORLD_SIZE=3" in r.stderr and "spec.distributed" in r.stderr

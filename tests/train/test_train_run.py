@@ -11,7 +11,7 @@ import yaml
 from npu_lora.api.v1alpha1 import EXIT_CONFIG_ERROR, EXIT_NONFINITE_LOSS
 from npu_lora.cli import main
 from npu_lora.train.callbacks import TrainCallback
-from train_helpers import run_cli, tiny_manifest
+from train_helpers import records, run_cli, tiny_manifest
 
 RECORD_KEYS = {
     "step",
@@ -30,10 +30,6 @@ RECORD_KEYS = {
     "grad_norm",
     "time",
 }
-
-
-def _records(run_dir: Path) -> list[dict]:
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 class Recorder(TrainCallback):
@@ -80,7 +76,7 @@ def test_run_tiny_loss_falls_and_writes_the_run_dir(tmp_path, capsys, monkeypatc
     ):
         assert col in stdout
 
-    recs = _records(out)
+    recs = records(out)
     assert [r["step"] for r in recs] == list(range(1, 17))
     assert set(recs[0]) >= RECORD_KEYS
     assert all(r["tokens"] == 2 * 64 and r["placement"] == "hot" for r in recs)
@@ -118,7 +114,7 @@ def test_run_tiny_loss_falls_and_writes_the_run_dir(tmp_path, capsys, monkeypatc
 
     # a rerun of the finished run resumes at the end: nothing re-run, nothing duplicated
     assert main(["run", str(cfg), "--out", str(out), "--quiet"]) == 0
-    assert [r["step"] for r in _records(out)] == list(range(1, 17))
+    assert [r["step"] for r in records(out)] == list(range(1, 17))
 
 
 def _assert_rejected(tmp_path, code, err, out, *needles):
@@ -203,7 +199,7 @@ def test_resume_refuses_a_different_training_config(tmp_path, capsys, standin):
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
     # more steps is not a different config: the run continues from its checkpoint
     assert main(["run", str(cfg), "--out", str(out), "--quiet", "--no-plot", "--steps", "5"]) == 0
-    assert [r["step"] for r in _records(out)] == [1, 2, 3, 4, 5]
+    assert [r["step"] for r in records(out)] == [1, 2, 3, 4, 5]
     # fewer steps than the checkpoint: refused
     code = main(["run", str(cfg), "--out", str(out), "--quiet", "--steps", "4"])
     assert code == EXIT_CONFIG_ERROR and "spec.training.steps" in capsys.readouterr().err
@@ -228,7 +224,7 @@ def test_nonfinite_loss_writes_the_record_and_exits_3(tmp_path, capsys, standin,
     err = capsys.readouterr().err
     assert code == EXIT_NONFINITE_LOSS
     assert "non-finite loss (nan) at step 4" in err and "learningRate" in err
-    recs = _records(out)
+    recs = records(out)
     assert [r["step"] for r in recs] == [1, 2, 3, 4]
     assert recs[-1]["loss"] is None and recs[-1]["nonfinite"] == "loss"
     assert json.loads((out / "checkpoint" / "state.json").read_text())["step"] == 2
@@ -257,7 +253,7 @@ def test_grad_accumulation_matches_a_bigger_batch(tmp_path, standin):
     assert w1.keys() == w2.keys()
     for k in w1:
         assert (w1[k] - w2[k]).abs().max() < 1e-5, k
-    r1, r2 = _records(outs[0]), _records(outs[1])
+    r1, r2 = records(outs[0]), records(outs[1])
     assert [r["tokens"] for r in r1] == [r["tokens"] for r in r2] == [128, 128]
     assert r2[0]["micro_batches"] == 2
 
@@ -321,7 +317,7 @@ def test_jsonl_example_trains(tmp_path):
     )
     out = tmp_path / "run"
     assert main(["run", str(cfg), "--out", str(out), "--quiet", "--no-plot"]) == 0
-    recs = _records(out)
+    recs = records(out)
     assert [r["step"] for r in recs] == [1, 2, 3]
     assert all(math.isfinite(r["loss"]) and r["hot_experts"] == 0 for r in recs)
     assert json.loads((out / "summary.json").read_text())["data"]["kinds"].keys() == {

@@ -20,8 +20,6 @@ import torch
 
 from npu_lora.inference.load import RunDirError
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-
 
 def check_out(out: Path, force: bool) -> None:
     """Refuse a non-empty ``out`` (unless ``force``) or a file, before anything is loaded."""

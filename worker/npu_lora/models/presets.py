@@ -8,8 +8,6 @@ from typing import Any
 
 from transformers import Qwen3MoeConfig
 
-TINY_VOCAB = 512
-
 #: ``tiny-qwen3-moe``: a few MB; tests and laptops. 2 layers, 8 experts top-2. The widths live in
 #: ``configs/tiny-qwen3-moe.json`` (read without torch by ``npu_lora.train.preflight``).
 TINY_QWEN3_MOE: dict[str, Any] = json.loads(

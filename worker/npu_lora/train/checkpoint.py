@@ -57,11 +57,6 @@ def _run_identity(run_dir: Path) -> dict[str, Any] | None:
     return d if isinstance(d, dict) else None
 
 
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb+") as f:
-        os.fsync(f.fileno())
-
-
 @contextlib.contextmanager
 def _named(path: Path):
     """Give an OSError raised while writing ``path`` (``write``/``fsync``: none) its file name."""

@@ -331,7 +331,7 @@ def test_fallback_when_extension_disabled(tmp_path):
     code = (
         "import torch\n"
         "from npu_lora.moe import kernels, stream\n"
-        "from tests.bench.test_stream_kernel import _block, _run\n"
+        "from tests.moe.test_stream_kernel import _block, _run\n"
         "blk, cfg = _block(torch.float32)\n"
         "x0 = torch.randn(1, 10, 64); gy = torch.randn(1, 10, 64)\n"
         "ref = _run(blk, cfg, 'eager', x0, gy); got = _run(blk, cfg, stream.NAME, x0, gy)\n"

@@ -1,4 +1,4 @@
-"""One tiny finished run shared by the adapter tests (trained once per session, 4 steps)."""
+"""One tiny finished run shared by the adapter (inference) tests (trained once per session, 4 steps)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from adapter_helpers import tiny_manifest
+from testkit import isolate_worker_env
 
 
 @pytest.fixture(scope="session")
@@ -16,8 +17,7 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("adapter-run")
     run_dir = root / "run"
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("NPU_LORA_TERMINATION_LOG", str(root / "termination-log"))
-        mp.delenv("NPU_LORA_RESOURCE_NAME", raising=False)
+        isolate_worker_env(mp, root)
         rc = main(
             [
                 "run",
@@ -35,4 +35,4 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(autouse=True)
 def _no_termination_log(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("NPU_LORA_TERMINATION_LOG", str(tmp_path / "termination-log"))
+    isolate_worker_env(monkeypatch, tmp_path)

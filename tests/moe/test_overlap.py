@@ -16,6 +16,8 @@ from npu_lora.moe.overlap import (
     runner_for,
 )
 
+from .moe_blocks import small_block
+
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
 
 
@@ -35,27 +37,10 @@ class SlowHot:
         return self.fn(*args)
 
 
-def _block():
-    from transformers import Qwen3MoeConfig
-    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
-
-    cfg = Qwen3MoeConfig(
-        hidden_size=64, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2
-    )
-    cfg._experts_implementation = "grouped_mm"
-    torch.manual_seed(0)
-    blk = Qwen3MoeSparseMoeBlock(cfg)
-    with torch.no_grad():
-        blk.experts.gate_up_proj.normal_(std=0.1)
-        blk.experts.down_proj.normal_(std=0.1)
-        blk.gate.weight.normal_(std=0.1)
-    return blk
-
-
 @pytest.mark.parametrize("hot_ids", [[0, 3], [0, 1, 2, 3, 4, 5, 6, 7], [5]])
 @pytest.mark.parametrize("grad", [True, False])
 def test_overlapped_equals_sequential_bitwise(hot_ids, grad):
-    blk = _block()
+    blk = small_block()
     be_seq, be_ovl = CpuBackend(), CpuBackend()
     hot_seq = make_hot_layer(
         blk.experts, hot_ids, be_seq, buckets=(8, 16, 32, 64), device_dtype=torch.float32

@@ -47,3 +47,18 @@ def run_block(
         blk.experts.gate_up_proj.grad,
         blk.experts.down_proj.grad,
     )
+
+
+def small_block() -> Qwen3MoeSparseMoeBlock:
+    """A small Qwen3 MoE block (8 experts, top-2) with seeded, non-trivial weights."""
+    cfg = Qwen3MoeConfig(
+        hidden_size=64, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2
+    )
+    cfg._experts_implementation = "grouped_mm"
+    torch.manual_seed(0)
+    blk = Qwen3MoeSparseMoeBlock(cfg)
+    with torch.no_grad():
+        blk.experts.gate_up_proj.normal_(std=0.1)
+        blk.experts.down_proj.normal_(std=0.1)
+        blk.gate.weight.normal_(std=0.1)
+    return blk

@@ -1,0 +1,240 @@
+"""``podTemplate.env`` and ``envFrom``: reserved names, allowed sources, literal values."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from npu_lora_operator.messages import bounded
+from npu_lora_operator.policy.common import allowed_name, allowed_text, unknown_keys
+from npu_lora_operator.policy.config import PodPolicy, Violation
+
+#: environment the worker, Python, torch, furiosa and the loader own: names (exact) and
+#: prefixes a podTemplate may not set (compared in upper case)
+RESERVED_ENV_NAMES = frozenset(
+    {
+        "HOME",
+        "PATH",
+        "TMPDIR",
+        "TMP",
+        "TEMP",
+        "USER",
+        "SHELL",
+        "KUBECONFIG",
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "JOB_COMPLETION_INDEX",
+        "REQUESTS_CA_BUNDLE",
+        "CURL_CA_BUNDLE",
+        "BASH_ENV",
+        "ENV",
+    }
+)
+RESERVED_ENV_PREFIXES = (
+    "PYTHON",
+    "LD_",
+    "XDG_",
+    "NPU_LORA_",
+    "TORCH",
+    "PYTORCH_",
+    "FURIOSA",
+    "OMP_",
+    "MKL_",
+    "KMP_",
+    "GOMP_",
+    "OPENBLAS_",
+    "MALLOC_",
+    "GLIBC_",
+    "CUDA_",
+    "NCCL_",
+    "GLOO_",
+    "MASTER_",
+    "TORCHELASTIC_",
+    "SSL_",
+    "KUBERNETES_",
+    "TRITON_",
+    "HF_",
+    "HUGGINGFACE_",
+    "TRANSFORMERS_",
+    "TOKENIZERS_",
+)
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_ENV_KEYS = {"name", "value", "valueFrom"}
+_ENV_FROM_KEYS = {"prefix", "secretRef", "configMapRef"}
+#: downward-API fields an env var may read (about the pod itself)
+_FIELD_PATHS = frozenset(
+    {
+        "metadata.name",
+        "metadata.namespace",
+        "metadata.uid",
+        "spec.nodeName",
+        "spec.serviceAccountName",
+        "status.hostIP",
+        "status.podIP",
+    }
+)
+MAX_ENV = 128
+
+
+def reserved_env(name: str) -> bool:
+    """``name`` is owned by the worker or its runtime (:data:`RESERVED_ENV_NAMES`/``PREFIXES``)."""
+    up = name.upper()
+    return up in RESERVED_ENV_NAMES or up.startswith(RESERVED_ENV_PREFIXES)
+
+
+def prefix_can_form_reserved(prefix: str) -> bool:
+    """Some key appended to ``prefix`` could make a reserved name."""
+    up = prefix.upper()
+    if up.startswith(RESERVED_ENV_PREFIXES):
+        return True
+    return any(n.startswith(up) for n in RESERVED_ENV_NAMES) or any(
+        r.startswith(up) for r in RESERVED_ENV_PREFIXES
+    )
+
+
+def check_env(
+    env: Any, policy: PodPolicy, operator_env: Iterable[str] = ()
+) -> tuple[list[Violation], dict[str, str | None]]:
+    """Violations of ``podTemplate.env`` and the literal values by name (None: not literal)."""
+    out: list[Violation] = []
+    values: dict[str, str | None] = {}
+    if env is None:
+        return out, values
+    if not isinstance(env, list) or len(env) > MAX_ENV:
+        return [
+            Violation("spec.podTemplate.env", f"expected a list of at most {MAX_ENV} items")
+        ], {}
+    for i, e in enumerate(env):
+        where = f"spec.podTemplate.env[{i}]"
+        if not isinstance(e, Mapping):
+            out.append(Violation(where, "expected an object {name, value | valueFrom}"))
+            continue
+        out += unknown_keys(e, _ENV_KEYS, where)
+        name = e.get("name")
+        if not isinstance(name, str) or not _ENV_NAME_RE.match(name):
+            out.append(
+                Violation(f"{where}.name", "must be a C identifier ([A-Za-z_][A-Za-z0-9_]*)")
+            )
+            continue
+        if name in set(operator_env):
+            out.append(Violation(f"{where}.name", f"{name} is set by the operator's configuration"))
+        elif reserved_env(name):
+            out.append(
+                Violation(
+                    f"{where}.name",
+                    f"{name} is reserved for the worker and its runtime (e.g. PYTHON*, LD_*, "
+                    "HOME, PATH, XDG_*, NPU_LORA_*, TORCH*, FURIOSA*, OMP_*, MKL_*; see "
+                    "docs/security.md)",
+                )
+            )
+        vf = e.get("valueFrom")
+        if vf is None:
+            v = e.get("value")
+            values[name] = v if isinstance(v, str) else None
+            continue
+        values[name] = None
+        if "value" in e:
+            out.append(Violation(f"{where}.value", "set either value or valueFrom, not both"))
+        out += _check_value_from(vf, f"{where}.valueFrom", policy)
+    return out, values
+
+
+def _check_value_from(vf: Any, where: str, policy: PodPolicy) -> list[Violation]:
+    if not isinstance(vf, Mapping) or len(vf) != 1:
+        return [Violation(where, "expected exactly one source")]
+    ((kind, ref),) = vf.items()
+    ref = ref if isinstance(ref, Mapping) else {}
+    if kind == "secretKeyRef":
+        if not allowed_name(ref.get("name"), policy.allowed_secrets):
+            allowed = allowed_text(policy.allowed_secrets, "Secret")
+            return [Violation(f"{where}.secretKeyRef.name", f"Secret not allowed ({allowed})")]
+        return []
+    if kind == "configMapKeyRef":
+        if not allowed_name(ref.get("name"), policy.allowed_config_maps):
+            allowed = allowed_text(policy.allowed_config_maps, "ConfigMap")
+            return [
+                Violation(f"{where}.configMapKeyRef.name", f"ConfigMap not allowed ({allowed})")
+            ]
+        return []
+    if kind == "fieldRef":
+        if ref.get("fieldPath") not in _FIELD_PATHS:
+            return [
+                Violation(
+                    f"{where}.fieldRef.fieldPath",
+                    f"not allowed (allowed: {', '.join(sorted(_FIELD_PATHS))})",
+                )
+            ]
+        return []
+    if kind == "resourceFieldRef":
+        return []
+    return [
+        Violation(
+            f"{where}.{bounded(str(kind), 64)}",
+            "source not allowed (allowed: secretKeyRef and configMapKeyRef for the names in "
+            "policy.allowedSecrets/allowedConfigMaps, fieldRef, resourceFieldRef)",
+        )
+    ]
+
+
+def check_env_from(env_from: Any, policy: PodPolicy) -> list[Violation]:
+    out: list[Violation] = []
+    if env_from is None:
+        return out
+    if not isinstance(env_from, list) or len(env_from) > MAX_ENV:
+        return [Violation("spec.podTemplate.envFrom", f"expected a list of at most {MAX_ENV}")]
+    for i, e in enumerate(env_from):
+        where = f"spec.podTemplate.envFrom[{i}]"
+        if not isinstance(e, Mapping):
+            out.append(Violation(where, "expected an object"))
+            continue
+        out += unknown_keys(e, _ENV_FROM_KEYS, where)
+        sources = [k for k in ("secretRef", "configMapRef") if k in e]
+        if len(sources) != 1:
+            out.append(Violation(where, "set exactly one of secretRef or configMapRef"))
+            continue
+        kind = sources[0]
+        ref = e[kind] if isinstance(e[kind], Mapping) else {}
+        names = policy.allowed_secrets if kind == "secretRef" else policy.allowed_config_maps
+        what = "Secret" if kind == "secretRef" else "ConfigMap"
+        if not allowed_name(ref.get("name"), names):
+            out.append(
+                Violation(
+                    f"{where}.{kind}.name", f"{what} not allowed ({allowed_text(names, what)})"
+                )
+            )
+        prefix = e.get("prefix")
+        if (
+            not isinstance(prefix, str)
+            or not _ENV_NAME_RE.match(prefix)
+            or prefix_can_form_reserved(prefix)
+        ):
+            out.append(
+                Violation(
+                    f"{where}.prefix",
+                    "required: a C identifier that cannot begin a reserved name (e.g. APP_), so "
+                    "imported keys never set the worker's own variables",
+                )
+            )
+    return out
+
+
+def expand_literal(expr: str, env: Mapping[str, str | None]) -> str | None:
+    """``subPathExpr`` with ``$(VAR)`` replaced by the podTemplate's literal values (None: a
+    variable whose value is unknown here, e.g. from a Secret)."""
+    failed = False
+
+    def sub(m: re.Match[str]) -> str:
+        nonlocal failed
+        name = m.group(1)
+        if name in env and env[name] is not None:
+            return str(env[name])
+        if name in ("NPU_LORA_RESOURCE_NAME", "NPU_LORA_RESOURCE_NAMESPACE"):
+            return "x"  # DNS labels: no '/' and no '..'
+        failed = True
+        return ""
+
+    out = re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", sub, expr)
+    return None if failed else out
