@@ -53,6 +53,8 @@ from npu_lora.backends.base import Backend
 from npu_lora.moe.hot import HotLayer, hot_cold_forward
 from npu_lora.moe.mode import EngineMode, FixedMode, ModeSource
 from npu_lora.moe.overlap import hot_cold_forward_overlapped, runner_for
+from npu_lora.moe.stream import NAME as STREAM
+from npu_lora.moe.threads import small_ops
 
 
 @dataclass
@@ -89,7 +91,7 @@ class HostMLPFunction(torch.autograd.Function):
         ctx.save_for_backward(x)
         t0 = time.perf_counter()
         if mlp.keep_graph:
-            with torch.enable_grad():
+            with torch.enable_grad(), small_ops(mlp.small_ops):
                 x_hat = x.detach().requires_grad_(True)
                 y = mlp.block_forward(x_hat, count=True)
             ctx.token = object()
@@ -97,7 +99,7 @@ class HostMLPFunction(torch.autograd.Function):
             out = y.detach()
         else:
             ctx.token = None
-            with torch.no_grad():
+            with torch.no_grad(), small_ops(mlp.small_ops):
                 out = mlp.block_forward(x, count=True)
         mlp.times.host_fwd_s += time.perf_counter() - t0
         return out
@@ -121,13 +123,14 @@ class HostMLPFunction(torch.autograd.Function):
             mlp.reused += 1
         else:
             t1 = time.perf_counter()
-            with torch.enable_grad():
+            with torch.enable_grad(), small_ops(mlp.small_ops):
                 x_hat = x.detach().requires_grad_(True)
                 y = mlp.block_forward(x_hat, count=False)
             mlp.times.recompute_s += time.perf_counter() - t1
             mlp.recomputed += 1
         del kept
-        grads = torch.autograd.grad(y, [x_hat, *ctx.params], grad_y, allow_unused=True)
+        with small_ops(mlp.small_ops):
+            grads = torch.autograd.grad(y, [x_hat, *ctx.params], grad_y, allow_unused=True)
         mlp.backend.synchronize()
         mlp.times.host_bwd_s += time.perf_counter() - t0
         return (grads[0], None, *grads[1:])
@@ -210,6 +213,13 @@ class HostMLP(nn.Module):
     def overlap(self) -> bool:
         return self._mode.mode.overlap
 
+    @property
+    def small_ops(self) -> bool:
+        """Run the ops around the experts kernel on one thread (``moe/threads.py``): host-only
+        blocks on the ``npu_lora_stream`` kernel (which keeps every thread)."""
+        cfg = getattr(self.experts, "config", None)
+        return self.hot is None and getattr(cfg, "_experts_implementation", None) == STREAM
+
     def _count_hook(self, _mod: nn.Module, _inp: Any, out: Any) -> None:
         if self._count and self.counts_LE is not None:
             idx = out[2].reshape(-1).detach().cpu()
@@ -262,7 +272,8 @@ class HostMLP(nn.Module):
             y = HostMLPFunction.apply(x, self, *params)
         else:  # nothing to differentiate: no graph to keep, no Function node
             t1 = time.perf_counter()
-            y = self.block_forward(x, count=True)
+            with small_ops(self.small_ops):
+                y = self.block_forward(x, count=True)
             self.times.host_fwd_s += time.perf_counter() - t1
         t2 = time.perf_counter()
         out = self.backend.to_device(y, layer=self.layer)
