@@ -51,7 +51,7 @@ from npu_lora.bench.config import (
     build_spec,
     make_batches,
 )
-from npu_lora.bench.host_layer import probe_lines, run_probe, supported
+from npu_lora.bench.host_layer import pass_lines, probe_lines, run_probe, supported
 from npu_lora.bench.report import plot, render_table, write_report
 from npu_lora.bench.rounds import Emitter, bandwidth_after, bandwidth_before, run_rounds
 from npu_lora.bench.runner import (
@@ -282,6 +282,7 @@ def run_bench(
     if probe is not None:
         summary["layer_probe"] = probe
         summary["targets"] += probe_lines(probe)
+        summary["targets"] += pass_lines(engine, probe)
     summary["limits"] = limits
     summary["memory"] = memory
     emit({"kind": "summary", **summary})

@@ -261,7 +261,30 @@ def probe_lines(summary: dict[str, Any]) -> list[str]:
     for p, ph in (summary.get("phases_ms") or {}).items():
         parts = ", ".join(f"{k} {ph[k]:.1f}" for k in (*PHASES, "rest"))
         lines.append(
-            f"phases of {p} (CPU ms per fwd+bwd, one profiled run): {parts}; "
-            f"wall {ph['wall']:.1f}"
+            f"phases of {p} (CPU ms per fwd+bwd, one profiled run): {parts}; wall {ph['wall']:.1f}"
         )
     return lines
+
+
+def pass_lines(engine: Any, summary: dict[str, Any]) -> list[str]:
+    """Tokens per pass of the probed layer on this machine's roofline (``moe.roofline``; the
+    lines ``npu-lora bench --roofline`` measured), with the engine's measured forward."""
+    if not summary.get("tokens"):
+        return []
+    from npu_lora.moe import roofline
+    from npu_lora.moe.experts import expert_bytes
+
+    m = engine.mlps[0]
+    E, _, H = m.experts.gate_up_proj.shape
+    fwd_ms = (summary.get("medians_ms") or {}).get("engine", [None])[0]
+    return roofline.tuning_lines(
+        int(summary["tokens"]),
+        K=int(engine.config.num_experts_per_tok),
+        E=int(E),
+        H=int(H),
+        inter=int(m.experts.down_proj.shape[2]),
+        expert_bytes=expert_bytes(m.experts.gate_up_proj, m.experts.down_proj),
+        dtype=summary["host_dtype"],
+        m=roofline.load(),
+        measured_s=fwd_ms / 1e3 if fwd_ms else None,
+    )

@@ -71,6 +71,7 @@ def run_roofline(
     seed: int = 0,
     log: Callable[[str], None] = print,
     save_machine: bool = True,
+    peak_n: int = 2048,
 ) -> dict[str, Any]:
     from npu_lora.bench.kernels import _inputs, _module
     from npu_lora.bench.limits import CopyProbe
@@ -90,7 +91,7 @@ def run_roofline(
         jf.flush()
 
     emit({"kind": "machine", **machine_facts()})
-    peaks0 = {d: fma_peak(getattr(torch, d)) for d in dtypes}
+    peaks0 = {d: fma_peak(getattr(torch, d), peak_n) for d in dtypes}
     probe = CopyProbe()
     reads: list[float] = []
     rows: list[dict[str, Any]] = []
@@ -127,12 +128,12 @@ def run_roofline(
             rows.append(row)
             emit(row)
         del m
-    peaks1 = {d: fma_peak(getattr(torch, d)) for d in dtypes}
+    peaks1 = {d: fma_peak(getattr(torch, d), peak_n) for d in dtypes}
     machine = rl.Machine(
         read_gbs=statistics.median(reads),
         peak_gflops={d: statistics.median([peaks0[d], peaks1[d]]) for d in dtypes},
         threads=torch.get_num_threads(),
-        how=f"read: median of {len(reads)} a.sum() samples; peak: 2048³ torch mm, median of the "
+        how=f"read: median of {len(reads)} a.sum() samples; peak: {peak_n}³ torch mm, median of the "
         "samples before and after the sweep",
     )
     for row in rows:
