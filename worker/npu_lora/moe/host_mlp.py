@@ -35,6 +35,11 @@ backward(dy) -> (dx, dθ):  dx = (∂y/∂x)ᵀ dy,  dθ = (∂y/∂θ)ᵀ dy
     so hooks, ``torch.autograd.grad(loss, params)`` and gradient accumulation behave exactly as
     with the stock block, and the result is bitwise equal to it.
 
+Threads: for a host-only block on the ``npu_lora_stream`` kernel (``HostMLP.small_ops``) the
+forward, the recompute and ``torch.autograd.grad`` run under ``moe.threads.small_ops`` (one
+intra-op thread for the router, casts and routing bookkeeping; the kernel's calls get every
+thread back), bitwise the same results (tested) without the small ops' thread stalls.
+
 Timings (``time.perf_counter``, device work synchronised inside ``Backend.call``), accumulated
 into the shared ``HostTimes``: ``host_fwd_s`` (forward incl. transfers and the hot device call),
 ``host_bwd_s`` (whole backward incl. recompute), ``recompute_s``; ``hot_s`` the hot device calls.
