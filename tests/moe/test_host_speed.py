@@ -161,3 +161,34 @@ def test_roofline_sweep_writes_table_and_png(tmp_path):
     )
     assert (tmp_path / "roofline.png").stat().st_size > 1000
     assert "| float32 | 16 |" in (tmp_path / "roofline.md").read_text()
+
+
+def test_run_summary_reports_tokens_per_pass_and_bound(tmp_path, monkeypatch):
+    """``train.summary``: tokens per pass = tokens / micro-batches; the bound from the stored
+    machine lines, or 'not measured' without them."""
+    from npu_lora.api.v1alpha1 import MoEFinetuneSpec
+    from npu_lora.engine import build_engine
+    from npu_lora.train.summary import build_summary, timing_table
+
+    spec = {
+        "model": {"preset": "tiny-qwen3-moe"},
+        "data": {"path": "example:jsonl-mini"},
+        "moe": {"placement": "host-only", "hostDtype": "float32"},
+        "training": {"seqLen": 32, "batchSize": 2, "steps": 3},
+        "device": {"backend": "cpu"},
+    }
+    eng = build_engine(MoEFinetuneSpec.model_validate(spec))
+    recs = [
+        {"step": s, "tokens": 128, "micro_batches": 2, "host_fwd_s": 0.04, "hot_s": 0.0}
+        for s in (1, 2, 3)
+    ]
+    monkeypatch.setenv("NPU_LORA_ROOFLINE", str(tmp_path / "r.json"))
+    kw = {"name": "x", "total_steps": 3, "warmup_steps": 0, "hot": None, "status": "ok"}
+    got = build_summary(recs, engine=eng, **kw)["host_moe_pass"]
+    assert got["tokens_per_pass"] == 64
+    assert got["host_fwd_s_per_layer"] == pytest.approx(0.04 / 2 / eng.num_layers)
+    assert "not measured" in got["lines"][0]
+    roofline.save(roofline.Machine(1.0, {"float32": 1e6}, 2))  # a tiny bandwidth: memory-bound
+    summary = build_summary(recs, engine=eng, **kw)
+    assert "bandwidth-bound" in summary["host_moe_pass"]["lines"][0]
+    assert "tokens per pass: 64" in timing_table(summary)
