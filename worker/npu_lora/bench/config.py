@@ -33,6 +33,7 @@ class BenchConfig:
     peer_impls: list[str] = field(default_factory=lambda: ["grouped_mm", "eager"])
     limits: bool = True
     memory: bool = True
+    layer_probe: bool = True  # one layer's host MoE in the engine vs the kernel alone (host_layer)
     answer_tokens: int = 8  # label positions per sequence (at its end)
     seed: int = 0
     out: str = "bench-out"

@@ -51,6 +51,7 @@ from npu_lora.bench.config import (
     build_spec,
     make_batches,
 )
+from npu_lora.bench.host_layer import pass_lines, probe_lines, run_probe, supported
 from npu_lora.bench.report import plot, render_table, write_report
 from npu_lora.bench.rounds import Emitter, bandwidth_after, bandwidth_before, run_rounds
 from npu_lora.bench.runner import (
@@ -161,6 +162,27 @@ def _measure_memory(
     return memory
 
 
+def _layer_probe(
+    runner: VariantRunner,
+    variants: list[Variant],
+    batch: dict[str, torch.Tensor],
+    emit: Emitter,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
+    """``host_layer.run_probe`` on the engine switched to host-only + keep_graph with the stream
+    kernel (when a variant runs it), after the rounds; else why not."""
+    from npu_lora.moe.host_dtype import STREAM
+
+    cfg = runner.cfg
+    if not any((v.experts_impl or cfg.experts_impl) == STREAM for v in variants if not v.is_peer):
+        return {"kind": "layer_probe_summary", "why": f"no {STREAM} variant in this run"}
+    runner.apply(Variant(f"probe@{STREAM}", "host-only", True, STREAM))
+    why = supported(runner.engine)
+    if why:
+        return {"kind": "layer_probe_summary", "why": why}
+    return run_probe(runner.engine, batch, rounds=cfg.rounds, emit=emit, log=log, seed=cfg.seed)
+
+
 def bench_plan_record(cfg: BenchConfig, engine: Any, any_hot: bool) -> dict[str, Any]:
     """The bench's device graphs: the compile plan (``npu_lora.compile.plan``) of the spec the
     engine was built from, on its backend: the same list ``compile-plan``, ``precompile`` and
@@ -249,6 +271,7 @@ def run_bench(
         for i in range(cfg.warmup):
             runner.step(v, batches[i % len(batches)])
     records = run_rounds(runner, variants, batches, emit, log, on_round)
+    probe = _layer_probe(runner, variants, batches[0], emit, log) if cfg.layer_probe else None
     if limits is not None:
         bandwidth_after(limits, emit, [r for r in records if r.get("kind") == "round"])
     summary = summarize(records, names, baseline)
@@ -256,6 +279,10 @@ def run_bench(
     fair = peer_fairness(cfg.host_dtype, cpu_capabilities()["native_bf16"], names)
     if fair:
         summary["targets"].append(fair)
+    if probe is not None:
+        summary["layer_probe"] = probe
+        summary["targets"] += probe_lines(probe)
+        summary["targets"] += pass_lines(engine, probe)
     summary["limits"] = limits
     summary["memory"] = memory
     emit({"kind": "summary", **summary})

@@ -85,6 +85,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=True,
         help="kept-graph saved bytes",
     )
+    parser.add_argument(
+        "--layer-probe",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="one layer's host MoE in the engine vs the stream kernel alone on the same tokens "
+        "(the 'host MoE engine/kernel per layer' line; needs a npu_lora_stream variant)",
+    )
+    parser.add_argument(
+        "--roofline",
+        metavar="DIR",
+        help="instead of the A/B: sweep the stream kernel over tokens per pass (T=64..2048) and "
+        "draw its roofline for this machine into DIR (roofline.png, roofline.jsonl, roofline.md)",
+    )
     parser.add_argument("--answer-tokens", type=int, default=8, help="label positions per sequence")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--title")
@@ -116,6 +129,7 @@ def config_from_args(args: argparse.Namespace):
         peer_impls=[v.strip() for v in args.peer_impls.split(",") if v.strip()],
         limits=args.limits,
         memory=args.memory,
+        layer_probe=args.layer_probe,
         answer_tokens=args.answer_tokens,
         seed=args.seed,
         out=args.out,
@@ -126,6 +140,11 @@ def config_from_args(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from npu_lora.bench.harness import run_bench
 
+    if args.roofline:
+        from npu_lora.bench.roofline import run_roofline
+
+        run_roofline(out=args.roofline, threads=args.threads, log=lambda s: print(s, flush=True))
+        return 0
     try:
         cfg = config_from_args(args)
     except ValueError as e:

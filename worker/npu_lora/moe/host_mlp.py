@@ -35,6 +35,11 @@ backward(dy) -> (dx, dθ):  dx = (∂y/∂x)ᵀ dy,  dθ = (∂y/∂θ)ᵀ dy
     so hooks, ``torch.autograd.grad(loss, params)`` and gradient accumulation behave exactly as
     with the stock block, and the result is bitwise equal to it.
 
+Threads: for a host-only block on the ``npu_lora_stream`` kernel (``HostMLP.small_ops``) the
+forward, the recompute and ``torch.autograd.grad`` run under ``moe.threads.small_ops`` (one
+intra-op thread for the router, casts and routing bookkeeping; the kernel's calls get every
+thread back), bitwise the same results (tested) without the small ops' thread stalls.
+
 Timings (``time.perf_counter``, device work synchronised inside ``Backend.call``), accumulated
 into the shared ``HostTimes``: ``host_fwd_s`` (forward incl. transfers and the hot device call),
 ``host_bwd_s`` (whole backward incl. recompute), ``recompute_s``; ``hot_s`` the hot device calls.
@@ -53,6 +58,8 @@ from npu_lora.backends.base import Backend
 from npu_lora.moe.hot import HotLayer, hot_cold_forward
 from npu_lora.moe.mode import EngineMode, FixedMode, ModeSource
 from npu_lora.moe.overlap import hot_cold_forward_overlapped, runner_for
+from npu_lora.moe.stream import NAME as STREAM
+from npu_lora.moe.threads import small_ops
 
 
 @dataclass
@@ -89,7 +96,7 @@ class HostMLPFunction(torch.autograd.Function):
         ctx.save_for_backward(x)
         t0 = time.perf_counter()
         if mlp.keep_graph:
-            with torch.enable_grad():
+            with torch.enable_grad(), small_ops(mlp.small_ops):
                 x_hat = x.detach().requires_grad_(True)
                 y = mlp.block_forward(x_hat, count=True)
             ctx.token = object()
@@ -97,7 +104,7 @@ class HostMLPFunction(torch.autograd.Function):
             out = y.detach()
         else:
             ctx.token = None
-            with torch.no_grad():
+            with torch.no_grad(), small_ops(mlp.small_ops):
                 out = mlp.block_forward(x, count=True)
         mlp.times.host_fwd_s += time.perf_counter() - t0
         return out
@@ -121,13 +128,14 @@ class HostMLPFunction(torch.autograd.Function):
             mlp.reused += 1
         else:
             t1 = time.perf_counter()
-            with torch.enable_grad():
+            with torch.enable_grad(), small_ops(mlp.small_ops):
                 x_hat = x.detach().requires_grad_(True)
                 y = mlp.block_forward(x_hat, count=False)
             mlp.times.recompute_s += time.perf_counter() - t1
             mlp.recomputed += 1
         del kept
-        grads = torch.autograd.grad(y, [x_hat, *ctx.params], grad_y, allow_unused=True)
+        with small_ops(mlp.small_ops):
+            grads = torch.autograd.grad(y, [x_hat, *ctx.params], grad_y, allow_unused=True)
         mlp.backend.synchronize()
         mlp.times.host_bwd_s += time.perf_counter() - t0
         return (grads[0], None, *grads[1:])
@@ -210,6 +218,13 @@ class HostMLP(nn.Module):
     def overlap(self) -> bool:
         return self._mode.mode.overlap
 
+    @property
+    def small_ops(self) -> bool:
+        """Run the ops around the experts kernel on one thread (``moe/threads.py``): host-only
+        blocks on the ``npu_lora_stream`` kernel (which keeps every thread)."""
+        cfg = getattr(self.experts, "config", None)
+        return self.hot is None and getattr(cfg, "_experts_implementation", None) == STREAM
+
     def _count_hook(self, _mod: nn.Module, _inp: Any, out: Any) -> None:
         if self._count and self.counts_LE is not None:
             idx = out[2].reshape(-1).detach().cpu()
@@ -262,7 +277,8 @@ class HostMLP(nn.Module):
             y = HostMLPFunction.apply(x, self, *params)
         else:  # nothing to differentiate: no graph to keep, no Function node
             t1 = time.perf_counter()
-            y = self.block_forward(x, count=True)
+            with small_ops(self.small_ops):
+                y = self.block_forward(x, count=True)
             self.times.host_fwd_s += time.perf_counter() - t1
         t2 = time.perf_counter()
         out = self.backend.to_device(y, layer=self.layer)

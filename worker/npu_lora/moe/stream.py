@@ -81,6 +81,7 @@ import torch.nn.functional as F
 from npu_lora.moe import kernels
 from npu_lora.moe.kernels import ops
 from npu_lora.moe.routing import Routing, build_routing, check_module
+from npu_lora.moe.threads import kernel_threads
 
 NAME = "npu_lora_stream"
 
@@ -177,14 +178,17 @@ class StreamExpertsFunction(torch.autograd.Function):
         mod, isa = kernels.load(), kernels.isa()
         if mod is not None and isa is not None:
             offs = _offsets(r)
-            out, h = ops.stream_forward(
-                _activations(hidden_states), r.token_idx, w_g, offs, gu, dn, r.inv_perm,
-                r.num_tokens, r.top_k, kernels.ISA_CODES[isa], GU_BLOCK, DOWN_BLOCK,
-            )  # fmt: skip
+            hs = _activations(hidden_states)
+            with kernel_threads():
+                out, h = ops.stream_forward(
+                    hs, r.token_idx, w_g, offs, gu, dn, r.inv_perm,
+                    r.num_tokens, r.top_k, kernels.ISA_CODES[isa], GU_BLOCK, DOWN_BLOCK,
+                )  # fmt: skip
             ctx.offs = offs
         else:
             x_g = hidden_states.detach().float()[r.token_idx].contiguous()  # [S, H]
-            out, h = _torch_forward(x_g, w_g, r, gu, dn)
+            with kernel_threads():
+                out, h = _torch_forward(x_g, w_g, r, gu, dn)
         ctx.save_for_backward(hidden_states, top_k_weights, gate_up_proj, down_proj, h)
         ctx.routing = r
         ctx.isa = isa
@@ -201,13 +205,16 @@ class StreamExpertsFunction(torch.autograd.Function):
         if ctx.isa is not None:
             split_d = -(-dn.shape[1] // BWD_SPLITS)
             split_gu = -(-gu.shape[1] // BWD_SPLITS)
-            dx, dw, dh = ops.stream_backward(
-                _activations(grad_out), r.token_idx, h, w_g, ctx.offs, gu, dn, r.inv_perm,
-                r.num_tokens, r.top_k, kernels.ISA_CODES[ctx.isa], split_d, split_gu,
-            )  # fmt: skip
+            g = _activations(grad_out)
+            with kernel_threads():
+                dx, dw, dh = ops.stream_backward(
+                    g, r.token_idx, h, w_g, ctx.offs, gu, dn, r.inv_perm,
+                    r.num_tokens, r.top_k, kernels.ISA_CODES[ctx.isa], split_d, split_gu,
+                )  # fmt: skip
         else:
             g_g = grad_out.float()[r.token_idx].contiguous()  # [S, H]
-            dx, dw, dh = _torch_backward(g_g, h, w_g, r, gu, dn)
+            with kernel_threads():
+                dx, dw, dh = _torch_backward(g_g, h, w_g, r, gu, dn)
         grad_x = dx.to(hidden_states.dtype) if need_x else None
         grad_w = dw[r.inv_perm].view_as(top_k_weights).to(top_k_weights.dtype) if need_w else None
         grad_gu = grad_down = None
@@ -221,14 +228,15 @@ class StreamExpertsFunction(torch.autograd.Function):
             grad_gu = torch.zeros(gu.shape, dtype=torch.float32) if need_gu else None
             grad_down = torch.zeros(dn.shape, dtype=torch.float32) if need_down else None
             s0 = 0
-            for e, n in enumerate(r.counts):
-                if n:
-                    seg = slice(s0, s0 + n)
-                    if grad_gu is not None:
-                        torch.mm(dh[seg].t(), x_g[seg], out=grad_gu[e])
-                    if grad_down is not None:
-                        torch.mm(gw[seg].t(), a[seg], out=grad_down[e])
-                    s0 += n
+            with kernel_threads():
+                for e, n in enumerate(r.counts):
+                    if n:
+                        seg = slice(s0, s0 + n)
+                        if grad_gu is not None:
+                            torch.mm(dh[seg].t(), x_g[seg], out=grad_gu[e])
+                        if grad_down is not None:
+                            torch.mm(gw[seg].t(), a[seg], out=grad_down[e])
+                        s0 += n
             grad_gu = grad_gu.to(gate_up_proj.dtype) if grad_gu is not None else None
             grad_down = grad_down.to(down_proj.dtype) if grad_down is not None else None
         return grad_x, grad_w, grad_gu, grad_down, None

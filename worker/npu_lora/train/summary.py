@@ -52,6 +52,55 @@ def traffic_summary(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     }
 
 
+def host_moe_pass(records: list[dict[str, Any]], engine: Any) -> dict[str, Any] | None:
+    """Tokens per host MoE pass (B·S of a micro-batch: one layer, one direction) and what bounds
+    it on this machine's measured roofline (``moe.roofline``; not measured: said so), with the
+    measured host forward per layer and pass (``host_fwd_s − hot_s`` over micro-batches and
+    layers, medians) and what n× the tokens per pass would give."""
+    mlps = getattr(engine, "mlps", None)
+    per = [
+        (int(r["tokens"]) / max(int(r.get("micro_batches") or 1), 1), r)
+        for r in records
+        if isinstance(r.get("tokens"), int | float) and r.get("tokens")
+    ]
+    if not mlps or not per:
+        return None
+    from npu_lora.moe import roofline
+    from npu_lora.moe.experts import expert_bytes
+
+    T = int(statistics.median(t for t, _ in per))
+    E, _, H = mlps[0].experts.gate_up_proj.shape
+    inter = mlps[0].experts.down_proj.shape[2]
+    K = int(getattr(getattr(engine, "config", None), "num_experts_per_tok", 8))
+    fwd = [
+        (float(r.get("host_fwd_s") or 0.0) - float(r.get("hot_s") or 0.0))
+        / max(int(r.get("micro_batches") or 1), 1)
+        / len(mlps)
+        for _, r in per
+    ]
+    measured = statistics.median(fwd) if any(x > 0 for x in fwd) else None
+    dtype = str(mlps[0].host_dtype).removeprefix("torch.")
+    lines = roofline.tuning_lines(
+        T,
+        K=K,
+        E=int(E),
+        H=int(H),
+        inter=int(inter),
+        expert_bytes=expert_bytes(mlps[0].experts.gate_up_proj, mlps[0].experts.down_proj),
+        dtype=dtype,
+        m=roofline.load(),
+        measured_s=measured,
+    )
+    return {"tokens_per_pass": T, "host_fwd_s_per_layer": measured, "lines": lines}
+
+
+def _host_moe_pass(records: list[dict[str, Any]], engine: Any) -> dict[str, Any] | None:
+    try:  # a tuning fact never fails a run's summary
+        return host_moe_pass(records, engine)
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
 def versions() -> dict[str, str]:
     from importlib import metadata
 
@@ -105,6 +154,7 @@ def build_summary(
         "placement": records[-1].get("placement") if records else None,
         "placement_choice": choice() if callable(choice) else None,
         "traffic": traffic_summary(post),
+        "host_moe_pass": _host_moe_pass(post, engine),
         "wall_s": wall_s,
         "versions": versions(),
         "machine": machine_facts(engine),
@@ -135,6 +185,8 @@ def timing_table(summary: dict[str, Any]) -> str:
     tps = summary.get("tokens_per_s")
     if tps:
         lines.append(f"  {'tokens/s':<20} {tps:>10.1f}")
+    for line in (summary.get("host_moe_pass") or {}).get("lines") or []:
+        lines.append(f"  {line}")
     hot = summary.get("hot")
     if hot:
         lines.append(
