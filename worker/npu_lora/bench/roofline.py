@@ -96,7 +96,7 @@ def run_roofline(
     reads: list[float] = []
     rows: list[dict[str, Any]] = []
     for dname in dtypes:
-        m, cfg = _module(H, inter, E, K, getattr(torch, dname), False, seed)
+        m, cfg, _pages = _module(H, inter, E, K, getattr(torch, dname), False, seed)
         cfg._experts_implementation = NAME
         per_e = expert_bytes(m.gate_up_proj, m.down_proj)
         ins = {T: _inputs(T, H, E, K, getattr(torch, dname), seed) for T in tokens}
