@@ -263,6 +263,25 @@ RECORD: tuple[Column, ...] = (
         "copies outside the layers (inputs, head) are only in the totals.",
         summed=True,
     ),
+    Column(
+        "node_expert_bytes",
+        "int",
+        "bytes",
+        "Expert weight bytes the node's host experts kernel calls streamed in the step (hit "
+        "experts × bytes, once per call and direction), summed over the worker's local ranks: "
+        "with distributed.sharedPass one pass per node (∝ 1), else every rank streams its own "
+        "(∝ ranks).",
+        summed=True,
+        median=True,
+        bench=True,
+        status=True,
+        status_doc="Expert weight bytes the worker's host experts kernel streamed in the step.",
+        printer=Printer(
+            "Node-Expert-Bytes",
+            "Expert weight bytes the worker streamed in the last step (all its ranks).",
+            priority=1,
+        ),
+    ),
 )
 
 NAMES: tuple[str, ...] = tuple(c.name for c in RECORD)

@@ -59,6 +59,7 @@ from npu_lora.moe.hot import (
     select_hot_memory,
 )
 from npu_lora.moe.mode import EngineMode
+from npu_lora.moe.node_pass import LocalPass, arm, disarm, install_pass
 from npu_lora.moe.stream_linear import head_linear
 
 EXPERTS_FILE = "experts.safetensors"
@@ -129,6 +130,7 @@ class HybridEngine:
             counts_LE=self.counts_LE,
             compute_dtype=host_compute_dtype,
         )
+        install_pass(self.mlps, LocalPass())  # counts streamed bytes; launch: the node's pass
         self.hot_selected_at: int | None = None
         self.hot_refresh_steps = hot_refresh_steps
         self.hot_memory = hot_memory
@@ -252,6 +254,7 @@ class HybridEngine:
         be.traffic.merge(self._pending)  # moves since the last step count in this one
         self._pending.clear()
         self.times.reset()
+        streamed0 = arm(self.mlps)  # the node expert pass serves this micro-batch
         ids = batch["input_ids"]
         am = batch.get("attention_mask")
         labels = batch["labels"]
@@ -293,6 +296,7 @@ class HybridEngine:
         attn_bwd_s = max(bwd_s - self.times.host_bwd_s, 0.0)
         for mlp in self.mlps:  # a kept graph never outlives its step
             mlp.free_kept()
+        streamed = disarm(self.mlps) - streamed0
         tr = be.traffic.totals()
         self._fb_s += time.perf_counter() - t_fb
 
@@ -316,6 +320,7 @@ class HybridEngine:
             copy_mb=(tr["to_device_bytes"] + tr["to_host_bytes"]) / 1e6,
             move_bytes=move_bytes,
             traffic_layers=be.traffic.by_layer(self.num_layers),
+            node_expert_bytes=streamed,
         )
 
     # --- evaluation (no backward) ---------------------------------------------------------------

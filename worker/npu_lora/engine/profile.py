@@ -48,6 +48,9 @@ class StepProfile:
     copy_mb: float = 0.0
     move_bytes: int = 0
     traffic_layers: dict[str, list] = field(default_factory=dict)
+    #: expert weight bytes this process's kernel calls streamed (hit experts × bytes, once per
+    #: direction; moe/node_pass.py); the loop sums them over the node's ranks
+    node_expert_bytes: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -336,8 +336,11 @@ class Trainer:
             nbytes, ar_s = dist.reduce_gradients(params)
             dist.reduce_routing_counts(self.engine, counts_before)
             share = sum(w * x for w, x in zip(weights, losses, strict=True)) / accum
-            comm = dist.step_end(compute_s, self._stop_signal is not None, share, tokens)
+            comm = dist.step_end(
+                compute_s, self._stop_signal is not None, share, tokens, agg["node_expert_bytes"]
+            )
             comm.allreduce_bytes, comm.allreduce_s = nbytes, ar_s
+            agg["node_expert_bytes"] = comm.node_expert_bytes  # the worker's ranks together
             loss, tokens = comm.loss, comm.tokens
             if comm.stop and self._stop_signal is None:
                 self._stop_signal = signal.SIGTERM  # another rank was stopped: stop together
