@@ -93,6 +93,7 @@ def test_printer_columns() -> None:
         "NODE",
         "CALLS/LAYER",
         "COPY-MB",
+        "NODE-EXPERT-BYTES",
         "VARIANTS",
         "ROUNDS",
         "BEST",
@@ -101,6 +102,7 @@ def test_printer_columns() -> None:
         "GRAPHS",
     ]
     assert by_name["COPY-MB"]["jsonPath"] == ".status.lastStep.copyMb"
+    assert by_name["NODE-EXPERT-BYTES"]["jsonPath"] == ".status.lastStep.nodeExpertBytes"
     assert by_name["STEP"]["jsonPath"] == ".status.progress.step"
     assert by_name["LOSS"]["jsonPath"] == ".status.lastStep.loss"
     assert by_name["S/STEP"]["jsonPath"] == ".status.stepSecondsMedian"

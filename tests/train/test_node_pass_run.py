@@ -59,7 +59,13 @@ def test_shared_pass_trains_bitwise_like_separate_ranks_and_streams_half(
     s_on, s_off = _steps(on), _steps(off)
     assert [r["loss"] for r in s_on] == [r["loss"] for r in s_off]
     for x, y in zip(s_on, s_off, strict=True):
-        # tiny preset: 8 experts, top-2, 2 × 64 tokens a rank: every (cold) expert is hit on
-        # both ranks, so the union's hit set is each rank's and the node streams half
-        assert x["node_expert_bytes"] > 0
-        assert y["node_expert_bytes"] == 2 * x["node_expert_bytes"], (x["step"], x, y)
+        assert 0 < x["node_expert_bytes"] < y["node_expert_bytes"]
+        if x["step"] <= 2:
+            # host-only until the hot set (warmupSteps 2); tiny preset: 8 experts, top-2,
+            # 2 × 64 tokens a rank hit every expert on both ranks, so the union's hit set is
+            # each rank's own and the node streams exactly half
+            assert y["node_expert_bytes"] == 2 * x["node_expert_bytes"], (x, y)
+        else:
+            # hot experts on the device: a rank may miss a cold expert the other hits; the
+            # union streams each hit expert once: at least half, less than both ranks apart
+            assert 2 * x["node_expert_bytes"] >= y["node_expert_bytes"], (x, y)
