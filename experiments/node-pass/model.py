@@ -46,7 +46,8 @@ def step(R: int, T: float, bw: float, p: float, L: int, shared: bool) -> float:
 
 
 def main(path: str) -> None:
-    rows = [json.loads(x) for x in open(path) if x.strip()]
+    with open(path) as f:
+        rows = [json.loads(x) for x in f if x.strip()]
     lim = next(r for r in rows if "limits" in r)
     S = lim["S"]
     bw = lim["limits"]["read_gbs"] * 1e9
@@ -79,7 +80,9 @@ def main(path: str) -> None:
     ):
         for T in (128, 512):
             a, b = step(8, T, nbw, np_, 48, True), step(8, T, nbw, np_, 48, False)
-            print(f"  {label:22s} T={T:4d}: shared {a:8.2f} s  separate {b:8.2f} s  ratio {a / b:.2f}")
+            print(
+                f"  {label:22s} T={T:4d}: shared {a:8.2f} s  separate {b:8.2f} s  ratio {a / b:.2f}"
+            )
 
 
 if __name__ == "__main__":

@@ -28,10 +28,9 @@ import time
 from typing import Any
 
 import torch
-from torch import nn
-
 from npu_lora.moe import stream
 from npu_lora.moe.node_pass import LocalPass, NodeLink, NodePass
+from torch import nn
 
 E, H, I, K, L = 128, 2048, 768, 8, 2  # noqa: E741
 CORES = os.cpu_count() or 2
