@@ -69,3 +69,40 @@ def test_shared_pass_trains_bitwise_like_separate_ranks_and_streams_half(
             # hot experts on the device: a rank may miss a cold expert the other hits; the
             # union streams each hit expert once: at least half, less than both ranks apart
             assert 2 * x["node_expert_bytes"] >= y["node_expert_bytes"], (x, y)
+
+
+@pytest.mark.parametrize(
+    ("mode", "ranks", "train_experts", "kernel", "env", "on"),
+    [
+        ("auto", 2, False, "npu_lora_stream", None, True),
+        ("auto", 1, False, "npu_lora_stream", None, False),  # one rank a pod: nothing to share
+        ("auto", 2, True, "npu_lora_stream", None, False),  # trained experts are per rank
+        ("auto", 2, False, "grouped_mm", None, False),  # not bitwise batch-invariant
+        ("on", 2, False, "grouped_mm", None, True),
+        ("on", 2, False, "npu_lora_stream", "0", False),  # weights not shared
+        ("off", 2, False, "npu_lora_stream", None, False),
+    ],
+)
+def test_shared_pass_resolution(
+    monkeypatch: pytest.MonkeyPatch,
+    mode: str,
+    ranks: int,
+    train_experts: bool,
+    kernel: str,
+    env: str | None,
+    on: bool,
+) -> None:
+    from types import SimpleNamespace as NS
+
+    from npu_lora.distributed.launch import ENV_SHARE, shared_pass_on
+
+    if env is None:
+        monkeypatch.delenv(ENV_SHARE, raising=False)
+    else:
+        monkeypatch.setenv(ENV_SHARE, env)
+    spec = NS(
+        distributed=NS(shared_pass=mode),
+        lora=NS(train_experts=train_experts),
+        moe=NS(experts_kernel=kernel),
+    )
+    assert shared_pass_on(spec, ranks) is on
