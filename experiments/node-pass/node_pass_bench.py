@@ -135,10 +135,10 @@ def limits(ws: Any) -> dict[str, float]:
     }
 
 
-def _barrier_worker(link: Any, n: int, q: Any) -> None:
+def _barrier_worker(link: Any, rank: int, n: int, q: Any) -> None:
     t = time.perf_counter()
     for _ in range(n):
-        link.barrier.wait(60)
+        link.wait(rank, 60)
     q.put((time.perf_counter() - t) / n)
 
 
@@ -146,7 +146,7 @@ def barrier_us(n: int = 2000) -> float:
     """Seconds of one wait of the pass's barrier between 2 processes (both arriving at once)."""
     ctx = multiprocessing.get_context("spawn")
     link, q = NodeLink.create(ctx, 2), ctx.Queue()
-    ps = [ctx.Process(target=_barrier_worker, args=(link, n, q)) for _ in range(2)]
+    ps = [ctx.Process(target=_barrier_worker, args=(link, r, n, q)) for r in range(2)]
     for p in ps:
         p.start()
     per = [q.get(timeout=600) for _ in ps]

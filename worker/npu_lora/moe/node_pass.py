@@ -30,9 +30,10 @@ with ``npu_lora_stream`` only.
 Transport (latency first): per non-executor rank one shared-memory segment (a file in
 ``/dev/shm`` mapped by both, ``torch.from_file(shared=True)``; grown by its owner when a call
 carries more tokens, the executor re-maps it and unlinks the name), a shared ``int64`` header
-``[R, 3]`` (tokens, segment generation, capacity) and a ``multiprocessing.Barrier`` (futex
-semaphores): two barrier waits per layer and direction, no sockets, no pickling, and the
-payload is copied once each way (inputs in, rows out). The barrier costs tens of microseconds,
+``[R, 3]`` (tokens, segment generation, capacity) and a barrier on a shared ``int64`` vector (one
+counter a rank, spin then sleep: :class:`NodeLink`): two barrier waits per layer and direction,
+no sockets, no pickling, and the payload is copied once each way (inputs in, rows out). The
+barrier costs tens to hundreds of microseconds,
 against tens of milliseconds a pass (``experiments/2026-12-03-node-pass.md``).
 
 Liveness: every wait has the rendezvous timeout (``spec.distributed.rendezvousTimeoutSeconds``);
@@ -51,7 +52,6 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -90,23 +90,71 @@ class NodePassTimeout(NodePassBroken):
     exit_code = EXIT_RENDEZVOUS_TIMEOUT
 
 
+class _Broken(Exception):
+    pass
+
+
+class _TimedOut(Exception):
+    pass
+
+
 @dataclass
 class NodeLink:
-    """What a launcher hands each of its ranks (picklable for ``spawn``)."""
+    """What a launcher hands each of its ranks (picklable for ``spawn``).
 
-    barrier: Any  # multiprocessing Barrier(local_world)
+    ``sync`` is the barrier: ``[R + 1]`` int64 in shared memory, slot ``r`` the number of waits
+    rank ``r`` has entered, the last slot the abort flag. Each slot has one writer, so no atomic
+    read-modify-write is needed (aligned 8-byte stores are atomic and, on x86-64, seen in program
+    order after the staging writes before them). Why not ``multiprocessing.Barrier``: its
+    condition variable makes the last arriving process (and ``abort``) wait for every registered
+    sleeper to acknowledge its wake-up, so a rank killed while asleep in it hangs the others and
+    the launcher for good.
+    """
+
     header: torch.Tensor  # [local_world, 3] int64 in shared memory: tokens, generation, capacity
+    sync: torch.Tensor  # [local_world + 1] int64 in shared memory: entered waits; abort flag
     prefix: str  # segment file prefix, unique per launcher
 
     @classmethod
     def create(cls, ctx: Any, local_world: int) -> NodeLink:
+        """``ctx``: the launcher's multiprocessing context (unused: the link is tensors)."""
         header = torch.zeros(local_world, 3, dtype=torch.int64).share_memory_()
-        return cls(ctx.Barrier(local_world), header, f"npu-lora-pass-{os.getpid()}")
+        sync = torch.zeros(local_world + 1, dtype=torch.int64).share_memory_()
+        return cls(header, sync, f"npu-lora-pass-{os.getpid()}")
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_view"}  # the tensors share
 
     def abort(self) -> None:
         """Break the barrier: every waiting rank raises :class:`NodePassBroken` at once."""
-        with contextlib.suppress(Exception):
-            self.barrier.abort()
+        self.sync[-1] = 1
+
+    def wait(self, rank: int, timeout_s: float) -> None:
+        """Barrier of the local ranks: returns once every rank entered as many waits as this
+        one; spins ~50 µs, then sleeps in steps doubling to 1 ms (the other ranks sleep through
+        the executor's pass, so waiting must not take a core). Raises ``_Broken`` (aborted) or
+        ``_TimedOut``."""
+        view = self.__dict__.get("_view")
+        if view is None:
+            view = self.__dict__["_view"] = self.sync.numpy()
+        epoch = int(view[rank]) + 1
+        view[rank] = epoch
+        n = len(view) - 1
+        t0 = time.monotonic()
+        nap = 0.0
+        spins = 0
+        while True:
+            if view[n]:
+                raise _Broken
+            if int(view[:n].min()) >= epoch:
+                return
+            spins += 1
+            if spins < 50:
+                continue
+            if time.monotonic() - t0 > timeout_s:
+                raise _TimedOut
+            nap = min(1e-3, nap * 2 if nap else 2e-5)
+            time.sleep(nap)
 
     def cleanup(self) -> None:
         """Unlink segments left behind (a rank died before the executor mapped them)."""
@@ -236,17 +284,16 @@ class NodePass(LocalPass):
     # -- plumbing -----------------------------------------------------------------------------
     def _wait(self, what: str, layer: int) -> None:
         t0 = time.monotonic()
+        where = f"local rank {self.rank}, layer {layer} {what}"
         try:
-            self.link.barrier.wait(self.timeout_s)
-        except threading.BrokenBarrierError as e:
-            waited = time.monotonic() - t0
-            where = f"local rank {self.rank}, layer {layer} {what}"
-            if waited >= self.timeout_s * 0.99:
-                raise NodePassTimeout(
-                    f"{where}: not every local rank reached the node expert pass within "
-                    f"spec.distributed.rendezvousTimeoutSeconds ({self.timeout_s:g} s)"
-                ) from e
-            raise NodePassBroken(f"{where}: a local rank left the node expert pass") from e
+            self.link.wait(self.rank, self.timeout_s)
+        except _TimedOut:
+            raise NodePassTimeout(
+                f"{where}: not every local rank reached the node expert pass within "
+                f"spec.distributed.rendezvousTimeoutSeconds ({self.timeout_s:g} s)"
+            ) from None
+        except _Broken:
+            raise NodePassBroken(f"{where}: a local rank left the node expert pass") from None
         self.waits += 1
         self.wait_s += time.monotonic() - t0
 
