@@ -181,3 +181,20 @@ def test_a_rank_that_stalls_ends_the_pass_with_the_rendezvous_code() -> None:
     assert isinstance(got[0], NodePassTimeout), got[0]
     assert got[0].exit_code == 4
     assert "rendezvousTimeoutSeconds (3 s)" in str(got[0])
+
+
+@pytest.mark.parametrize(("cap", "h", "k"), [(1, 3, 1), (37, 64, 2), (20511, 64, 2)])
+def test_segment_regions_are_aligned_and_shared(tmp_path: Any, cap: int, h: int, k: int) -> None:
+    """Odd capacities and widths (a cold call's token count is any number) keep every region
+    aligned for its dtype, and a second mapping sees the first one's writes."""
+    from npu_lora.moe.node_pass import _Segment
+
+    path = str(tmp_path / "seg")
+    mine, theirs = _Segment(path, cap, h, k, create=True), _Segment(path, cap, h, k, create=False)
+    mine.idx.fill_(7)
+    mine.a.fill_(1.0)
+    mine.b.fill_(2.0)
+    mine.w.fill_(3.0)
+    assert int(theirs.idx.sum()) == 7 * cap * k
+    assert float(theirs.a.sum()) == cap * h and float(theirs.b.sum()) == 2 * cap * h
+    assert float(theirs.w.sum()) == 3 * cap * k

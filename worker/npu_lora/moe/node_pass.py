@@ -171,16 +171,17 @@ class _Segment:
 
     def __init__(self, path: str, cap: int, H: int, K: int, *, create: bool) -> None:
         f32 = cap * (2 * H + K)
-        nbytes = f32 * 4 + cap * K * 8
+        idx_bytes = -(-cap * K * 8 // 64) * 64  # int64 first: every region stays aligned
+        nbytes = idx_bytes + f32 * 4
         if create:
             with open(path, "wb") as f:
                 f.truncate(nbytes)
         raw = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
-        fl = raw[: f32 * 4].view(torch.float32)
+        self.idx = raw[: cap * K * 8].view(torch.int64).view(cap, K)
+        fl = raw[idx_bytes:].view(torch.float32)
         self.a = fl[: cap * H].view(cap, H)
         self.b = fl[cap * H : 2 * cap * H].view(cap, H)
         self.w = fl[2 * cap * H :].view(cap, K)
-        self.idx = raw[f32 * 4 :].view(torch.int64).view(cap, K)
         self.cap, self.H, self.K = cap, H, K
 
 
