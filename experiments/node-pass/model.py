@@ -12,12 +12,13 @@ node's read bandwidth and ``P`` the node's compute rate (the kernel's own rate a
 - separate: R passes at once, sharing BW and P: ``t_sep = max(R · B(T) / BW, R · F(T) / P)``;
 - step host MoE = 2 directions × L layers × t.
 
-    python experiments/node-pass/model.py rounds.jsonl
+    python experiments/node-pass/model.py rounds.jsonl [P_GFLOPS]
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 
 E, H, I, K = 128, 2048, 768, 8  # noqa: E741
@@ -45,13 +46,15 @@ def step(R: int, T: float, bw: float, p: float, L: int, shared: bool) -> float:
     return 2 * L * t
 
 
-def main(path: str) -> None:
+def main(path: str, p_override: float | None = None) -> None:
     with open(path) as f:
         rows = [json.loads(x) for x in f if x.strip()]
     lim = next(r for r in rows if "limits" in r)
     S = lim["S"]
     bw = lim["limits"]["read_gbs"] * 1e9
     p = lim["limits"]["kernel_gflops"] * 1e9
+    if p_override:  # GFLOP/s, e.g. the rate the shared pass itself reached
+        p = p_override * 1e9
     print(f"inputs: read BW {bw / 1e9:.1f} GB/s, kernel compute rate {p / 1e9:.0f} GFLOP/s")
     print("check against this machine (2 layers, S per rank), host MoE s/step:")
     meas = {}
@@ -60,8 +63,7 @@ def main(path: str) -> None:
         for r in rows:
             if r.get("variant") == v and r["round"] > 0:
                 steps.setdefault((r["round"], r["step"]), []).append(r["total_s"])
-        vals = sorted(max(g) for g in steps.values())
-        meas[v] = vals[len(vals) // 2]
+        meas[v] = statistics.median(max(g) for g in steps.values())
     pred = {
         "shared": step(2, S, bw, p, 2, True),
         "separate": step(2, S, bw, p, 2, False),
@@ -86,4 +88,4 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], float(sys.argv[2]) if len(sys.argv) > 2 else None)
