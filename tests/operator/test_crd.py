@@ -94,6 +94,7 @@ def test_printer_columns() -> None:
         "CALLS/LAYER",
         "COPY-MB",
         "EXPERT-BYTES",
+        "NODE-EXPERT-BYTES",
         "VARIANTS",
         "ROUNDS",
         "BEST",
@@ -104,6 +105,7 @@ def test_printer_columns() -> None:
     assert by_name["COPY-MB"]["jsonPath"] == ".status.lastStep.copyMb"
     assert by_name["EXPERT-BYTES"] == {**by_name["EXPERT-BYTES"], "type": "integer"}
     assert by_name["EXPERT-BYTES"]["jsonPath"] == ".status.lastStep.expertBytes"
+    assert by_name["NODE-EXPERT-BYTES"]["jsonPath"] == ".status.lastStep.nodeExpertBytes"
     assert by_name["STEP"]["jsonPath"] == ".status.progress.step"
     assert by_name["LOSS"]["jsonPath"] == ".status.lastStep.loss"
     assert by_name["S/STEP"]["jsonPath"] == ".status.stepSecondsMedian"

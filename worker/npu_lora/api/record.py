@@ -322,10 +322,11 @@ RECORD: tuple[Column, ...] = (
         "expert_bytes",
         "int",
         "bytes",
-        "Host expert weight bytes this rank's kernels read: per decoder layer and pass over the "
-        "experts (forward, recompute, backward), the experts hit by at least one host token × "
-        "one expert's bytes (gate/up + down, host dtype); hot experts on the device are not "
-        "counted (npu_lora.moe.expert_reads).",
+        "Host expert weight bytes this process's experts kernel calls streamed: per decoder "
+        "layer and pass over the experts (forward, recompute, backward), the experts hit by at "
+        "least one token of the call × one expert's bytes (gate/up + down, host dtype); hot "
+        "experts on the device are not counted. With distributed.sharedPass local rank 0 "
+        "streams its worker's union and the other ranks none (npu_lora.moe.node_pass).",
         **_ENGINE,
         median=True,
         bench=True,
@@ -336,6 +337,23 @@ RECORD: tuple[Column, ...] = (
         printer=Printer(
             "Expert-Bytes",
             "Host expert weight bytes this rank read in the last step (hit experts × bytes).",
+            priority=1,
+        ),
+    ),
+    Column(
+        "node_expert_bytes",
+        "int",
+        "bytes",
+        "Host expert weight bytes the worker streamed in the step: expert_bytes summed over "
+        "the worker's local ranks (one process: its own). Every rank streaming alone: ∝ ranks; "
+        "with distributed.sharedPass one pass over the ranks' union: ∝ 1.",
+        median=True,
+        bench=True,
+        status=True,
+        status_doc="Host expert weight bytes the worker streamed in the step (all its ranks).",
+        printer=Printer(
+            "Node-Expert-Bytes",
+            "Host expert weight bytes the worker streamed in the last step (all its ranks).",
             priority=1,
         ),
     ),

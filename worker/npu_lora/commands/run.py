@@ -232,6 +232,10 @@ def run(args: argparse.Namespace) -> int:
         text = str(e) if type(e) is not OSError else f"cannot write {e.filename}: {e.strerror}"
         return _fail(text, EXIT_ERROR, callbacks, ctx)
     except Exception as e:
+        passes = sys.modules.get("npu_lora.moe.node_pass")  # imported once a pass exists
+        if passes is not None and isinstance(e, passes.NodePassBroken):
+            # a local rank died or stalled in the node expert pass (timeout: exit 4)
+            return _fail(str(e), e.exit_code, callbacks, ctx)
         traceback.print_exc()
         return _fail(f"{type(e).__name__}: {e}", EXIT_ERROR, callbacks, ctx)
 

@@ -14,9 +14,10 @@ Per optimizer step every rank runs, in this order (the same collectives on every
    ``allreduce_s - (max(rank_compute_s) - rank_compute_s[0])``;
 4. ``all_reduce(SUM)`` of the step's new routing counts (``[L, E]`` int64): every rank holds
    the global counts, so every rank picks the same hot set (and rank 0's checkpoint has them);
-5. ``all_gather`` of ``[compute seconds, stop flag, loss share, tokens]``: the step's global loss
-   and tokens, the per-rank compute seconds (the skew), and a stop (SIGTERM on any rank) that
-   every rank honours after the same step.
+5. ``all_gather`` of ``[compute seconds, stop flag, loss share, tokens, streamed expert
+   bytes]``: the step's global loss and tokens, the per-rank compute seconds (the skew), a stop
+   (SIGTERM on any rank) that every rank honours after the same step, and the expert bytes the
+   ranks of this rank's worker streamed (``node_expert_bytes``).
 
 Start and resume: rank 0 (which alone owns the run directory) loads the checkpoint; then the
 trainable parameters, AdamW state, RNG state, routing counts, hot set and the step are
@@ -130,6 +131,7 @@ class StepComm:
     loss: float = 0.0
     tokens: int = 0
     stop: bool = False
+    node_expert_bytes: int = 0  # streamed by the ranks of this rank's worker
 
     def record(self, world: int) -> dict[str, Any]:
         """The step record's data-parallel columns (:data:`RECORD_KEYS`, in that order)."""
@@ -222,17 +224,23 @@ class DataParallel:
         engine.load_routing_counts(before_LE + delta_LE)
 
     # -- 5: step end --------------------------------------------------------------------------
-    def step_end(self, compute_s: float, stop: bool, loss_share: float, tokens: int) -> StepComm:
+    def step_end(
+        self, compute_s: float, stop: bool, loss_share: float, tokens: int, expert_bytes: int = 0
+    ) -> StepComm:
         import torch
         import torch.distributed as dist
 
         mine = torch.tensor(
-            [compute_s, float(stop), loss_share, float(tokens)], dtype=torch.float64
+            [compute_s, float(stop), loss_share, float(tokens), float(expert_bytes)],
+            dtype=torch.float64,
         )
         parts = [torch.empty_like(mine) for _ in range(self.world)]
         dist.all_gather(parts, mine)
         allv = torch.stack(parts)
+        per = max(1, self.info.local_world)
+        node = slice(self.rank // per * per, self.rank // per * per + per)
         return StepComm(
+            node_expert_bytes=int(allv[node, 4].sum()),
             rank_compute_s=allv[:, 0].tolist(),
             stop=bool(allv[:, 1].max() > 0),
             loss=float(allv[:, 2].sum()),

@@ -20,6 +20,13 @@ descriptors, no copy); each of those builds its engine (one at a time, under a l
 transient peak is two copies, not one a rank), points its expert parameters at the shared
 storage and drops its own copy. Not with ``lora.trainExperts`` (trained experts are per rank),
 nor with ``NPU_LORA_SHARE_EXPERTS=0``.
+
+One expert pass per node (``spec.distributed.sharedPass``, :func:`shared_pass_on`): with shared
+expert weights the ranks also share the expert *compute*: the launcher makes the
+:class:`~npu_lora.moe.node_pass.NodeLink` (a barrier and a shared header) and every rank
+installs a :class:`~npu_lora.moe.node_pass.NodePass` on its layers (local rank 0 runs the
+union). When a rank fails the launcher aborts the link's barrier before stopping the others, so
+no rank waits in the pass for a peer that is gone.
 """
 
 from __future__ import annotations
@@ -39,8 +46,8 @@ GRACE_S = 20.0
 #: ``NPU_LORA_SHARE_EXPERTS=0``: every rank keeps its own copy (for measuring the difference)
 ENV_SHARE = "NPU_LORA_SHARE_EXPERTS"
 
-# set in a rank process by _rank_main: (queue, lock, local_rank, local_world) or None
-_SHARING: tuple[Any, Any, int, int] | None = None
+# set in a rank process by _rank_main: (queue, lock, local_rank, local_world, link, timeout_s)
+_SHARING: tuple[Any, Any, int, int, Any, float] | None = None
 
 
 def _expert_params(engine: Any) -> list[Any]:
@@ -52,12 +59,39 @@ def _expert_params(engine: Any) -> list[Any]:
     return [getattr(m.experts, n) for m in mlps for n in EXPERT_PARAM_NAMES]
 
 
+def shared_pass_on(spec: Any, local_world: int) -> bool:
+    """``spec.distributed.sharedPass`` resolved for a launcher of ``local_world`` ranks."""
+    mode = spec.distributed.shared_pass
+    shared = local_world > 1 and not spec.lora.train_experts and os.environ.get(ENV_SHARE) != "0"
+    if mode == "off" or not shared:
+        return False
+    return mode == "on" or spec.moe.experts_kernel == "npu_lora_stream"
+
+
+def _install_node_pass(engine: Any, spec: Any) -> Any:
+    sharing = _SHARING
+    assert sharing is not None
+    _, _, local_rank, local_world, link, timeout_s = sharing
+    if link is None or not shared_pass_on(spec, local_world) or not getattr(engine, "mlps", None):
+        return engine
+    import torch
+
+    from npu_lora.moe.node_pass import NodePass
+
+    threads = min(os.cpu_count() or 1, torch.get_num_threads() * local_world)
+    engine.use_expert_pass(
+        NodePass(link, local_rank, local_world, timeout_s=timeout_s, threads=threads)
+    )
+    return engine
+
+
 def build_shared(build: Any, spec: Any) -> Any:
-    """``build()`` the engine; in a launcher's rank process share the expert weights."""
+    """``build()`` the engine; in a launcher's rank process share the expert weights (and,
+    with ``sharedPass``, the expert compute)."""
     sharing = _SHARING
     if sharing is None or spec.lora.train_experts or os.environ.get(ENV_SHARE) == "0":
         return build()
-    queue, lock, local_rank, local_world = sharing
+    queue, lock, local_rank, local_world, _, _ = sharing
     if local_world <= 1:
         return build()
     if local_rank == 0:
@@ -68,7 +102,7 @@ def build_shared(build: Any, spec: Any) -> Any:
             shared.append(p.data)
         for _ in range(local_world - 1):
             queue.put(shared)
-        return engine
+        return _install_node_pass(engine, spec)
     shared = queue.get()
     with lock:
         engine = build()
@@ -89,7 +123,7 @@ def build_shared(build: Any, spec: Any) -> Any:
         import gc
 
         gc.collect()
-    return engine
+    return _install_node_pass(engine, spec)
 
 
 def _rank_main(
@@ -100,12 +134,13 @@ def _rank_main(
     queue: Any,
     lock: Any,
     extra_env: dict[str, str],
+    link: Any = None,
 ) -> None:
     global _SHARING
     me = info.for_local(local_rank)
     os.environ.update(me.child_env())
     os.environ.update(extra_env)
-    _SHARING = (queue, lock, local_rank, info.local_world)
+    _SHARING = (queue, lock, local_rank, info.local_world, link, float(info.timeout_s))
     sys.exit(run(args))
 
 
@@ -132,6 +167,11 @@ def launch(
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     lock = ctx.Lock()
+    link = None
+    if shared_pass_on(spec, info.local_world):
+        from npu_lora.moe.node_pass import NodeLink
+
+        link = NodeLink.create(ctx, info.local_world)
     extra: dict[str, str] = {}
     if info.master_addr in ("127.0.0.1", "localhost"):
         extra.setdefault("GLOO_SOCKET_IFNAME", os.environ.get("GLOO_SOCKET_IFNAME", "lo"))
@@ -143,7 +183,7 @@ def launch(
     for local in range(info.local_world):
         p = ctx.Process(
             target=_rank_main,
-            args=(run, local, info, args, queue, lock, extra),
+            args=(run, local, info, args, queue, lock, extra, link),
             name=f"npu-lora-rank{info.first_rank() + local}",
             daemon=False,
         )
@@ -181,13 +221,19 @@ def launch(
                         f"npu-lora run: {p.name} exited with code {code}; stopping the other ranks",
                         file=sys.stderr,
                     )
+                    if link is not None:  # ranks waiting in the expert pass: fail now
+                        link.abort()
                     _stop(alive)
     except KeyboardInterrupt:
+        if link is not None:
+            link.abort()
         _stop(procs)
         return 130
     finally:
         signal.signal(signal.SIGTERM, old)
         queue.close()
+        if link is not None:
+            link.cleanup()
     return failed or 0
 
 

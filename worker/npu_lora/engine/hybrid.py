@@ -45,9 +45,9 @@ from npu_lora.engine.placement import AUTO_ROUNDS, AutoPlacement, place_on_devic
 from npu_lora.engine.profile import HostTimes, StepProfile
 from npu_lora.engine.state import EXPERTS_FILE, AdapterState
 from npu_lora.models.build import causal_lm, decoder_layers
-from npu_lora.moe.expert_reads import ExpertReads
 from npu_lora.moe.host_mlp import HostMLP, install_host_mlp
 from npu_lora.moe.mode import EngineMode
+from npu_lora.moe.node_pass import LocalPass, arm, disarm, install_pass
 
 __all__ = ["AUTO_ROUNDS", "EXPERTS_FILE", "HOT_DECAY", "HybridEngine"]
 
@@ -122,7 +122,9 @@ class HybridEngine:
             counts_LE=self.counts_LE,
             compute_dtype=host_compute_dtype,
         )
-        self.expert_reads = ExpertReads([m.experts for m in self.mlps])  # expert_bytes
+        # every kernel call goes through the pass, which counts the streamed bytes
+        # (expert_bytes); the launcher swaps in the node's shared pass (moe/node_pass.py)
+        install_pass(self.mlps, LocalPass())
         self._auto_rounds = auto_rounds
         self.auto: AutoPlacement | None = None  # placement auto: trials and the choice
         self._auto_agree: Callable[[str], str] | None = None
@@ -213,6 +215,11 @@ class HybridEngine:
         weights as they are now are the engine's own (``hooks.expert_weights(own)``)."""
         self.hooks = hooks
         self._own_weights = self.expert_weights()
+
+    def use_expert_pass(self, npass: LocalPass) -> None:
+        """Route every layer's host expert compute through ``npass`` (the launcher's
+        ``NodePass``: one pass over the worker's ranks; ``moe/node_pass.py``)."""
+        install_pass(self.mlps, npass)
 
     def apply_hooks(self) -> None:
         """Apply what ``hooks`` asks for now (also done by every ``forward_backward``)."""
@@ -317,7 +324,7 @@ class HybridEngine:
         move_bytes = int(sum(pending.to_device_bytes.values()))
         be.traffic.merge(pending)  # moves since the last step count in this one
         self.times.reset()
-        self.expert_reads.reset()
+        streamed0 = arm(self.mlps)  # the node expert pass serves this micro-batch
         ids = batch["input_ids"]
         am = batch.get("attention_mask")
         labels = batch["labels"]
@@ -355,6 +362,7 @@ class HybridEngine:
         attn_bwd_s = max(bwd_s - self.times.host_bwd_s, 0.0)
         for mlp in self.mlps:  # a kept graph never outlives its step
             mlp.free_kept()
+        streamed = disarm(self.mlps) - streamed0
         tr = be.traffic.totals()
         self._fb_s += time.perf_counter() - t_fb
 
@@ -378,7 +386,7 @@ class HybridEngine:
             copy_mb=(tr["to_device_bytes"] + tr["to_host_bytes"]) / 1e6,
             move_bytes=move_bytes,
             traffic_layers=be.traffic.by_layer(self.num_layers),
-            expert_bytes=self.expert_reads.bytes,
+            expert_bytes=streamed,
         )
 
     # --- evaluation (no backward) ---------------------------------------------------------------

@@ -47,7 +47,9 @@ into the shared ``HostTimes``: ``host_fwd_s`` (forward incl. transfers and the h
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -201,6 +203,9 @@ class HostMLP(nn.Module):
         self._count = False
         self.reused = 0
         self.recomputed = 0
+        #: seam of the expert compute: ``None`` (the experts module), or a pass object
+        #: (``moe/node_pass.py``) whose ``module(experts, layer)`` stands in for the experts call
+        self.expert_pass: Any = None
         self.gate.register_forward_hook(self._count_hook)
 
     def set_compute_dtype(self, dtype: torch.dtype) -> None:
@@ -238,11 +243,13 @@ class HostMLP(nn.Module):
         B, S, D = x_BSD.shape
         x = x_BSD.to(self.compute_dtype)
         self._count = count
+        experts = self._experts_call()
         try:
             if self.hot is None:
-                y = self._block(x)
+                with _experts_swapped(self._block, experts):
+                    y = self._block(x)
             else:
-                args = (x.reshape(B * S, D), self.gate, self.experts, self.hot, self.backend)
+                args = (x.reshape(B * S, D), self.gate, experts, self.hot, self.backend)
                 if self.backend.device.type == "cpu" or not self.overlap:  # sequential
                     y = hot_cold_forward(*args, self.layer, on_device_s=self._add_hot_s)
                 else:  # issue the hot call asynchronously; cold experts on the host meanwhile
@@ -253,6 +260,11 @@ class HostMLP(nn.Module):
         finally:
             self._count = False
         return y.to(x_BSD.dtype)
+
+    def _experts_call(self) -> nn.Module:
+        """The expert compute of this layer: the experts module, or the pass's stand-in."""
+        p = self.expert_pass
+        return self.experts if p is None else p.module(self.experts, self.layer)
 
     @property
     def _runner(self):
@@ -285,6 +297,20 @@ class HostMLP(nn.Module):
         self.backend.synchronize()
         self.times.host_fwd_s += time.perf_counter() - t2
         return out
+
+
+@contextlib.contextmanager
+def _experts_swapped(block: nn.Module, experts: nn.Module) -> Iterator[None]:
+    """The stock block calls ``experts`` in place of its own module (``expert_pass`` seam)."""
+    own = block._modules["experts"]
+    if experts is own:
+        yield
+        return
+    block._modules["experts"] = experts
+    try:
+        yield
+    finally:
+        block._modules["experts"] = own
 
 
 def install_host_mlp(

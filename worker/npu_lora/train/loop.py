@@ -336,7 +336,9 @@ class Trainer:
             nbytes, ar_s = dist.reduce_gradients(params)
             dist.reduce_routing_counts(self.engine, counts_before)
             share = sum(w * x for w, x in zip(weights, losses, strict=True)) / accum
-            comm = dist.step_end(compute_s, self._stop_signal is not None, share, tokens)
+            comm = dist.step_end(
+                compute_s, self._stop_signal is not None, share, tokens, agg["expert_bytes"]
+            )
             comm.allreduce_bytes, comm.allreduce_s = nbytes, ar_s
             loss, tokens = comm.loss, comm.tokens
             if comm.stop and self._stop_signal is None:
@@ -375,6 +377,10 @@ class Trainer:
                 "time": _iso(time.time()),
                 "opt_s": t1 - t_opt,
                 "micro_batches": accum,
+                # the worker's ranks together (one process: its own)
+                "node_expert_bytes": agg["expert_bytes"]
+                if comm is None
+                else comm.node_expert_bytes,
             }
         )
         if comm is not None:

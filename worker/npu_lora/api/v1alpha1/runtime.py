@@ -127,6 +127,19 @@ class DistributedSpec(_Model):
     port: int = Field(
         29500, ge=1024, le=65535, description="TCP port of the rendezvous on worker 0 (rank 0)."
     )
+    shared_pass: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description=(
+            "One host expert pass per worker: its ranks hand each layer's routed tokens to one "
+            "pass over their union (local rank 0 runs it with all their threads), so the "
+            "worker reads each hit expert's weights once per layer and direction instead of "
+            "once per rank; results are bitwise those of each rank alone with "
+            "`npu_lora_stream`. `auto`: on with more than one rank per worker, shared expert "
+            "weights (no `lora.trainExperts`) and `moe.expertsKernel: npu_lora_stream`; "
+            "`on`: with any kernel (shared weights still needed); `off`: every rank streams "
+            "its own."
+        ),
+    )
 
     def ranks(self, cards: int) -> int:
         """Ranks per worker: ``ranksPerWorker``, else ``cards`` (at least 1)."""
