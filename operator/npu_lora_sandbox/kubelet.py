@@ -66,7 +66,9 @@ Kubelet (every pod, Job-owned or bare, runs once: ``restartPolicy`` is not emula
   admin kubeconfig lives in ``<root>/admin/`` (0700), never in a pod's environment or files:
   a pod whose environment would name it or carry the admin token does not start),
   ``NPU_LORA_SANDBOX=1``, ``NPU_LORA_PATH_MAP`` (JSON ``{container path: local path}``),
-  ``NPU_LORA_TERMINATION_MESSAGE_PATH`` (the local termination-message file) and ``extra_env``;
+  ``NPU_LORA_TERMINATION_MESSAGE_PATH`` (the local termination-message file),
+  ``NPU_LORA_KERNEL_CACHE`` (this process's kernel cache, as the worker image's ENV names its
+  pre-built one: the host kernels are built once, not in every pod) and ``extra_env``;
   ``PATH`` starts with the directory of ``python_executable`` (a venv's console scripts work);
 - ``/var/run/secrets/kubernetes.io/serviceaccount`` maps to a directory with ``namespace``,
   ``token`` (the pod's ServiceAccount token) and ``ca.crt`` (the emulator's serving certificate);

@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from npu_lora.machine import kernel_cache_root
+
 from .runtime import Launch
 
 NODE_NAME = "sandbox-node"
@@ -179,6 +181,8 @@ class PodEnvironment:
     ) -> dict[str, str]:
         ns = pod["metadata"]["namespace"]
         env: dict[str, str] = {k: os.environ[k] for k in PASS_ENV if k in os.environ and host}
+        if host:  # the worker image's ENV: its kernels are built once, not per pod
+            env["NPU_LORA_KERNEL_CACHE"] = str(kernel_cache_root())
         env.update(self.extra_env)
         for src in container.get("envFrom") or []:
             prefix = src.get("prefix", "")

@@ -442,3 +442,27 @@ def test_container_reports_status_through_the_api(
     (pod,) = pods_of(emulator, "reporter")
     status = emulator.get("example.com/v1", "Widget", "w", "default")["status"]
     assert status == {"phase": pod["metadata"]["name"]}
+
+
+def test_pods_share_the_host_kernel_cache_as_the_image_would(
+    emulator: ApiEmulator, kubelet: LocalKubelet, wait_for: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    """A subprocess pod gets ``NPU_LORA_KERNEL_CACHE`` = this process's kernel cache root (the
+    worker image's ENV names its pre-built cache), not its own ``/tmp``: the host kernels are
+    built once for the sandbox, not once per pod."""
+    from npu_lora.machine import kernel_cache_root
+
+    monkeypatch.setenv("NPU_LORA_KERNEL_CACHE", str(tmp_path / "kc"))
+    assert kernel_cache_root() == tmp_path / "kc"
+    code = (
+        "import os; print(os.environ['NPU_LORA_KERNEL_CACHE']); print(os.environ['XDG_CACHE_HOME'])"
+    )
+    emulator.create(
+        job("kc", code, container={"env": [{"name": "XDG_CACHE_HOME", "value": "/tmp/.cache"}]})
+    )
+    wait_for(lambda: finished(emulator, "kc"), timeout=20)
+    (pod,) = pods_of(emulator, "kc")
+    log = (kubelet.pod_dir("default", pod["metadata"]["name"]) / "container.log").read_text()
+    cache, xdg = log.splitlines()[:2]
+    assert cache == str(tmp_path / "kc")
+    assert xdg != cache and not xdg.startswith(str(tmp_path / "kc"))  # /tmp stays the pod's own

@@ -22,6 +22,15 @@ _ISA_PREFIXES = ("avx2", "avx512f", "avx512_bf16", "amx")
 _DISTRIBUTIONS = ("torch", "transformers", "furiosa-torch", "furiosa-kernels")
 
 
+def kernel_cache_root() -> Path:
+    """Where the host kernels are built and looked up (``npu_lora.moe.kernels``):
+    ``$NPU_LORA_KERNEL_CACHE``, else ``$XDG_CACHE_HOME/npu-lora``, else ``~/.cache/npu-lora``.
+    The worker image sets ``NPU_LORA_KERNEL_CACHE=/opt/npu-lora/cache`` (built at image build
+    time); the sandbox gives its subprocess pods this process's root, as the image would."""
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(os.environ.get("NPU_LORA_KERNEL_CACHE") or str(Path(xdg) / "npu-lora"))
+
+
 def _cpuinfo() -> dict[str, str]:
     out: dict[str, str] = {}
     with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as f:

@@ -43,6 +43,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from npu_lora import machine
 from npu_lora.moe.kernels.cache import (
     LockTimeout,
     Owner,
@@ -96,9 +97,7 @@ _state: dict[str, Any] = {}
 
 
 def cache_dir() -> Path:
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    root = os.environ.get("NPU_LORA_KERNEL_CACHE") or str(Path(xdg) / "npu-lora")
-    return Path(root) / "kernels"
+    return machine.kernel_cache_root() / "kernels"
 
 
 def lock_timeout() -> float:
