@@ -63,3 +63,35 @@ def test_label_gather_shift_and_padding():
     assert torch.allclose(lg.w_BN, torch.full((2, 2), 0.25))
     lg8 = label_gather(labels, torch.float32, n_bucket=4)
     assert lg8.sel_BNS.shape == (2, 4, 5) and lg8.w_BN[:, 2:].eq(0).all()
+
+
+def test_headwise_v_proj_keeps_the_base_dtype_as_peft_does():
+    """bf16 base with an fp32 LoRA adapter (peft's default upcast): the per-head projection
+    returns the base layer's dtype and peft's values (a bf16 ``device.dtype`` run with
+    ``v_proj`` in the targets once failed in attention with "expected scalar type Float")."""
+    from npu_lora.device.graphs import headwise_linear
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 32, bias=False)).to(torch.bfloat16)
+    peft_net = get_peft_model(net, LoraConfig(r=4, target_modules=["0"], lora_dropout=0.0))
+    lin = peft_net.base_model.model[0]
+    assert lin.lora_A["default"].weight.dtype == torch.float32  # the adapter is upcast
+    with torch.no_grad():
+        lin.lora_B["default"].weight.normal_(0.0, 0.1)
+    x_BSD = torch.randn(2, 5, 64).to(torch.bfloat16)
+    y_BKSd = headwise_linear(lin, x_BSD, d=8)
+    ref_BKSd = lin(x_BSD).view(2, 5, 4, 8).transpose(1, 2)
+    assert ref_BKSd.dtype == torch.bfloat16
+    assert y_BKSd.dtype == ref_BKSd.dtype
+    torch.testing.assert_close(y_BKSd, ref_BKSd, rtol=2e-2, atol=2e-2)
+
+
+def test_bf16_device_dtype_trains_with_lora_on_v_proj(tiny):
+    from npu_lora.engine import build_engine
+
+    eng = build_engine(
+        tiny.spec(device={"dtype": "bfloat16"}, lora={"targetModules": ["q_proj", "v_proj"]})
+    )
+    prof = eng.forward_backward(tiny.batch())
+    assert torch.isfinite(torch.tensor(prof.loss))

@@ -245,7 +245,8 @@ def headwise_linear(linear: nn.Module, x_BSD: torch.Tensor, d: int) -> torch.Ten
     ``x @ W.view(K, d, D)^T`` (``[B, K, S, d]`` out; no transpose of the activations in the
     forward or the backward). ``linear`` is an ``nn.Linear`` or a peft LoRA ``Linear``: its active
     adapters add ``(dropout(x) @ A^T) @ B.view(K, d, r)^T * scaling`` per head, as peft's forward
-    adds ``lora_B(lora_A(dropout(x))) * scaling``. Same products and sums as the plain linear
+    adds ``lora_B(lora_A(dropout(x))) * scaling``, in the adapter's dtype, and casts the sum back to
+    the base layer's (bf16 base, fp32 adapter: bf16 out, as peft). Same products and sums as the plain linear
     (fp32 outputs equal to ~1e-7; tested against the stock module)."""
     base = getattr(linear, "base_layer", linear)
     if not isinstance(base, nn.Linear):
@@ -260,6 +261,7 @@ def headwise_linear(linear: nn.Module, x_BSD: torch.Tensor, d: int) -> torch.Ten
         return y_BKSd
     if getattr(linear, "merged", False):
         raise NotImplementedError("headwise_linear on a merged LoRA layer")
+    out_dtype = y_BKSd.dtype  # peft casts the sum back to the base layer's dtype
     for name in linear.active_adapters:
         if name not in lora_A:
             continue
@@ -270,7 +272,7 @@ def headwise_linear(linear: nn.Module, x_BSD: torch.Tensor, d: int) -> torch.Ten
         a_BSr = F.linear(linear.lora_dropout[name](x_BSD).to(A_rD.dtype), A_rD)
         lora_BKSd = torch.matmul(a_BSr[:, None], B_Kdr.transpose(1, 2))
         y_BKSd = y_BKSd + lora_BKSd * linear.scaling[name]
-    return y_BKSd
+    return y_BKSd.to(out_dtype)
 
 
 def rotate_half_matrix(
