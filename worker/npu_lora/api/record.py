@@ -348,7 +348,6 @@ RECORD: tuple[Column, ...] = (
         "the worker's local ranks (one process: its own). Every rank streaming alone: ∝ ranks; "
         "with distributed.sharedPass one pass over the ranks' union: ∝ 1.",
         median=True,
-        bench=True,
         status=True,
         status_doc="Host expert weight bytes the worker streamed in the step (all its ranks).",
         printer=Printer(
