@@ -406,8 +406,16 @@ def pod_failure_policy(distributed: bool = False) -> Body:
     }
 
 
+def literal_arg(text: str) -> str:
+    """``text`` as a container argument the kubelet passes verbatim: it expands ``$(VAR)`` in
+    ``command``/``args`` from the container's env, so an ``output.path`` of ``$(APP_TOKEN)``
+    would otherwise put a Secret's value (or ``..``) into the run directory; ``$$`` is a
+    literal ``$``."""
+    return text.replace("$", "$$")
+
+
 def worker_command(run: Run, config: OperatorConfig) -> list[str]:
-    return [*config.worker_command, "run", CONFIG_PATH, "--out", output_path(run)]
+    return [*config.worker_command, "run", CONFIG_PATH, "--out", literal_arg(output_path(run))]
 
 
 def _pod_template(run: Run) -> Body:

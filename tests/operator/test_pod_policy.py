@@ -195,7 +195,7 @@ def test_allowed_volume_types_mount_under_allowed_paths() -> None:
             {"name": "cfg", "mountPath": "/mnt/extra/cfg"},
         ],
     }
-    assert fields(pt) == []
+    assert fields(pt, pol.PodPolicy(default_resources=(), allowed_config_maps=("extra",))) == []
 
 
 @pytest.mark.parametrize(
@@ -434,6 +434,7 @@ sources = st.sampled_from(
         {"emptyDir": {"sizeLimit": "20Gi"}},
         {"persistentVolumeClaim": {"claimName": "c1"}},
         {"configMap": {"name": "cm"}},
+        {"configMap": {"name": "app"}},
         {"hostPath": {"path": "/srv/ok/a"}},
         {"hostPath": {"path": "/srv/ok/../../etc"}},
         {"hostPath": {"path": "/var/run/docker.sock"}},
@@ -508,6 +509,8 @@ def test_any_accepted_template_renders_only_allowed_things(pt: dict, img: str | 
         assert kind in ("persistentVolumeClaim", "emptyDir", "configMap", "hostPath"), v
         if kind == "hostPath":
             assert under(v["hostPath"]["path"], ("/srv/ok",))
+        if kind == "configMap" and v["name"] != "config":  # the operator's own
+            assert v["configMap"]["name"] == "app", v
         if kind == "emptyDir" and v["name"] in {u["name"] for u in pt.get("volumes") or []}:
             assert v["emptyDir"].get("sizeLimit") in ("1Gi", "6Gi", "20Gi"), v
     tmpfs = sum(6 for v in pod["volumes"] if (v.get("emptyDir") or {}).get("medium") == "Memory")

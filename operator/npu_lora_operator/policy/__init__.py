@@ -74,9 +74,13 @@ from npu_lora_operator.policy.config import (
     Violation,
     describe,
 )
-from npu_lora_operator.policy.env import RESERVED_ENV_NAMES, RESERVED_ENV_PREFIXES, reserved_env
 from npu_lora_operator.policy.privileged import check_pod_spec
 from npu_lora_operator.policy.quantities import GiB
+from npu_lora_operator.policy.reserved import (
+    RESERVED_ENV_NAMES,
+    RESERVED_ENV_PREFIXES,
+    reserved_env,
+)
 from npu_lora_operator.policy.resources import RUNTIME_BYTES, auto_memory, default_resources
 from npu_lora_operator.policy.volumes import (
     ALLOWED_VOLUME_SOURCES,

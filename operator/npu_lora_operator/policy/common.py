@@ -13,6 +13,13 @@ from npu_lora_operator.messages import bounded
 from npu_lora_operator.policy.config import Violation
 
 DNS1123_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+#: a label/taint key: an optional DNS-subdomain prefix and a name of at most 63 characters
+LABEL_KEY_RE = re.compile(
+    rf"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?{_NAME}$"
+)
+#: a label value (also a toleration's value): empty or a name of at most 63 characters
+LABEL_VALUE_RE = re.compile(rf"^({_NAME})?$")
 #: node labels that place a pod on the control plane: never allowed unless listed exactly
 CONTROL_PLANE_KEYS = (
     "node-role.kubernetes.io/control-plane",
@@ -37,6 +44,10 @@ def under(path: str, prefixes: Iterable[str]) -> bool:
     return False
 
 
+def label_value(value: Any) -> bool:
+    return isinstance(value, str) and LABEL_VALUE_RE.match(value) is not None
+
+
 def allowed_text(patterns: Iterable[str], what: str) -> str:
     items = list(patterns)
     return f"allowed: {', '.join(items)}" if items else f"no {what} is allowed"
@@ -49,7 +60,7 @@ def allowed_name(name: Any, patterns: Iterable[str]) -> bool:
 def key_allowed(key: Any, patterns: Iterable[str]) -> bool:
     """A label key against a glob allow-list; control-plane keys and the system prefixes only
     when listed exactly (a glob like ``*`` does not reach them)."""
-    if not isinstance(key, str) or not key or len(key) > 317:
+    if not isinstance(key, str) or not key or len(key) > 317 or not LABEL_KEY_RE.match(key):
         return False
     if key in CONTROL_PLANE_KEYS or key.startswith("node-role.kubernetes.io/"):
         return key in patterns

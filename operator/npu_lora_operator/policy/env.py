@@ -9,58 +9,8 @@ from typing import Any
 from npu_lora_operator.messages import bounded
 from npu_lora_operator.policy.common import allowed_name, allowed_text, unknown_keys
 from npu_lora_operator.policy.config import PodPolicy, Violation
+from npu_lora_operator.policy.reserved import prefix_can_form_reserved, reserved_env
 
-#: environment the worker, Python, torch, furiosa and the loader own: names (exact) and
-#: prefixes a podTemplate may not set (compared in upper case)
-RESERVED_ENV_NAMES = frozenset(
-    {
-        "HOME",
-        "PATH",
-        "TMPDIR",
-        "TMP",
-        "TEMP",
-        "USER",
-        "SHELL",
-        "KUBECONFIG",
-        "RANK",
-        "LOCAL_RANK",
-        "WORLD_SIZE",
-        "LOCAL_WORLD_SIZE",
-        "JOB_COMPLETION_INDEX",
-        "REQUESTS_CA_BUNDLE",
-        "CURL_CA_BUNDLE",
-        "BASH_ENV",
-        "ENV",
-    }
-)
-RESERVED_ENV_PREFIXES = (
-    "PYTHON",
-    "LD_",
-    "XDG_",
-    "NPU_LORA_",
-    "TORCH",
-    "PYTORCH_",
-    "FURIOSA",
-    "OMP_",
-    "MKL_",
-    "KMP_",
-    "GOMP_",
-    "OPENBLAS_",
-    "MALLOC_",
-    "GLIBC_",
-    "CUDA_",
-    "NCCL_",
-    "GLOO_",
-    "MASTER_",
-    "TORCHELASTIC_",
-    "SSL_",
-    "KUBERNETES_",
-    "TRITON_",
-    "HF_",
-    "HUGGINGFACE_",
-    "TRANSFORMERS_",
-    "TOKENIZERS_",
-)
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 _ENV_KEYS = {"name", "value", "valueFrom"}
 _ENV_FROM_KEYS = {"prefix", "secretRef", "configMapRef"}
@@ -76,23 +26,13 @@ _FIELD_PATHS = frozenset(
         "status.podIP",
     }
 )
+#: resources an env var may read of the worker container (``resourceFieldRef``)
+_RESOURCE_FIELDS = frozenset(
+    f"{k}.{r}" for k in ("limits", "requests") for r in ("cpu", "memory", "ephemeral-storage")
+)
+#: the worker container's name (npu_lora_operator.builders.CONTAINER_NAME)
+WORKER_CONTAINER = "worker"
 MAX_ENV = 128
-
-
-def reserved_env(name: str) -> bool:
-    """``name`` is owned by the worker or its runtime (:data:`RESERVED_ENV_NAMES`/``PREFIXES``)."""
-    up = name.upper()
-    return up in RESERVED_ENV_NAMES or up.startswith(RESERVED_ENV_PREFIXES)
-
-
-def prefix_can_form_reserved(prefix: str) -> bool:
-    """Some key appended to ``prefix`` could make a reserved name."""
-    up = prefix.upper()
-    if up.startswith(RESERVED_ENV_PREFIXES):
-        return True
-    return any(n.startswith(up) for n in RESERVED_ENV_NAMES) or any(
-        r.startswith(up) for r in RESERVED_ENV_PREFIXES
-    )
 
 
 def check_env(
@@ -101,6 +41,7 @@ def check_env(
     """Violations of ``podTemplate.env`` and the literal values by name (None: not literal)."""
     out: list[Violation] = []
     values: dict[str, str | None] = {}
+    own = set(operator_env)
     if env is None:
         return out, values
     if not isinstance(env, list) or len(env) > MAX_ENV:
@@ -119,7 +60,9 @@ def check_env(
                 Violation(f"{where}.name", "must be a C identifier ([A-Za-z_][A-Za-z0-9_]*)")
             )
             continue
-        if name in set(operator_env):
+        if name in values:
+            out.append(Violation(f"{where}.name", f"{name} is set twice (names must be unique)"))
+        if name in own:
             out.append(Violation(f"{where}.name", f"{name} is set by the operator's configuration"))
         elif reserved_env(name):
             out.append(
@@ -133,7 +76,8 @@ def check_env(
         vf = e.get("valueFrom")
         if vf is None:
             v = e.get("value")
-            values[name] = v if isinstance(v, str) else None
+            # the kubelet expands $(VAR) in a value: not a literal then (it may hold a Secret's)
+            values[name] = v if isinstance(v, str) and "$(" not in v else None
             continue
         values[name] = None
         if "value" in e:
@@ -160,16 +104,25 @@ def _check_value_from(vf: Any, where: str, policy: PodPolicy) -> list[Violation]
             ]
         return []
     if kind == "fieldRef":
+        out = unknown_keys(ref, {"fieldPath", "apiVersion"}, f"{where}.fieldRef")
         if ref.get("fieldPath") not in _FIELD_PATHS:
-            return [
+            out.append(
                 Violation(
                     f"{where}.fieldRef.fieldPath",
                     f"not allowed (allowed: {', '.join(sorted(_FIELD_PATHS))})",
                 )
-            ]
-        return []
+            )
+        return out
     if kind == "resourceFieldRef":
-        return []
+        rw = f"{where}.resourceFieldRef"
+        out = unknown_keys(ref, {"containerName", "resource", "divisor"}, rw)
+        if ref.get("containerName") not in (None, "", WORKER_CONTAINER):
+            out.append(Violation(f"{rw}.containerName", f"allowed: {WORKER_CONTAINER} (or unset)"))
+        if ref.get("resource") not in _RESOURCE_FIELDS:
+            out.append(
+                Violation(f"{rw}.resource", f"allowed: {', '.join(sorted(_RESOURCE_FIELDS))}")
+            )
+        return out
     return [
         Violation(
             f"{where}.{bounded(str(kind), 64)}",

@@ -28,15 +28,28 @@ def _privileged_in_context(ctx: Any, where: str, container: bool) -> list[Violat
         out.append(Violation(f"{where}.runAsUser", "running as root (uid 0) is not allowed"))
     if ctx.get("runAsNonRoot") is False:
         out.append(Violation(f"{where}.runAsNonRoot", "runAsNonRoot: false is not allowed"))
+    for key in ("seccompProfile", "appArmorProfile"):
+        prof = ctx.get(key)
+        if isinstance(prof, Mapping) and prof.get("type") == "Unconfined":
+            out.append(Violation(f"{where}.{key}.type", "Unconfined is not allowed"))
+    if container and ctx.get("procMount") not in (None, "Default"):
+        out.append(Violation(f"{where}.procMount", "only Default is allowed"))
+    if not container and ctx.get("sysctls"):
+        out.append(Violation(f"{where}.sysctls", "sysctls are not allowed"))
+    win = ctx.get("windowsOptions")
+    if isinstance(win, Mapping) and win.get("hostProcess") is True:
+        out.append(Violation(f"{where}.windowsOptions.hostProcess", "not allowed"))
     return out
 
 
 def check_pod_spec(pod: Mapping[str, Any], where: str) -> list[Violation]:
     """Privileged settings in a built pod spec (``where``: its path, for the message)."""
     out: list[Violation] = []
-    for key in ("hostNetwork", "hostPID", "hostIPC"):
+    for key in ("hostNetwork", "hostPID", "hostIPC", "shareProcessNamespace"):
         if pod.get(key) is True:
             out.append(Violation(f"{where}.{key}", f"{key} is not allowed"))
+    if pod.get("ephemeralContainers"):
+        out.append(Violation(f"{where}.ephemeralContainers", "not allowed"))
     out += _privileged_in_context(pod.get("securityContext"), f"{where}.securityContext", False)
     for kind in ("initContainers", "containers"):
         for i, c in enumerate(pod.get(kind) or []):

@@ -7,12 +7,22 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from npu_lora_operator.messages import quote
-from npu_lora_operator.policy.common import allowed_name, allowed_text, key_allowed, unknown_keys
+from npu_lora_operator.policy.common import (
+    allowed_name,
+    allowed_text,
+    key_allowed,
+    label_value,
+    unknown_keys,
+)
 from npu_lora_operator.policy.config import PodPolicy, Violation
 
 _TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
 MAX_TOLERATIONS = 32
 MAX_SELECTOR = 32
+_INT64_MAX = 2**63 - 1
+_NODE_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
+_REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+_PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
 
 
 def check_tolerations(tols: Any, policy: PodPolicy) -> list[Violation]:
@@ -40,6 +50,13 @@ def check_tolerations(tols: Any, policy: PodPolicy) -> list[Violation]:
             out.append(Violation(f"{where}.key", f"toleration key not allowed ({allowed})"))
         if t.get("operator") not in (None, "Equal", "Exists"):
             out.append(Violation(f"{where}.operator", "allowed: Equal, Exists"))
+        if t.get("value") is not None and not label_value(t.get("value")):
+            out.append(Violation(f"{where}.value", "must be a label value (63 characters)"))
+        secs = t.get("tolerationSeconds")
+        if secs is not None and (
+            isinstance(secs, bool) or not isinstance(secs, int) or not 0 <= secs <= _INT64_MAX
+        ):
+            out.append(Violation(f"{where}.tolerationSeconds", "a non-negative 64-bit integer"))
         if t.get("effect") not in (None, "", "NoSchedule", "PreferNoSchedule", "NoExecute"):
             out.append(
                 Violation(f"{where}.effect", "allowed: NoSchedule, PreferNoSchedule, NoExecute")
@@ -69,8 +86,23 @@ def _node_terms(terms: Any, where: str, policy: PodPolicy) -> list[Violation]:
         if term.get("matchFields"):
             out.append(Violation(f"{tw}.matchFields", "not allowed (it pins node names)"))
         for k, expr in enumerate(term.get("matchExpressions") or []):
-            key = expr.get("key") if isinstance(expr, Mapping) else None
-            out += check_selector_keys([key], f"{tw}.matchExpressions[{k}].key", policy)
+            out += _expression(expr, f"{tw}.matchExpressions[{k}]", policy)
+    return out
+
+
+def _expression(expr: Any, where: str, policy: PodPolicy) -> list[Violation]:
+    """One node selector requirement: an allowed key, a known operator, label values."""
+    if not isinstance(expr, Mapping):
+        return [Violation(where, "expected an object {key, operator, values}")]
+    out = unknown_keys(expr, {"key", "operator", "values"}, where)
+    out += check_selector_keys([expr.get("key")], f"{where}.key", policy)
+    if expr.get("operator") not in _NODE_OPERATORS:
+        out.append(Violation(f"{where}.operator", f"allowed: {', '.join(_NODE_OPERATORS)}"))
+    values = expr.get("values") or []
+    if not isinstance(values, list) or len(values) > MAX_SELECTOR:
+        out.append(Violation(f"{where}.values", f"a list of at most {MAX_SELECTOR} label values"))
+    elif not all(label_value(v) for v in values):
+        out.append(Violation(f"{where}.values", "each must be a label value (63 characters)"))
     return out
 
 
@@ -86,18 +118,26 @@ def check_affinity(aff: Any, policy: PodPolicy) -> list[Violation]:
         if not isinstance(na, Mapping):
             return [*out, Violation(f"{where}.nodeAffinity", "expected an object")]
         nw = f"{where}.nodeAffinity"
-        req_key = "requiredDuringSchedulingIgnoredDuringExecution"
-        pref_key = "preferredDuringSchedulingIgnoredDuringExecution"
-        out += unknown_keys(na, {req_key, pref_key}, nw)
-        req = na.get(req_key)
+        out += unknown_keys(na, {_REQUIRED, _PREFERRED}, nw)
+        req = na.get(_REQUIRED)
         if req is not None:
-            terms = req.get("nodeSelectorTerms") if isinstance(req, Mapping) else None
-            out += _node_terms(terms or [], f"{nw}.{req_key}.nodeSelectorTerms", policy)
-        for j, p in enumerate(na.get(pref_key) or []):
-            pref = p.get("preference") if isinstance(p, Mapping) else None
-            out += _node_terms([pref or {}], f"{nw}.{pref_key}[{j}].preference", policy)
+            req = req if isinstance(req, Mapping) else {}
+            out += unknown_keys(req, {"nodeSelectorTerms"}, f"{nw}.{_REQUIRED}")
+            terms = req.get("nodeSelectorTerms")
+            tw = f"{nw}.{_REQUIRED}.nodeSelectorTerms"
+            if not terms:
+                out.append(Violation(tw, "required: at least one term"))
+            out += _node_terms(terms or [], tw, policy)
+        for j, p in enumerate(na.get(_PREFERRED) or []):
+            pw = f"{nw}.{_PREFERRED}[{j}]"
+            p = p if isinstance(p, Mapping) else {}
+            out += unknown_keys(p, {"weight", "preference"}, pw)
+            out += _node_terms([p.get("preference") or {}], f"{pw}.preference", policy)
     anti = aff.get("podAntiAffinity")
     if anti is not None:
+        if not isinstance(anti, Mapping):
+            return [*out, Violation(f"{where}.podAntiAffinity", "expected an object")]
+        out += unknown_keys(anti, {_REQUIRED, _PREFERRED}, f"{where}.podAntiAffinity")
         # anti-affinity can only keep the pod away from others; only within its own namespace
         text = json.dumps(anti)
         if '"namespaces"' in text or '"namespaceSelector"' in text:
@@ -114,8 +154,11 @@ def check_node_selector(sel: Any, policy: PodPolicy) -> list[Violation]:
     if not isinstance(sel, Mapping) or len(sel) > MAX_SELECTOR:
         return [Violation("spec.podTemplate.nodeSelector", f"at most {MAX_SELECTOR} keys")]
     out: list[Violation] = []
-    for key in sel:
-        out += check_selector_keys([key], f"spec.podTemplate.nodeSelector[{quote(key)}]", policy)
+    for key, value in sel.items():
+        where = f"spec.podTemplate.nodeSelector[{quote(key)}]"
+        out += check_selector_keys([key], where, policy)
+        if not label_value(value):
+            out.append(Violation(where, "the value must be a label value (63 characters)"))
     return out
 
 

@@ -10,7 +10,6 @@ from typing import Any
 
 from npu_lora_operator.messages import bounded
 from npu_lora_operator.policy.common import (
-    DNS1123_RE,
     allowed_text,
     check_sub_path,
     under,
@@ -18,7 +17,8 @@ from npu_lora_operator.policy.common import (
 )
 from npu_lora_operator.policy.config import PodPolicy, Violation
 from npu_lora_operator.policy.env import expand_literal
-from npu_lora_operator.policy.quantities import QUANTITY_RE, quantity_bytes
+from npu_lora_operator.policy.quantities import quantity_bytes
+from npu_lora_operator.policy.sources import check_source, size_limit_bytes
 
 _VOLUME_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 #: the operator's own volumes and mount points (a podTemplate may neither reuse nor overlap them)
@@ -105,47 +105,13 @@ def check_volumes(vols: Any, policy: PodPolicy) -> tuple[list[Violation], set[st
             )
             continue
         kind = sources[0]
-        src = v[kind] if isinstance(v[kind], Mapping) else {}
-        if kind == "persistentVolumeClaim":
-            claim = src.get("claimName")
-            if not isinstance(claim, str) or not DNS1123_RE.match(claim) or len(claim) > 253:
-                out.append(
-                    Violation(f"{where}.persistentVolumeClaim.claimName", "must be a DNS-1123 name")
-                )
-            out += unknown_keys(src, {"claimName", "readOnly"}, f"{where}.persistentVolumeClaim")
-        elif kind == "emptyDir":
-            out += unknown_keys(src, {"medium", "sizeLimit"}, f"{where}.emptyDir")
-            medium = src.get("medium")
-            if medium not in (None, "", "Memory"):
-                out.append(Violation(f"{where}.emptyDir.medium", 'allowed: "" or Memory'))
-            size = size_limit_bytes(src.get("sizeLimit"))
-            if size is None:
-                cap = policy.max_memory_empty_dir_size if medium == "Memory" else None
-                out.append(
-                    Violation(
-                        f"{where}.emptyDir.sizeLimit",
-                        "required: a positive quantity (e.g. 1Gi) of at most "
-                        f"{cap or policy.max_empty_dir_size} (policy.maxEmptyDirSize, "
-                        "maxMemoryEmptyDirSize for medium Memory)",
-                    )
-                )
-            elif medium == "Memory":
+        src_out, size = check_source(kind, v[kind], where, policy)
+        out += src_out
+        if kind == "emptyDir" and size is not None:
+            if isinstance(v[kind], Mapping) and v[kind].get("medium") == "Memory":
                 tmpfs += size
             else:
                 disk += size
-        elif kind == "configMap":
-            cm = src.get("name")
-            if not isinstance(cm, str) or not DNS1123_RE.match(cm) or len(cm) > 253:
-                out.append(Violation(f"{where}.configMap.name", "must be a DNS-1123 name"))
-            out += unknown_keys(
-                src, {"name", "items", "defaultMode", "optional"}, f"{where}.configMap"
-            )
-            for j, item in enumerate(src.get("items") or []):
-                path = item.get("path") if isinstance(item, Mapping) else None
-                out += check_sub_path(f"{where}.configMap.items[{j}].path", path)
-            mode = src.get("defaultMode")
-            if mode is not None and (not isinstance(mode, int) or mode & ~0o777 or mode & 0o6000):
-                out.append(Violation(f"{where}.configMap.defaultMode", "must be within 0777"))
         # hostPath: checked against allowedHostPaths with the spec's other hostPaths
     for total, cap, key, what in (
         (disk, policy.max_empty_dir_size, "maxEmptyDirSize", "emptyDir"),
@@ -164,14 +130,6 @@ def check_volumes(vols: Any, policy: PodPolicy) -> tuple[list[Violation], set[st
                 )
             )
     return out, names
-
-
-def size_limit_bytes(value: Any) -> int | None:
-    """An emptyDir ``sizeLimit`` in bytes (None: absent, not a quantity, or not positive)."""
-    if isinstance(value, bool) or not isinstance(value, (str, int)):
-        return None
-    text = str(value)
-    return quantity_bytes(text) if QUANTITY_RE.fullmatch(text) else None
 
 
 def memory_volume_bytes(pt: Mapping[str, Any]) -> int:
