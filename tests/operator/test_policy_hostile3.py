@@ -5,12 +5,16 @@ worker's arguments, names that collide, and the built pod's remaining privileged
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import config as kconfig
 from npu_lora_operator import builders as b
+from npu_lora_operator import handlers
 from npu_lora_operator import policy as pol
 from npu_lora_operator.crd import build_crd
+from npu_lora_operator.kube import Kube
 from npu_lora_operator.policy.env import WORKER_CONTAINER
 from npu_lora_operator.settings import OperatorConfig
 from policy_runs import run
@@ -289,23 +293,30 @@ def test_odd_output_paths_stay_inside_the_output_volume(path: str, inside: str) 
 # --- names --------------------------------------------------------------------------------------
 
 
-def test_a_name_equal_to_another_runs_shortened_job_name_is_a_conflict_not_a_loop() -> None:
+def test_a_name_equal_to_another_runs_shortened_job_name_is_a_conflict_not_a_loop(
+    emulator: Any, kubeconfig: Path
+) -> None:
     long = "a" * 60
-    crafted = b.job_name(long)  # a valid name of its own, 52 characters
+    crafted = b.job_name(long)  # a valid name of its own, 52 characters: used as it is
     assert len(crafted) == 52 and crafted == b.job_name(crafted)
-    # the names collide; the operator then refuses to adopt the other run's Job (it carries
-    # the other uid): tests/operator/test_handlers.py::test_orphan_is_a_conflict_...
     spec = {"model": {"preset": "tiny-qwen3-moe"}, "data": {"path": "example:x"}}
-    ra = b.Run.from_body({"metadata": {"name": long, "namespace": "t", "uid": "ua"}, "spec": spec})
-    rb = b.Run.from_body(
-        {"metadata": {"name": crafted, "namespace": "t", "uid": "ub"}, "spec": spec}
-    )
-    ja = b.build_job(ra, OperatorConfig(worker_image=WORKER))
-    jb = b.build_job(rb, OperatorConfig(worker_image=WORKER))
+    meta = {"namespace": "default"}
+    ra = b.Run.from_body({"metadata": {**meta, "name": long, "uid": "ua"}, "spec": spec})
+    rb = b.Run.from_body({"metadata": {**meta, "name": crafted, "uid": "ub"}, "spec": spec})
+    config = OperatorConfig(worker_image=WORKER)
+    ja, jb = b.build_job(ra, config), b.build_job(rb, config)
     assert ja["metadata"]["name"] == jb["metadata"]["name"]
-    assert (
-        ja["metadata"]["ownerReferences"][0]["uid"] != jb["metadata"]["ownerReferences"][0]["uid"]
-    )
+    client = kconfig.new_client_from_config(config_file=str(kubeconfig))
+    try:
+        kube = Kube(client)
+        handlers.ensure_object(kube, ja, ra)
+        # not a predecessor (another run's name): a conflict at once, no retry loop
+        with pytest.raises(handlers.ChildConflict, match=f"Job default/{crafted}"):
+            handlers.ensure_object(kube, jb, rb)
+    finally:
+        client.close()
+    job = emulator.get("batch/v1", "Job", crafted, namespace="default")
+    assert job["metadata"]["ownerReferences"][0]["uid"] == "ua"  # untouched
 
 
 def test_unicode_and_overlong_names_are_refused_by_the_crd() -> None:

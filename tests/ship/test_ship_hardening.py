@@ -265,3 +265,22 @@ def test_policy_values_schema_checks_the_new_keys() -> None:
         with pytest.raises(helm_python.HelmValuesError) as err:
             render(values)
         assert needle in str(err.value)
+
+
+def test_vap_config_map_volumes_and_duplicate_env_follow_the_operator() -> None:
+    default = _vap_default()
+    cm = {"volumes": [{"name": "c", "configMap": {"name": "r0-config"}}]}
+    assert _refused(default, {"podTemplate": cm}) == ["spec.podTemplate.volumes"]
+    assert policy.check_pod_template(cm, policy.PodPolicy())  # the operator agrees
+    listed = _vap_rules(
+        {"validatingAdmissionPolicy": {"enabled": True}, "policy": {"allowedConfigMaps": ["app"]}}
+    )
+    ok = {"volumes": [{"name": "c", "configMap": {"name": "app"}}]}
+    assert _refused(listed, {"podTemplate": ok}) == []
+    assert _refused(listed, {"podTemplate": cm}) == ["spec.podTemplate.volumes"]
+    dup = {"env": [{"name": "APP", "value": "1"}, {"name": "APP", "value": "2"}]}
+    assert _refused(default, {"podTemplate": dup}) == ["spec.podTemplate.env"]
+    assert policy.check_pod_template(dup, policy.PodPolicy())
+    for name in ("HTTPS_PROXY", "cxx", "NVIDIA_VISIBLE_DEVICES", "GCONV_PATH"):
+        pt = {"env": [{"name": name, "value": "x"}]}
+        assert _refused(default, {"podTemplate": pt}) == ["spec.podTemplate.env"], name
