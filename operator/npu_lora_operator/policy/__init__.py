@@ -23,8 +23,9 @@ before any of its children exists: the run ends ``Failed`` with the condition re
                                   guards the builders and the operator's own configuration)
 ``allowedSecrets``                Secret names ``podTemplate.env[].valueFrom.secretKeyRef`` and
                                   ``envFrom[].secretRef`` may read; empty: none
-``allowedConfigMaps``             ConfigMap names ``env[].valueFrom.configMapKeyRef`` and
-                                  ``envFrom[].configMapRef`` may read; empty: none
+``allowedConfigMaps``             ConfigMap names ``env[].valueFrom.configMapKeyRef``,
+                                  ``envFrom[].configMapRef`` and ``volumes[].configMap`` may
+                                  read; empty: none
 ``allowedTolerationKeys``         toleration keys (globs); default: accelerator keys only, never
                                   a control-plane key unless listed exactly
 ``allowedNodeSelectorKeys``       ``nodeSelector`` / node-affinity label keys (globs); default:
@@ -56,7 +57,8 @@ left to Kubernetes (the request then equals the limit).
 Pure functions; no I/O except reading a preset's packaged config. Never imports torch.
 
 Modules: :mod:`.config` (the values, :class:`Violation`), :mod:`.common` (matching helpers),
-:mod:`.env`, :mod:`.volumes`, :mod:`.scheduling`, :mod:`.images` (image and pull secrets),
+:mod:`.env` (:mod:`.reserved`: the names it may not set), :mod:`.volumes` (:mod:`.sources`:
+each volume type), :mod:`.scheduling`, :mod:`.images` (image and pull secrets),
 :mod:`.privileged` (the built pod), :mod:`.resources` (defaults and ``auto`` memory),
 :mod:`.quantities` and :mod:`.checks` (a run's violations, from all of them).
 """
