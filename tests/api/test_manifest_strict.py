@@ -59,6 +59,17 @@ def test_merge_keys_may_still_be_overridden(tmp_path: Path) -> None:
         _load(tmp_path, merged)
 
 
+def test_a_second_merge_key_is_a_duplicate_a_merge_list_is_not(tmp_path: Path) -> None:
+    # `<<` twice: PyYAML keeps the first silently; refused like any repeated key
+    text = HEAD + SPEC + "  lora:\n    <<: {r: 4}\n    <<: {r: 64}\n"
+    with pytest.raises(SpecError, match=r"line 9: duplicate merge key '<<' \(first at line 8"):
+        _load(tmp_path, text)
+    from npu_lora.api import limits
+
+    doc = limits.load_yaml_documents("a: &a {r: 4}\nb: &b {r: 8, alpha: 2}\nm: {<<: [*a, *b]}\n")
+    assert doc[0]["m"] == {"r": 4, "alpha": 2}  # the YAML rule: the earlier mapping wins
+
+
 def test_same_key_in_different_mappings_is_fine(tmp_path: Path) -> None:
     text = HEAD + SPEC + "  output: {path: a}\n  checkpoint: {everySteps: 2}\n"
     assert _load(tmp_path, text).spec.output.path == "a"

@@ -70,21 +70,29 @@ def _base_loader() -> type:
 
 
 class _UniqueKeyLoader(_base_loader()):  # type: ignore[misc]
-    """The safe loader, refusing a key repeated in one mapping (merge keys ``<<`` may still be
-    overridden, as YAML intends)."""
+    """The safe loader, refusing a key repeated in one mapping (keys a merge ``<<`` brings in
+    may still be overridden, as YAML intends; ``<<`` itself at most once: a second would
+    silently lose to the first)."""
 
     def construct_mapping(self, node: Any, deep: bool = False) -> Any:
         if isinstance(node, yaml.MappingNode):
             seen: dict[Any, int] = {}
+            merge_line = 0
             for key_node, _ in node.value:
+                line = key_node.start_mark.line + 1 if key_node.start_mark else 0
                 if key_node.tag == "tag:yaml.org,2002:merge":
+                    if merge_line:
+                        raise DuplicateKeyError(
+                            f"line {line}: duplicate merge key '<<' (first at line {merge_line}; "
+                            "merge several mappings with '<<: [*a, *b]')"
+                        )
+                    merge_line = line
                     continue
                 key = self.construct_object(key_node, deep=True)
                 try:
                     hash(key)
                 except TypeError:
                     continue  # the base class reports unhashable keys
-                line = key_node.start_mark.line + 1 if key_node.start_mark else 0
                 if key in seen:
                     raise DuplicateKeyError(
                         f"line {line}: duplicate key {short_repr(key)} (first at line "
