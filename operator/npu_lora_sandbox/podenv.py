@@ -31,14 +31,28 @@ class _StartError(Exception):
 
 
 def _expand(text: str, env: Mapping[str, str]) -> str:
-    """Kubernetes ``$(VAR)`` expansion (``$$(VAR)`` escapes; unknown variables stay as written)."""
-
-    def sub(m: re.Match[str]) -> str:
-        if m.group(0).startswith("$$"):
-            return m.group(0)[1:]
-        return env.get(m.group(1), m.group(0))
-
-    return re.sub(r"\$?\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)", sub, text)
+    """Kubernetes ``$(VAR)`` expansion, as the kubelet does it: ``$$`` is a literal ``$`` (before
+    anything), ``$(NAME)`` the variable's value (unknown: left as written), any other ``$`` kept."""
+    out: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c != "$" or i + 1 == n:
+            out.append(c)
+            i += 1
+            continue
+        nxt = text[i + 1]
+        if nxt == "$":
+            out.append("$")
+            i += 2
+        elif nxt == "(" and (end := text.find(")", i + 2)) != -1:
+            name = text[i + 2 : end]
+            out.append(env.get(name, f"$({name})"))
+            i = end + 1
+        else:
+            out.append("$" + nxt if nxt != "(" else "$(")
+            i += 2
+    return "".join(out)
 
 
 def _field_ref(pod: dict[str, Any], path: str) -> str:
