@@ -147,11 +147,24 @@ def test_a_value_the_kubelet_expands_is_not_a_literal_for_sub_path_expr() -> Non
         ({"resourceFieldRef": {"resource": "limits.cpu", "containerName": "x"}}, "containerName"),
         ({"resourceFieldRef": {"resource": "limits.nvidia.com/gpu"}}, "resource"),
         ({"resourceFieldRef": {"resource": "limits.cpu", "x": 1}}, "resourceFieldRef.x"),
+        ({"configMapKeyRef": {"name": "app", "key": "k", "namespace": "kube-system"}}, "namespace"),
+        ({"secretKeyRef": {"name": "db", "key": "k", "namespace": "kube-system"}}, "namespace"),
     ],
 )
 def test_pod_field_sources_are_checked_key_by_key(value_from: dict, field: str) -> None:
-    (got,) = fields({"env": [{"name": "APP", "valueFrom": value_from}]})
+    allow = pol.PodPolicy(
+        default_resources=(), allowed_secrets=("db",), allowed_config_maps=("app",)
+    )
+    (got,) = fields({"env": [{"name": "APP", "valueFrom": value_from}]}, allow)
     assert got.endswith(field), got
+
+
+def test_env_from_refs_are_checked_key_by_key() -> None:
+    allow = pol.PodPolicy(default_resources=(), allowed_secrets=("db",))
+    ok = {"secretRef": {"name": "db", "optional": True}, "prefix": "APP_"}
+    assert fields({"envFrom": [ok]}, allow) == []
+    bad = {"secretRef": {"name": "db", "namespace": "kube-system"}, "prefix": "APP_"}
+    assert fields({"envFrom": [bad]}, allow) == ["spec.podTemplate.envFrom[0].secretRef.namespace"]
 
 
 def test_resource_field_ref_of_the_worker_is_allowed() -> None:
@@ -237,6 +250,10 @@ def _node_expr(**expr: Any) -> dict[str, Any]:
         (
             {"affinity": {"nodeAffinity": {_PREF: [{"weight": 1, "preference": {}, "x": 1}]}}},
             "[0].x",
+        ),
+        (
+            {"affinity": {"nodeAffinity": {_PREF: [{"weight": 1000, "preference": {}}]}}},
+            "[0].weight",
         ),
         ({"affinity": {"podAntiAffinity": {"hostNetwork": True}}}, "podAntiAffinity.hostNetwork"),
         ({"affinity": {"podAntiAffinity": []}}, "podAntiAffinity"),

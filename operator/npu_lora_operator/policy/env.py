@@ -91,6 +91,10 @@ def _check_value_from(vf: Any, where: str, policy: PodPolicy) -> list[Violation]
         return [Violation(where, "expected exactly one source")]
     ((kind, ref),) = vf.items()
     ref = ref if isinstance(ref, Mapping) else {}
+    if kind in ("secretKeyRef", "configMapKeyRef"):
+        bad = unknown_keys(ref, {"name", "key", "optional"}, f"{where}.{kind}")
+        if bad:
+            return bad
     if kind == "secretKeyRef":
         if not allowed_name(ref.get("name"), policy.allowed_secrets):
             allowed = allowed_text(policy.allowed_secrets, "Secret")
@@ -150,6 +154,7 @@ def check_env_from(env_from: Any, policy: PodPolicy) -> list[Violation]:
             continue
         kind = sources[0]
         ref = e[kind] if isinstance(e[kind], Mapping) else {}
+        out += unknown_keys(ref, {"name", "optional"}, f"{where}.{kind}")
         names = policy.allowed_secrets if kind == "secretRef" else policy.allowed_config_maps
         what = "Secret" if kind == "secretRef" else "ConfigMap"
         if not allowed_name(ref.get("name"), names):

@@ -132,6 +132,9 @@ def check_affinity(aff: Any, policy: PodPolicy) -> list[Violation]:
             pw = f"{nw}.{_PREFERRED}[{j}]"
             p = p if isinstance(p, Mapping) else {}
             out += unknown_keys(p, {"weight", "preference"}, pw)
+            w = p.get("weight")
+            if isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= 100:
+                out.append(Violation(f"{pw}.weight", "an integer from 1 to 100"))
             out += _node_terms([p.get("preference") or {}], f"{pw}.preference", policy)
     anti = aff.get("podAntiAffinity")
     if anti is not None:
