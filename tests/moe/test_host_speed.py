@@ -138,12 +138,44 @@ def test_roofline_model():
     assert "not measured" in roofline.tuning_lines(128, dtype="bfloat16", **{**kw, "m": None})[0]
 
 
+def test_measured_scaling_reads_the_kernels_own_sweep_not_the_floor():
+    """Where the kernel does not reach its roof, the floor's 2× gain is a ceiling: the tuning
+    lines quote the measured sweep beside it, interpolated between measured T, and only where the
+    sweep covers the widths, the dtype and both token counts."""
+    per = 3 * 2048 * 768 * 2
+    widths = {"H": 2048, "inter": 768, "E": 128, "K": 8}
+    # the 2-core Zen 4 bf16 sweep (2026-12-04): fwd + bwd seconds per layer
+    secs = {"64": 0.0716, "128": 0.0836, "256": 0.1145, "512": 0.1866}
+    m = roofline.Machine(43.5, {"bfloat16": 860.0}, 2, "how", {"widths": widths,
+                         "seconds": {"bfloat16": secs}})  # fmt: skip
+    kw = {"K": 8, "E": 128, "H": 2048, "inter": 768, "m": m, "dtype": "bfloat16"}
+    assert roofline.measured_seconds(128, **kw) == pytest.approx(0.0836)
+    assert roofline.measured_scaling(128, 2, **kw) == pytest.approx(2 * 0.0836 / 0.1145)
+    assert roofline.measured_scaling(64, 8, **kw) == pytest.approx(8 * 0.0716 / 0.1866)
+    # log-log between 128 and 256: the geometric mean at the geometric middle
+    mid = roofline.measured_seconds(181, **kw)
+    assert 0.0836 < mid < 0.1145 and mid == pytest.approx((0.0836 * 0.1145) ** 0.5, rel=0.01)
+    assert roofline.measured_scaling(128, 8, **kw) is None  # 1024 was not measured
+    assert roofline.measured_scaling(128, 2, **{**kw, "dtype": "float32"}) is None
+    assert roofline.measured_scaling(128, 2, **{**kw, "H": 4096}) is None
+    lines = roofline.tuning_lines(128, expert_bytes=per, measured_s=0.04, **kw)
+    floor = roofline.scaling(128, 2, expert_bytes=per, **kw)
+    assert f"2×: {floor:.2f}×" in lines[1]
+    assert "measured kernel sweep" in lines[2] and "2×: 1.46×, 4×: 1.79×" in lines[2]
+    assert "8×" not in lines[2]  # outside the sweep: not extrapolated
+    other = roofline.tuning_lines(128, expert_bytes=per, **{**kw, "H": 1024})
+    assert "does not cover" in other[-1]
+
+
 def test_roofline_save_load(tmp_path, monkeypatch):
     monkeypatch.setenv("NPU_LORA_ROOFLINE", str(tmp_path / "r.json"))
     assert roofline.load() is None
     m = roofline.Machine(31.5, {"float32": 100.0}, 2, "how")
     roofline.save(m)
     assert roofline.load() == m
+    sw = {"widths": {"H": 64, "inter": 32, "E": 8, "K": 2}, "seconds": {"float32": {"16": 0.1}}}
+    roofline.save(roofline.Machine(31.5, {"float32": 100.0}, 2, "how", sw))
+    assert roofline.load().sweep == sw
 
 
 @pytest.mark.slow
@@ -161,6 +193,11 @@ def test_roofline_sweep_writes_table_and_png(tmp_path):
     )
     assert (tmp_path / "roofline.png").stat().st_size > 1000
     assert "| float32 | 16 |" in (tmp_path / "roofline.md").read_text()
+    sweep = res["machine"]["sweep"]
+    assert sweep["widths"] == {"H": 64, "inter": 32, "E": 8, "K": 2}
+    assert sweep["seconds"]["float32"] == {
+        str(r["T"]): pytest.approx(r["fwd_s"] + r["bwd_s"]) for r in res["rows"]
+    }
 
 
 def test_run_summary_reports_tokens_per_pass_and_bound(tmp_path, monkeypatch):

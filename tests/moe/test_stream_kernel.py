@@ -254,6 +254,37 @@ def test_row_blocks_per_task_do_not_change_native_results(isa):
 
 @pytest.mark.parametrize("isa", NATIVE_HERE or ["avx512bf16"])
 @needs_native
+def test_a_tokens_rows_do_not_depend_on_how_many_tokens_share_its_expert(isa, monkeypatch):
+    """A token's output and gradient rows depend only on its own row, routing and the weights,
+    whether its expert has 1 token in the pass or ~40 (the native backward switches to column
+    blocks from 12 tokens an expert; 600 columns = two blocks and a masked tail). The node's
+    shared expert pass relies on it: the union's rows equal each rank's alone, bitwise."""
+    monkeypatch.setenv("NPU_LORA_STREAM_ISA", isa)
+    T, K, E, H, inter = 40, 2, 2, 600, 72
+    g = torch.Generator().manual_seed(21)
+    gu = (torch.randn(E, 2 * inter, H, generator=g) * 0.1).bfloat16()
+    dn = (torch.randn(E, H, inter, generator=g) * 0.1).bfloat16()
+    x = torch.randn(T, H, generator=g).bfloat16()
+    gy = torch.randn(T, H, generator=g).bfloat16()
+    idx = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
+    w = torch.rand(T, K, generator=g)
+
+    def run(rows: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        xr = x[rows].clone().requires_grad_(True)
+        wr = w[rows].clone().requires_grad_(True)
+        y = stream.stream_experts(xr, idx[rows], wr, gu, dn)
+        y.backward(gy[rows])
+        return y.detach(), xr.grad, wr.grad
+
+    together = run(slice(0, T))
+    alone = [run(slice(t, t + 1)) for t in range(T)]
+    for name, i in (("y", 0), ("dx", 1), ("dw", 2)):
+        assert torch.equal(together[i], torch.cat([a[i] for a in alone])), name
+    assert together[1].abs().max() > 0
+
+
+@pytest.mark.parametrize("isa", NATIVE_HERE or ["avx512bf16"])
+@needs_native
 def test_native_bf16_runs_fp32_weights_on_the_avx512_tiles(isa):
     """fp32 weights on ``avx512bf16`` and ``amx`` run the AVX-512 fp32 tiles: bitwise the
     ``avx512`` path."""

@@ -134,7 +134,14 @@ def run_roofline(
         peak_gflops={d: statistics.median([peaks0[d], peaks1[d]]) for d in dtypes},
         threads=torch.get_num_threads(),
         how=f"read: median of {len(reads)} a.sum() samples; peak: {peak_n}³ torch mm, median of the "
-        "samples before and after the sweep",
+        f"samples before and after the sweep; sweep: median of {rounds} rounds per T",
+        sweep={
+            "widths": {"H": H, "inter": inter, "E": E, "K": K},
+            "seconds": {
+                d: {str(r["T"]): r["fwd_s"] + r["bwd_s"] for r in rows if r["dtype"] == d}
+                for d in dtypes
+            },
+        },
     )
     for row in rows:
         row.update(rl.bound(row["fwd_s"], row["flops"], row["bytes"], machine, row["dtype"]))

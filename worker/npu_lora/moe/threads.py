@@ -4,7 +4,7 @@ around it (router, casts, routing bookkeeping, the router's backward) runs on on
 Why: the ops around the kernel are small (at Qwen3-30B-A3B widths and T = 128 tokens a cast of
 the block input is 1 MB, the router GEMM 67 MFLOP), and an OpenMP parallel region of torch waits
 at its end for every thread it started. On a shared or oversubscribed host one of them is often
-descheduled, and then a 20 µs cast takes a scheduler slice: measured on the 2-core Zen 4 guest at
+descheduled, and then a 20 µs cast takes a scheduler slice: measured on the 2-core Zen 5 guest at
 load 6, a fp32→bf16 cast of [128, 2048] took a median 16 ms with 2 threads and 22 µs with one, the
 router's ``F.linear`` a mean of 15 ms against 2 ms (experiments/2026-12-03-engine-vs-kernel.md).
 The stream kernel itself hands out (expert, row block) tasks from a shared counter, so a thread
