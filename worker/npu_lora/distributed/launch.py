@@ -141,7 +141,26 @@ def _rank_main(
     os.environ.update(me.child_env())
     os.environ.update(extra_env)
     _SHARING = (queue, lock, local_rank, info.local_world, link, float(info.timeout_s))
-    sys.exit(run(args))
+    _leave(run(args))
+
+
+def _leave(code: int) -> None:
+    """End a rank process that returned from its run without the interpreter's teardown.
+
+    By now the run has closed what it wrote (metrics, checkpoint, adapter) and torn its process
+    group down after a barrier (``group.destroy_group``). Finalization would still destroy the
+    C++ objects behind torch's and gloo's threads, and a rank that finished could abort there
+    ("terminate called without an active exception", exit 134): seen in 2 of 3 runs of
+    ``tests/train`` on a 2-core host (2026-12-04), a failed run although every step was done. So:
+    flush Python's buffers and logging, then ``os._exit``. An exception from the run takes the
+    ordinary path (traceback, exit 1)."""
+    import logging
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(int(code or 0))
 
 
 def _code(exitcode: int | None) -> int:

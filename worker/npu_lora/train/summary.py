@@ -136,6 +136,8 @@ def build_summary(
         history = getattr(engine, "hot_history", None)
         if history:
             hot_info["history"] = [dict(h) for h in history]
+        if records:  # what the last step ran with (placement auto may have parked the set)
+            hot_info["experts_at_end"] = int(records[-1].get("hot_experts") or 0)
     choice = getattr(engine, "placement_choice", None)
     summary: dict[str, Any] = {
         "status": status,
@@ -189,11 +191,32 @@ def timing_table(summary: dict[str, Any]) -> str:
         lines.append(f"  {line}")
     hot = summary.get("hot")
     if hot:
-        lines.append(
-            f"  {'hot experts':<20} {hot.get('experts')} (fraction {hot.get('fraction')}, "
-            f"after step {hot.get('selected_at_step')})"
-        )
+        lines.append(f"  {'hot experts':<20} {_hot_line(hot, summary.get('placement_choice'))}")
     return "\n".join(lines)
+
+
+def _hot_line(hot: dict[str, Any], choice: dict[str, Any] | None) -> str:
+    """The hot set as the run ended: placement auto choosing host-only parks the set, so the
+    count selected at warm-up is not what the last steps ran with."""
+    picked = (
+        f"{hot.get('experts')} selected after step {hot.get('selected_at_step')} "
+        f"(fraction {hot.get('fraction')})"
+    )
+    end = hot.get("experts_at_end")
+    if end is None or end == hot.get("experts"):
+        return f"{hot.get('experts')} (fraction {hot.get('fraction')}, after step {hot.get('selected_at_step')})"
+    if choice and choice.get("chosen") == "host-only":
+        host, hot_s = choice.get("host_only_median_s"), choice.get("hot_median_s")
+        why = (
+            f" (median {host:.4f} s vs {hot_s:.4f} s a step with the hot set)"
+            if isinstance(host, int | float) and isinstance(hot_s, int | float)
+            else ""
+        )
+        return (
+            f"{end} at the end: placement auto chose host-only at step "
+            f"{choice.get('decided_at_step')}{why}; {picked}"
+        )
+    return f"{end} at the end; {picked}"
 
 
 def plot_step_times(records: list[dict[str, Any]], path: Path) -> Path | None:
