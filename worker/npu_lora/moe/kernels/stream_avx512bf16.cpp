@@ -175,9 +175,10 @@ static void axpyn_block(const bf16_t* w, i64 ldw, i64 L, i64 R, const bf16_t* co
 // 64 KiB at L = 2048) no longer stay in L1 between row tiles; in blocks of AXPYN_COLS columns
 // they do (8 KiB). Each out element still adds the rows in row order, one pair per `vdpbf16ps`,
 // so the results are bitwise the unblocked ones. Measured (2-core Zen 5, stand-alone core bench,
-// Qwen3 widths, bf16, 5 alternating rounds; experiments/2026-12-04-union-floor.md): backward at
-// T=256 (~16 tokens an expert) 0.93x (0.90-0.97 per round), T=512 1.00x; at T=128 (~8 tokens)
-// blocking was 0-9 % slower in a first trial, hence the threshold.
+// Qwen3 widths, bf16, 5 alternating rounds against the unblocked code; experiments/
+// 2026-12-04-union-floor.md §3): backward at T=256 (~16 tokens an expert) 0.91x (0.86-0.99 per
+// round), T=512 0.98x, T=128 1.00x (below the threshold); blocking every expert was 0-9 % slower
+// at T=128 in a first trial, hence the threshold.
 constexpr i64 AXPYN_COLS = 256, AXPYN_BLOCK_TOKENS = 12;
 static void axpyn_rows(const bf16_t* w, i64 ldw, i64 L, i64 R, const bf16_t* coef, i64 ldc,
                        i64 n, float* out, i64 ldo) {
