@@ -146,18 +146,15 @@ def main(paths: list[str], p_override: float | None = None) -> None:
 
     for r in runs:
         S, m = r["S"], r["meas"]
+        a, b = {}, {}
         for v, R, shared in (("shared", 2, True), ("separate", 2, False), ("one", 1, True)):
-            a = add(R, S, LAYERS_BENCH, shared)
-            b = step(R, S, r["bw"], r["p"], LAYERS_BENCH, shared, False)
-            print(f"| {S} | {v} | {m[v]:.3f} | {fmt(a, '.3f')} | {b:.3f} |")
-        sa, se = add(2, S, 2, True), add(2, S, 2, False)
-        ra = sa / se if sa is not None and se else None
-        rb = step(2, S, r["bw"], r["p"], 2, True, False) / step(
-            2, S, r["bw"], r["p"], 2, False, False
-        )
+            a[v] = add(R, S, LAYERS_BENCH, shared)
+            b[v] = step(R, S, r["bw"], r["p"], LAYERS_BENCH, shared, False)
+            print(f"| {S} | {v} | {m[v]:.3f} | {fmt(a[v], '.3f')} | {b[v]:.3f} |")
+        ra = a["shared"] / a["separate"] if a["shared"] is not None and a["separate"] else None
         print(
             f"| {S} | **shared / separate** | **{m['shared'] / m['separate']:.2f}** "
-            f"| {fmt(ra, '.2f')} | {rb:.2f} |"
+            f"| {fmt(ra, '.2f')} | {b['shared'] / b['separate']:.2f} |"
         )
     print("8-card node, 48 layers (Qwen3-30B-A3B), host MoE s/step, shared / separate (ratio):")
     cases = [("this host, bound", bw, p, False)]
