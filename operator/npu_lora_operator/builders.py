@@ -6,7 +6,8 @@ and the :class:`OperatorConfig`, and returns plain ``dict`` manifests, so tests 
 The children of a run ``NAME``:
 
 - ConfigMap ``NAME-config``: ``config.yaml``, the resolved worker config (the MoEFinetune with
-  volume paths rewritten to the fixed mount points and the volumes removed);
+  volume paths rewritten to the fixed mount points and the volumes removed, except
+  ``device.compileCache`` with ``precompile: true``, which requires it);
 - ServiceAccount, Role and RoleBinding ``NAME-worker``: the worker may only ``get`` its own
   ``moefinetunes`` object and ``get``/``patch`` its ``moefinetunes/status``
   (``resourceNames: [NAME]``); skipped when ``podTemplate.serviceAccountName`` is set;
@@ -236,8 +237,9 @@ def _volumes(run: Run, config: OperatorConfig) -> tuple[list[Body], list[Body]]:
 
 
 def worker_config(run: Run) -> Body:
-    """The manifest the worker runs: paths under the mount points, no volumes, no status, no
-    cluster-only field; the fields set in the MoEFinetune only (the worker fills defaults)."""
+    """The manifest the worker runs: paths under the mount points, no volumes (but the compile
+    cache's reference with ``precompile: true``), no status, no cluster-only field; the fields
+    set in the MoEFinetune only (the worker fills defaults)."""
     spec = run.spec.model_dump(mode="json", by_alias=True, exclude_unset=True)
     model = spec.get("model") or {}
     if model.pop("volume", None) is not None:
@@ -250,7 +252,9 @@ def worker_config(run: Run) -> Body:
     ):
         data["path"] = _join(DATA_MOUNT, data.get("path"))
     device = spec.get("device")
-    if isinstance(device, dict):
+    if isinstance(device, dict) and device.get("precompile") is not True:
+        # the worker finds the cache at NPU_LORA_COMPILE_CACHE (the mount point); the
+        # reference stays with `precompile: true`, which requires it
         device.pop("compileCache", None)
     output = spec.setdefault("output", {})
     output.pop("volume", None)
@@ -401,7 +405,12 @@ def pod_failure_policy(distributed: bool = False) -> Body:
                     "values": codes,
                 },
             },
-            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+            # `status` explicitly: the apiserver defaults it on create, but the published
+            # schemas before 1.34 mark it required (kubernetes/kubernetes#131512)
+            {
+                "action": "Ignore",
+                "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+            },
         ]
     }
 

@@ -22,6 +22,10 @@ what ``apiextensions.k8s.io/v1`` demands:
 - free-form Kubernetes objects (``dict[str, Any]``: affinity, tolerations, env, volumes...) get
   ``x-kubernetes-preserve-unknown-fields: true``; resource quantities (``int | str``) get
   ``x-kubernetes-int-or-string: true``;
+- every string, array and map is bounded (``maxLength``, ``maxItems``, ``maxProperties``:
+  the model's own limit, else :data:`DEFAULT_MAX_LENGTH` and its siblings, with per-field
+  :data:`BOUND_OVERRIDES`), so the apiserver's CEL cost estimator can bound every rule
+  (``python -m npu_lora_sandbox.celcost`` prints each rule's estimated cost);
 - ``title`` and ``additionalProperties: false`` are dropped (the apiserver prunes unknown fields,
   and ``kubectl``'s default ``--validate=strict`` turns them into errors).
 
@@ -119,7 +123,30 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     _column("Graphs", "integer", ".status.compile.total", "Device graphs in the plan.", 1),
 ]
 
-_NUMERIC_KEYS = ("minimum", "maximum", "minLength", "maxLength", "minItems", "maxItems")
+_NUMERIC_KEYS = (
+    "minimum",
+    "maximum",
+    "minLength",
+    "maxLength",
+    "minItems",
+    "maxItems",
+    "minProperties",
+    "maxProperties",
+)
+
+#: Bounds the generator gives every string, array and map the models leave unbounded (a
+#: field's own ``max_length`` wins), so that CEL's cost estimator never sees an unbounded value
+#: (the apiserver then assumes the whole 3 MiB request: "estimated rule cost exceeds budget")
+#: and a field added later is bounded without anyone remembering to. Limits no user reaches:
+#: the longest path (PATH_MAX), 256 list items, 256 map keys.
+DEFAULT_MAX_LENGTH = api.MAX_PATH
+DEFAULT_MAX_ITEMS = 256
+DEFAULT_MAX_PROPERTIES = 256
+#: Per-field overrides of the defaults (dotted schema path, ``[]`` for items, ``*`` for map
+#: values): ``metav1.Condition.message`` is 32 KiB upstream.
+BOUND_OVERRIDES: dict[str, dict[str, int]] = {
+    "status.conditions[].message": {"maxLength": 32768},
+}
 _COPY_KEYS = (
     "type",
     "enum",
@@ -301,6 +328,27 @@ def _check_descriptions(node: dict[str, Any], where: str) -> None:
         _check_descriptions(node["additionalProperties"], f"{where}.*")
 
 
+def _bound(node: dict[str, Any], where: str) -> None:
+    """Give every string, array and map under ``node`` a ``maxLength``/``maxItems``/
+    ``maxProperties`` (:data:`DEFAULT_MAX_LENGTH`... or its :data:`BOUND_OVERRIDES` entry) where
+    the models set none. Enums are bounded by their values, free-form objects
+    (``x-kubernetes-preserve-unknown-fields`` without properties) are invisible to CEL."""
+    for key, value in BOUND_OVERRIDES.get(where, {}).items():
+        node[key] = value
+    typ = node.get("type")
+    if (typ == "string" or node.get("x-kubernetes-int-or-string")) and "enum" not in node:
+        node.setdefault("maxLength", DEFAULT_MAX_LENGTH)
+    if typ == "array":
+        node.setdefault("maxItems", DEFAULT_MAX_ITEMS)
+        _bound(node["items"], f"{where}[]")
+    if typ == "object":
+        for name, sub in (node.get("properties") or {}).items():
+            _bound(sub, f"{where}.{name}" if where else name)
+        if isinstance(node.get("additionalProperties"), dict):
+            node.setdefault("maxProperties", DEFAULT_MAX_PROPERTIES)
+            _bound(node["additionalProperties"], f"{where}.*")
+
+
 def _strip_internal(node: Any, *, props: bool = False) -> Any:
     """Drop ``_internal`` keys; sort each schema node's keys (``description`` first, then
     alphabetical like controller-gen), keeping property names in the models' order."""
@@ -338,6 +386,8 @@ def openapi_schema() -> dict[str, Any]:
     conditions = status["properties"]["conditions"]
     conditions["x-kubernetes-list-type"] = "map"
     conditions["x-kubernetes-list-map-keys"] = ["type"]
+    _bound(spec, "spec")
+    _bound(status, "status")
     schema: dict[str, Any] = {
         "type": "object",
         "description": (

@@ -162,7 +162,10 @@ def build_precompile_job(
                         "values": [1, EXIT_CONFIG_ERROR],
                     },
                 },
-                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+                {
+                    "action": "Ignore",
+                    "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+                },
             ]
         },
         "template": {

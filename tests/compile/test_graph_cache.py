@@ -236,7 +236,14 @@ def test_run_compiles_misses_only_where_compiling_helps(tmp_path, monkeypatch):
     engine = SimpleNamespace(backend=SimpleNamespace(name="cpu"))
     rec = check_compile_cache(make_spec(), engine)
     assert (rec["misses"], rec["compiled"], compiled) == (12, 0, [])
-    rec = check_compile_cache(make_spec(device={"precompile": "true"}), engine)
+    rec = check_compile_cache(
+        make_spec(device={"precompile": True, "compileCache": {"claimName": "graphs"}}), engine
+    )
     assert rec["compiled"] == 12 and len(compiled) == 12
     monkeypatch.setenv("NPU_LORA_COMPILE_MISSES", "0")
-    assert check_compile_cache(make_spec(device={"precompile": "true"}), engine)["compiled"] == 0
+    assert (
+        check_compile_cache(
+            make_spec(device={"precompile": True, "compileCache": {"claimName": "graphs"}}), engine
+        )["compiled"]
+        == 0
+    )

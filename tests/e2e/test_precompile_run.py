@@ -47,7 +47,7 @@ def test_precompiled_run_compiles_then_trains_with_every_graph_a_cache_hit(
                 device={
                     "backend": "cpu",
                     "cards": 0,
-                    "precompile": "true",
+                    "precompile": True,
                     "compileCache": {"claimName": "graphs"},
                 },
             )

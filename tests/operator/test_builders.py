@@ -135,7 +135,10 @@ def test_full_job() -> None:
                             "values": [2, 3],
                         },
                     },
-                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+                    {
+                        "action": "Ignore",
+                        "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+                    },
                 ]
             },
             "suspend": True,

@@ -258,7 +258,7 @@ PRECOMPILED = {
     "data": {"path": "example:nsmc-mini"},
     "moe": {"placement": "host-only"},
     "training": {"steps": 5, "seqLen": 8, "batchSize": 1},
-    "device": {"backend": "cpu", "precompile": "true", "compileCache": {"claimName": "graphs"}},
+    "device": {"backend": "cpu", "precompile": True, "compileCache": {"claimName": "graphs"}},
 }
 
 
@@ -380,7 +380,7 @@ def test_failed_compile_fails_the_run_before_any_training_job(env: Any) -> None:
 
 def test_precompile_off_creates_the_training_job_at_once(env: Any) -> None:
     emu, _, state = env
-    spec = {**PRECOMPILED, "device": {**PRECOMPILED["device"], "precompile": "false"}}
+    spec = {**PRECOMPILED, "device": {**PRECOMPILED["device"], "precompile": False}}
     body = emu.create(_mft("po", spec))
     _ensure(state, body)
     names = [j["metadata"]["name"] for j in emu.list("batch/v1", "Job", namespace="default")]

@@ -39,9 +39,8 @@ def run_of(**device) -> builders.Run:
     [
         ({"backend": "furiosa", "compileCache": CACHE}, True),  # auto: on for furiosa
         ({"backend": "cpu", "compileCache": CACHE}, False),  # auto: off elsewhere
-        ({"backend": "cpu", "compileCache": CACHE, "precompile": True}, True),  # bool accepted
-        ({"backend": "cpu", "compileCache": CACHE, "precompile": "true"}, True),
-        ({"backend": "furiosa", "compileCache": CACHE, "precompile": "false"}, False),
+        ({"backend": "cpu", "compileCache": CACHE, "precompile": True}, True),
+        ({"backend": "furiosa", "compileCache": CACHE, "precompile": False}, False),
         ({"backend": "furiosa"}, False),  # nowhere to compile into
     ],
 )
@@ -139,13 +138,13 @@ def test_operator_precompile_pods_and_the_training_pod_plan_the_same_keys(tmp_pa
     from npu_lora.api.load import load_manifest
     from npu_lora.compile.plan import compile_plan
 
-    run = run_of(backend="furiosa", compileCache=CACHE, precompile="true")
+    run = run_of(backend="furiosa", compileCache=CACHE, precompile=True)
     cm = builders.build_configmap(run)
     f = tmp_path / "config.yaml"
     f.write_text(cm["data"][builders.CONFIG_KEY])
     worker_spec = load_manifest(f).spec
-    assert worker_spec.device.compile_cache is None  # removed: the env var points at it
+    assert worker_spec.device.compile_cache == run.spec.device.compile_cache  # precompile needs it
     assert worker_spec.device.precompile_enabled
     assert compile_plan(worker_spec).keys == compile_plan(run.spec).keys
     assert len(compile_plan(worker_spec).keys) == plan_size(run)
-    assert yaml.safe_load(f.read_text())["spec"]["device"]["precompile"] == "true"
+    assert yaml.safe_load(f.read_text())["spec"]["device"]["precompile"] is True

@@ -35,7 +35,7 @@ def test_precompile_job_fans_out_one_pod_per_graph_into_the_cache(
             "device": {
                 "backend": "cpu",
                 "cards": 0,
-                "precompile": "true",
+                "precompile": True,
                 "compileCache": {"claimName": "graphs"},
             },
         },

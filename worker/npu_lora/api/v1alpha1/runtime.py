@@ -22,6 +22,12 @@ from npu_lora.api.v1alpha1.base import (
     cel,
 )
 
+#: ``device.precompile: true`` without a cache to compile into (CEL and pydantic)
+PRECOMPILE_NEEDS_CACHE = (
+    "device.precompile: true needs device.compileCache (the volume the graphs are compiled "
+    "into and the training pod reads)"
+)
+
 
 class DeviceSpec(_Model):
     """The accelerator."""
@@ -51,30 +57,51 @@ class DeviceSpec(_Model):
         None,
         description="Volume for the furiosa compile cache, so a restarted run does not recompile.",
     )
-    precompile: Literal["auto", "true", "false"] = Field(
-        "auto",
+    precompile: bool | None = Field(
+        None,
         description=(
             "Compile the run's device graphs (`npu-lora compile-plan`) before the training Job, "
             "one pod per graph of an Indexed Job on CPU nodes (no card requested), into "
-            "`compileCache` (a ReadWriteMany claim); graphs already there are skipped. `auto`: "
-            'on for backend `furiosa`, off elsewhere. Quote `"true"`/`"false"` in YAML '
-            "(booleans are accepted by `npu-lora run`)."
+            "`compileCache` (a ReadWriteMany claim, required with `true`); graphs already there "
+            "are skipped. A YAML boolean: `true` or `false`; omitted: auto (on for backend "
+            "`furiosa` when `compileCache` is set, off elsewhere)."
         ),
     )
 
     @field_validator("precompile", mode="before")
     @classmethod
     def _precompile_bool(cls, v: Any) -> Any:
-        return ("true" if v else "false") if isinstance(v, bool) else v
+        """Only YAML booleans: the string form (``"true"``, ``"auto"``) of v1alpha1's first
+        release is refused with the form to write instead (a structural schema cannot take
+        both a boolean and a string)."""
+        if isinstance(v, str):
+            hint = (
+                "omit the field for auto"
+                if v.strip().lower() == "auto"
+                else f"write precompile: {v.strip().lower()} without quotes"
+                if v.strip().lower() in ("true", "false")
+                else "write precompile: true or precompile: false, or omit it for auto"
+            )
+            raise ValueError(
+                f"device.precompile is a YAML boolean now, not the string {v!r}: {hint}"
+            )
+        return v
 
     @property
     def precompile_enabled(self) -> bool:
-        """``precompile`` resolved: ``auto`` is on for ``furiosa`` (and ``auto`` with cards)."""
-        if self.precompile != "auto":
-            return self.precompile == "true"
+        """``precompile`` resolved: omitted (auto) is on for ``furiosa`` (and ``auto`` with
+        cards)."""
+        if self.precompile is not None:
+            return self.precompile
         if self.backend == "auto":
             return self.cards > 0
         return registry.entry(self.backend).precompile
+
+    @model_validator(mode="after")
+    def _precompile_needs_cache(self) -> DeviceSpec:
+        if self.precompile and self.compile_cache is None:
+            raise ValueError(PRECOMPILE_NEEDS_CACHE)
+        return self
 
     @model_validator(mode="after")
     def _cards_for_accelerators(self) -> DeviceSpec:
@@ -88,7 +115,12 @@ class DeviceSpec(_Model):
                 cel(
                     *registry.card_rule(),
                     field_path=".cards",
-                )
+                ),
+                cel(
+                    "!has(self.precompile) || !self.precompile || has(self.compileCache)",
+                    PRECOMPILE_NEEDS_CACHE,
+                    field_path=".precompile",
+                ),
             ]
         }
     )
