@@ -427,12 +427,9 @@ def ensure_run(
         fail_run(state, namespace, name, "InvalidSpec", msg)
         raise kopf.PermanentError(msg) from e
     admit(state, run, [], logger)  # the spec first: a refused run costs no memory estimate
-    children = builders.build_children(run, state.config)
-    total = precompile.plan_size(run) if precompile.wants_precompile(run) else None
+    children, total = precompile.run_children(run, state.config)
     if precompile.wants_precompile(run) and total is None:
         logger.warning("run %s: the compile plan cannot be sized here; not precompiled", name)
-    if total:  # the precompile Job goes before the training Job (the last child)
-        children.insert(-1, precompile.build_precompile_job(run, state.config, total))
     admit(state, run, children, logger)
     created = []
     job = builders.job_name(name)

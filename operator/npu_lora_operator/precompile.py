@@ -44,6 +44,7 @@ from npu_lora_operator.builders import (
     _pod_template,
     _short,
     _volume_source,
+    build_children,
     configmap_name,
     container_security_context,
     labels,
@@ -184,6 +185,17 @@ def build_precompile_job(
     meta = _child_meta(run, precompile_job_name(name), COMPONENT)
     meta["annotations"] = {RUN_NAME_ANNOTATION: name}
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": job_spec}
+
+
+def run_children(run: Run, config: OperatorConfig) -> tuple[list[Body], int | None]:
+    """Every child the operator creates for ``run``, in creation order (the builders' children,
+    with the precompile Job before the training Job when the run is precompiled), and the plan's
+    size (None when not precompiled, or the plan cannot be sized here)."""
+    children = build_children(run, config)
+    total = plan_size(run) if wants_precompile(run) else None
+    if total:  # the precompile Job goes before the training Job (the last child)
+        children.insert(-1, build_precompile_job(run, config, total))
+    return children, total
 
 
 def compile_status(
