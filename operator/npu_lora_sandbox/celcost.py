@@ -381,7 +381,7 @@ class _Estimator:
             name = node[1]
             if name not in ("self", "oldSelf"):
                 raise UnsupportedRule(f"unknown identifier {name!r}")
-            return _Est(SELECT_AND_IDENT_COST, schema=self.schema, path=self.where or "<root>")
+            return _Est(SELECT_AND_IDENT_COST, schema=self.schema, path=self.where)
         if kind == "select":
             inner = self.est(node[1])
             sub = None
@@ -389,12 +389,13 @@ class _Estimator:
                 sub = (inner.schema.get("properties") or {}).get(node[2])
                 if sub is None and _is_map(inner.schema):
                     sub = inner.schema["additionalProperties"]
+            path = f"{inner.path}.{node[2]}" if inner.path else node[2]
             if sub is None:
-                raise UnsupportedRule(f"{inner.path}.{node[2]}: no such field in the schema")
+                raise UnsupportedRule(f"{path}: no such field in the schema")
             return _Est(
                 inner.cost + SELECT_AND_IDENT_COST,
                 schema=sub,
-                path=f"{inner.path}.{node[2]}",
+                path=path,
                 unbounded=inner.unbounded,
             )
         if kind == "has":
