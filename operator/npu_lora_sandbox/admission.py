@@ -44,6 +44,92 @@ def _crd_status(obj: dict[str, Any]) -> None:
         obj["status"]["conditions"] = kept
 
 
+#: Fields the apiserver requires where it applies no default, per built-in kind the operator
+#: creates (and Pod), from the ``required`` lists of Kubernetes' published OpenAPI schemas
+#: (v1.30-v1.37, the versions ``tests/ship/test_ship_conformance.py`` validates against; a
+#: field the apiserver defaults, such as ``onPodConditions[].status`` or a Service port's
+#: ``protocol``, is defaulted in :meth:`Admission._default_builtin` instead). Paths are dotted;
+#: ``[]`` is every item of a list; a field is required only where its parent object exists.
+_POD_SPEC_REQUIRED = (
+    "containers",
+    "containers[].name",
+    "containers[].env[].name",
+    "containers[].env[].valueFrom.configMapKeyRef.key",
+    "containers[].env[].valueFrom.secretKeyRef.key",
+    "containers[].env[].valueFrom.fieldRef.fieldPath",
+    "containers[].env[].valueFrom.resourceFieldRef.resource",
+    "containers[].ports[].containerPort",
+    "containers[].volumeMounts[].name",
+    "containers[].volumeMounts[].mountPath",
+    "containers[].securityContext.seccompProfile.type",
+    "initContainers[].name",
+    "volumes[].name",
+    "volumes[].persistentVolumeClaim.claimName",
+    "volumes[].hostPath.path",
+    "volumes[].configMap.items[].key",
+    "volumes[].configMap.items[].path",
+    "volumes[].secret.items[].key",
+    "volumes[].secret.items[].path",
+    "securityContext.seccompProfile.type",
+    "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms",
+    "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[]"
+    ".matchExpressions[].key",
+    "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[]"
+    ".matchExpressions[].operator",
+    "affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution[].weight",
+    "affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution[].preference",
+)
+REQUIRED_FIELDS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("rbac.authorization.k8s.io", "Role"): ("rules[].verbs",),
+    ("rbac.authorization.k8s.io", "ClusterRole"): ("rules[].verbs",),
+    ("rbac.authorization.k8s.io", "RoleBinding"): (
+        "roleRef",
+        "roleRef.apiGroup",
+        "roleRef.kind",
+        "roleRef.name",
+        "subjects[].kind",
+        "subjects[].name",
+    ),
+    ("", "Service"): ("spec.ports[].port",),
+    ("batch", "Job"): (
+        "spec.template",
+        "spec.podFailurePolicy.rules",
+        "spec.podFailurePolicy.rules[].action",
+        "spec.podFailurePolicy.rules[].onExitCodes.operator",
+        "spec.podFailurePolicy.rules[].onExitCodes.values",
+        "spec.podFailurePolicy.rules[].onPodConditions[].type",
+        "spec.podFailurePolicy.rules[].onPodConditions[].status",
+        *(f"spec.template.spec.{p}" for p in _POD_SPEC_REQUIRED),
+    ),
+    ("", "Pod"): tuple(f"spec.{p}" for p in _POD_SPEC_REQUIRED),
+}
+REQUIRED_FIELDS[("rbac.authorization.k8s.io", "ClusterRoleBinding")] = REQUIRED_FIELDS[
+    ("rbac.authorization.k8s.io", "RoleBinding")
+]
+
+
+def missing_fields(obj: Any, pattern: str, path: str = "") -> list[str]:
+    """The concrete paths of ``pattern`` (see :data:`REQUIRED_FIELDS`) absent from ``obj``."""
+    head, _, rest = pattern.partition(".")
+    many = head.endswith("[]")
+    key = head[:-2] if many else head
+    if not isinstance(obj, dict):
+        return []
+    here = f"{path}.{key}" if path else key
+    if key not in obj or obj[key] is None:
+        return [] if rest else [here]
+    if not rest:
+        return []
+    value = obj[key]
+    if many:
+        return [
+            m
+            for i, item in enumerate(value if isinstance(value, list) else [])
+            for m in missing_fields(item, rest, f"{here}[{i}]")
+        ]
+    return missing_fields(value, rest, here)
+
+
 class Admission:
     """Admission: defaulting, the structural schema and CEL of custom resources, and the
     built-in validations (metadata, workloads, a Job's immutable fields).
@@ -94,6 +180,10 @@ class Admission:
         spec.setdefault("completionMode", "NonIndexed")
         spec.setdefault("suspend", False)
         spec.setdefault("podReplacementPolicy", "TerminatingOrFailed")
+        for rule in (spec.get("podFailurePolicy") or {}).get("rules") or []:
+            for pattern in (rule or {}).get("onPodConditions") or []:
+                if isinstance(pattern, dict):  # SetDefaults_PodFailurePolicyOnPodConditionsPattern
+                    pattern.setdefault("status", "True")
         self._default_pod_spec(spec["template"].setdefault("spec", {}))
         obj.setdefault("status", {})
 
@@ -210,6 +300,26 @@ class Admission:
                             "Required value",
                         )
                     )
+        if causes:
+            raise self._invalid(rt, obj["metadata"].get("name", ""), causes)
+
+    def _check_builtin(self, rt: ResourceType, obj: dict[str, Any]) -> None:
+        """What the apiserver refuses of a built-in kind before storing it: a required field
+        without a default (:data:`REQUIRED_FIELDS`), a CRD whose CEL rules exceed the cost
+        budget (:func:`.celcost.crd_cost_errors`, the apiserver's static estimate)."""
+        causes: list[schema.Cause] = []
+        for pattern in REQUIRED_FIELDS.get((rt.group, rt.kind), ()):
+            causes += [
+                schema.Cause(path, "FieldValueRequired", "Required value")
+                for path in missing_fields(obj, pattern)
+            ]
+        if rt.kind == "CustomResourceDefinition" and rt.group == "apiextensions.k8s.io":
+            from .celcost import crd_cost_errors
+
+            causes += [
+                schema.Cause(path, "FieldValueForbidden", f"Forbidden: {message}")
+                for path, message in crd_cost_errors(obj)
+            ]
         if causes:
             raise self._invalid(rt, obj["metadata"].get("name", ""), causes)
 

@@ -363,6 +363,7 @@ class ObjectStore:
         self._default_builtin(rt, obj, None)
         self._check_meta(rt, obj)
         self._check_workload(rt, obj)
+        self._check_builtin(rt, obj)
         self._check_custom(rt, obj, None, field_validation, warnings)
         meta["generation"] = 1
         if dry_run:
@@ -534,6 +535,7 @@ class ObjectStore:
             self._check_job_immutables(rt, old, new)
         self._default_builtin(rt, new, old)
         self._check_meta(rt, new)
+        self._check_builtin(rt, new)
         self._check_custom(rt, new, old, field_validation, warnings)
         for k in ("labels", "annotations", "finalizers", "ownerReferences"):
             if k in meta and not meta[k]:
