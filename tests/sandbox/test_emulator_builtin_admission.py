@@ -184,3 +184,36 @@ def test_pod_condition_status_is_defaulted_not_required(emulator: ApiEmulator) -
     stored = emulator.create(job)
     (pattern,) = stored["spec"]["podFailurePolicy"]["rules"][1]["onPodConditions"]
     assert pattern == {"type": "DisruptionTarget", "status": "True"}
+
+
+@pytest.mark.parametrize(
+    ("device", "needle"),
+    [
+        ({"precompile": True}, "device.compileCache"),
+        (
+            {"precompile": "true", "compileCache": {"claimName": "graphs"}},
+            "spec.device.precompile in body must be of type boolean",
+        ),
+    ],
+)
+def test_an_apply_of_a_bad_precompile_is_refused_naming_the_field(
+    emulator: ApiEmulator, device: dict[str, Any], needle: str
+) -> None:
+    from npu_lora_operator.crd import build_crd
+
+    emulator.load_crd(build_crd())
+    run = {
+        "apiVersion": "npu-lora.io/v1alpha1",
+        "kind": "MoEFinetune",
+        "metadata": {"name": "pc", "namespace": "default"},
+        "spec": {
+            "model": {"preset": "tiny-qwen3-moe"},
+            "data": {"path": "example:nsmc-mini"},
+            "device": {"backend": "cpu", "cards": 0, **device},
+        },
+    }
+    with pytest.raises(ApiError) as e:
+        emulator.create(run)
+    assert e.value.code == 422 and needle in e.value.message, e.value.message
+    assert e.value.message.startswith('MoEFinetune.npu-lora.io "pc" is invalid: spec.device')
+    assert emulator.get("npu-lora.io/v1alpha1", "MoEFinetune", "pc", "default") is None
