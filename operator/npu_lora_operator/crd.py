@@ -143,9 +143,11 @@ DEFAULT_MAX_LENGTH = api.MAX_PATH
 DEFAULT_MAX_ITEMS = 256
 DEFAULT_MAX_PROPERTIES = 256
 #: Per-field overrides of the defaults (dotted schema path, ``[]`` for items, ``*`` for map
-#: values): ``metav1.Condition.message`` is 32 KiB upstream.
+#: values): ``metav1.Condition.message`` is 32 KiB upstream; one number per rank of the largest
+#: world ``spec.distributed`` admits (256 workers × 8 ranks).
 BOUND_OVERRIDES: dict[str, dict[str, int]] = {
     "status.conditions[].message": {"maxLength": 32768},
+    "status.distributed.rankComputeSeconds": {"maxItems": 256 * 8},
 }
 _COPY_KEYS = (
     "type",

@@ -197,3 +197,16 @@ def test_the_command_prints_each_rule_and_passes() -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     assert "self.model == oldSelf.model" in r.stdout and "PerCallLimit 1000000" in r.stdout
     assert len(r.stdout.splitlines()) == len(rule_costs(openapi_schema())) + 2
+
+
+def test_status_lists_hold_what_the_worker_writes() -> None:
+    """The per-rank list holds the largest world the spec admits; a bound the worker could
+    exceed would make its status patch fail."""
+    from npu_lora.api.v1alpha1 import DistributedSpec
+
+    def le(name: str) -> int:
+        return next(m.le for m in DistributedSpec.model_fields[name].metadata if hasattr(m, "le"))
+
+    status = openapi_schema()["properties"]["status"]["properties"]
+    ranks = status["distributed"]["properties"]["rankComputeSeconds"]
+    assert ranks["maxItems"] == le("workers") * le("ranks_per_worker")
