@@ -377,11 +377,44 @@ def fail_run(state: State, namespace: str, name: str, reason: str, message: str)
         _post(mft, st.transition_events(old, new))
 
 
-def admit(state: State, run: builders.Run, children: list[Body], logger: logging.Logger) -> None:
-    """The admission policy (:mod:`.policy`) on a run, before any child exists: a violation
-    fails the run (reason ``PolicyViolation``, a Warning Event, the fields named) and raises
-    ``kopf.PermanentError``. A run whose Job exists already (admitted under an earlier policy,
-    the operator restarted) is let through with a warning."""
+def _stop_jobs(state: State, run: builders.Run, logger: logging.Logger) -> list[str]:
+    """Suspend the run's own Jobs (training and precompile) that are neither finished nor
+    suspended, so no pod of the run starts while its spec is refused (the pods are deleted; the
+    checkpoint stays). Returns the Jobs suspended."""
+    ns = run.namespace or "default"
+    stopped = []
+    for jname in (builders.job_name(run.name), precompile.precompile_job_name(run.name)):
+        job = state.kube.get("batch/v1", "jobs", jname, ns)
+        if job is None or run.uid is None or not _owned_by(job, run.uid):
+            continue
+        if _job_finished(job) is not None or (job.get("spec") or {}).get("suspend") is True:
+            continue
+        try:
+            state.kube.merge_patch("batch/v1", "jobs", jname, ns, {"spec": {"suspend": True}})
+        except KubeError as e:
+            if e.code != 404:
+                raise
+            continue
+        logger.warning("run %s: Job %s suspended (its spec is refused)", run.name, jname)
+        stopped.append(jname)
+    return stopped
+
+
+def admit(
+    state: State,
+    run: builders.Run,
+    children: list[Body],
+    logger: logging.Logger,
+    phase: str | None = None,
+) -> None:
+    """The admission policy (:mod:`.policy`) on the run's spec *as it is now*, before any child
+    is created or changed, on every path (create, resume after a restart, a retry, a spec
+    change, an un-suspend, the precompile Job's completion). There is no waiver: a run whose
+    Job exists already (admitted earlier, then edited while suspended, or a stricter policy
+    after an upgrade) is refused like a new one. A violation suspends the run's own unfinished
+    Jobs (:func:`_stop_jobs`), fails the run (reason ``PolicyViolation``, a Warning Event, the
+    fields named; a run already ``Succeeded``/``Failed`` keeps its verdict) and raises
+    ``kopf.PermanentError``: the caller creates and patches nothing."""
     cfg = state.config
     extra = [k for k, _ in cfg.extra_env]
     violations = policy.check(run.spec, children, cfg.policy, cfg.worker_image, extra)
@@ -389,12 +422,29 @@ def admit(state: State, run: builders.Run, children: list[Body], logger: logging
         return
     msg = policy.describe(violations)
     ns = run.namespace or "default"
-    job = state.kube.get("batch/v1", "jobs", builders.job_name(run.name), ns)
-    if job is not None and _owned_by(job, run.uid):
-        logger.warning("run %s has a Job already; not refused again: %s", run.name, msg)
-        return
-    fail_run(state, ns, run.name, policy.REASON, msg)
-    raise kopf.PermanentError(msg)
+    _stop_jobs(state, run, logger)
+    if phase in st.TERMINAL_PHASES:
+        logger.warning("run %s (%s): spec change refused: %s", run.name, phase, msg)
+    else:
+        fail_run(state, ns, run.name, policy.REASON, msg)
+    raise kopf.PermanentError(bounded(msg))
+
+
+def _admit_body(state: State, raw: Body, logger: logging.Logger) -> builders.Run:
+    """:func:`admit` on a MoEFinetune body's spec (a spec the models refuse fails the run
+    ``InvalidSpec``, as in :func:`ensure_run`). Returns the run."""
+    meta = raw.get("metadata") or {}
+    name, ns = meta.get("name") or "", meta.get("namespace") or "default"
+    phase = (raw.get("status") or {}).get("phase")
+    try:
+        run = builders.Run.from_body(raw)
+    except ValueError as e:  # the server's schema should have refused it
+        msg = bounded(f"invalid spec: {e}")
+        if phase not in st.TERMINAL_PHASES:
+            fail_run(state, ns, name, "InvalidSpec", msg)
+        raise kopf.PermanentError(msg) from e
+    admit(state, run, [], logger, phase)
+    return run
 
 
 # ---------------------------------------------------------------------------------------------
@@ -504,6 +554,12 @@ def suspend_changed(
     if old is None:  # creation: the Job is built with it
         return
     suspend = bool(new)
+    if not suspend:
+        if ((body.get("status") or {}).get("phase")) in st.TERMINAL_PHASES:
+            logger.info("run %s is finished; its Job stays as it is", name)
+            return
+        # a resumed Job starts pods: the spec as it is now must pass the policy
+        _admit_body(state, dict(body), logger)
     if not suspend and spec.get("queueName"):
         # Kueue owns un-suspending queued Jobs (on admission); leave the Job to it
         _post(dict(body), [("Normal", "Resumed", "resume left to Kueue admission")])
@@ -548,6 +604,8 @@ def spec_changed(
     raw: Body = dict(body)
     spec = raw.get("spec") or {}
     changed = {str(d[1][0]) for d in diff if d[1]}  # field paths are relative to `spec`
+    # nothing of the run changes unless the spec as it is now passes the policy
+    _admit_body(state, raw, logger)
     kube = state.kube
     uid = (raw.get("metadata") or {}).get("uid")
     job_patch = {k: spec.get(k) for k in _JOB_MUTABLE if k in changed}
@@ -615,12 +673,37 @@ def job_event(
     run = run_name_of(raw)
     if not run:
         return
+    if _refused_job_running(memo.state, raw, namespace, run, logger):
+        return
     if _is_completed_precompile(memo.state, raw, namespace, run):
         mft = memo.state.kube.get(API_VERSION, PLURAL, run, namespace)
         if mft is not None and _owned_by(raw, _uid(mft)):
             ensure_run(body=mft, name=run, namespace=namespace, logger=logger, memo=memo)
             return
     reconcile_status(memo.state, namespace, run)
+
+
+def _refused_job_running(
+    state: State, job: Body, namespace: str, run: str, logger: logging.Logger
+) -> bool:
+    """A Job of a run failed by the policy that runs again (un-suspended by someone else, e.g.
+    Kueue re-admitting its workload): suspended again. True when it was."""
+    if (job.get("spec") or {}).get("suspend") is True or _job_finished(job) is not None:
+        return False
+    mft = state.kube.get(API_VERSION, PLURAL, run, namespace)
+    if mft is None or not _owned_by(job, _uid(mft)):
+        return False
+    conds = (mft.get("status") or {}).get("conditions") or []
+    if not any(
+        c.get("type") == "Failed" and c.get("status") == "True" and c.get("reason") == policy.REASON
+        for c in conds
+    ):
+        return False
+    try:
+        owner = builders.Run.from_body(mft)
+    except ValueError:
+        return False
+    return bool(_stop_jobs(state, owner, logger))
 
 
 def _is_completed_precompile(state: State, job: Body, namespace: str, run: str) -> bool:

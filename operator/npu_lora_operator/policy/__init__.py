@@ -59,7 +59,8 @@ Pure functions; no I/O except reading a preset's packaged config. Never imports 
 Modules: :mod:`.config` (the values, :class:`Violation`), :mod:`.common` (matching helpers),
 :mod:`.env` (:mod:`.reserved`: the names it may not set), :mod:`.volumes` (:mod:`.sources`:
 each volume type), :mod:`.scheduling`, :mod:`.images` (image and pull secrets),
-:mod:`.privileged` (the built pod), :mod:`.resources` (defaults and ``auto`` memory),
+:mod:`.privileged` (the built pod), :mod:`.paths` (the spec's path fields: relative to their
+volume, no ``..``), :mod:`.resources` (defaults and ``auto`` memory),
 :mod:`.quantities` and :mod:`.checks` (a run's violations, from all of them).
 """
 

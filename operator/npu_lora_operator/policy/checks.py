@@ -10,6 +10,7 @@ from npu_lora_operator.policy.common import allowed_text, check_sub_path, matche
 from npu_lora_operator.policy.config import AUTO, Body, PodPolicy, Violation
 from npu_lora_operator.policy.env import check_env, check_env_from
 from npu_lora_operator.policy.images import check_image, check_pull_secrets
+from npu_lora_operator.policy.paths import check_paths
 from npu_lora_operator.policy.privileged import check_pod_spec
 from npu_lora_operator.policy.quantities import quantity_bytes
 from npu_lora_operator.policy.scheduling import (
@@ -33,6 +34,7 @@ def check_spec(
     """The violations of a :class:`~npu_lora.api.v1alpha1.MoEFinetuneSpec` (empty: allowed).
     ``operator_env``: names the operator's own configuration sets in the worker (reserved too)."""
     out = check_image(spec.image, policy, worker_image)
+    out += check_paths(spec)
     pt = spec.pod_template
     sa = pt.service_account_name if pt is not None else None
     if sa and not matches(sa, policy.allowed_service_accounts):
