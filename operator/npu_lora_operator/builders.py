@@ -27,6 +27,7 @@ Mount points (fixed, so the worker config is independent of the cluster's storag
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import posixpath
 from collections.abc import Mapping
@@ -338,15 +339,52 @@ def build_role_binding(run: Run) -> Body:
 
 
 def accelerator_resources(run: Run) -> dict[str, int]:
-    """The extended-resource request of the worker: RNGD cards, or GPUs for ``cuda``."""
+    """The extended-resource request of the worker: RNGD cards, or GPUs for ``cuda``; with
+    ``device.partition`` that many partitions of cards instead (the registry's resource name)."""
     backend = run.spec.device.backend
     cards = run.spec.device.cards
     if cards <= 0:
         return {}
+    node = run.spec.device.node_backend
+    if run.spec.device.partition is not None and node is not None:
+        return {node.partition_resource(run.spec.device.partition): cards}
     resource = (  # auto with cards: the first accelerator's (furiosa)
         registry.card_resource() if backend == registry.AUTO else registry.entry(backend).resource
     )
     return {resource: cards} if resource else {}
+
+
+def node_requirements(run: Run) -> list[Body]:
+    """The node-selector requirements of a card run: the backend's family label always, the
+    product label with ``device.product`` (the registry's names, :class:`NodeFacts`)."""
+    device = run.spec.device
+    node = device.node_backend
+    if node is None or device.cards <= 0 or node.node is None:
+        return []
+    facts = node.node
+    out: list[Body] = [{"key": facts.family_label, "operator": "In", "values": [facts.family]}]
+    if device.product is not None:
+        out.append({"key": facts.product_label, "operator": "In", "values": [device.product]})
+    return out
+
+
+def node_affinity(run: Run, affinity: Body | None) -> Body | None:
+    """``affinity`` (the podTemplate's) with :func:`node_requirements` added to every required
+    node-selector term (terms are ORed, so each must carry them), or a term of its own."""
+    reqs = node_requirements(run)
+    if not reqs:
+        return affinity
+    out = copy.deepcopy(affinity) if affinity else {}
+    node_aff = out.setdefault("nodeAffinity", {})
+    required = node_aff.setdefault(
+        "requiredDuringSchedulingIgnoredDuringExecution", {"nodeSelectorTerms": []}
+    )
+    terms = required.setdefault("nodeSelectorTerms", [])
+    if not terms:
+        terms.append({})
+    for term in terms:
+        term["matchExpressions"] = [*(term.get("matchExpressions") or []), *reqs]
+    return out
 
 
 def _resources(run: Run, config: OperatorConfig) -> Body:
@@ -540,6 +578,9 @@ def build_job(run: Run, config: OperatorConfig) -> Body:
     for key in ("nodeSelector", "tolerations", "affinity", "priorityClassName", "imagePullSecrets"):
         if pt.get(key):
             pod_spec[key] = pt[key]
+    affinity = node_affinity(run, pt.get("affinity"))
+    if affinity:
+        pod_spec["affinity"] = affinity
 
     job_labels = labels(run)
     if spec.queue_name:

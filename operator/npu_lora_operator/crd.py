@@ -76,7 +76,8 @@ def _column(name: str, type_: str, path: str, description: str, priority: int = 
 
 #: ``kubectl get mft`` columns. priority 1 = only with ``-o wide``. The last step's columns
 #: come from the step record (:mod:`npu_lora.api.record`): ``Loss`` after ``Step``, the timing
-#: columns after ``S/Step``, the wide ones at the end.
+#: columns after ``S/Step``, the wide ones at the end; ``Progress`` (Kubeflow Trainer's
+#: ``trainerStatus.progressPercentage``) after ``Phase``, as in ``kubectl get trainjob``.
 PRINTER_COLUMNS: list[dict[str, Any]] = [
     _column(
         "Phase",
@@ -84,6 +85,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         ".status.phase",
         "Pending, Compiling, Running, Succeeded, Failed or Suspended.",
     ),
+    record.progress_column(),
     _column("Step", "integer", ".status.progress.step", "Last completed optimizer step."),
     *record.printer_columns(priority=0, only=("loss",)),
     _column(

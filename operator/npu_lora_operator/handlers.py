@@ -25,6 +25,11 @@
   own handler: with ``queueName`` the Job is created suspended and Kueue un-suspends it on
   admission; ``spec.suspend: true`` suspends it (Kueue then evicts the workload), ``false``
   leaves the re-admission to Kueue.
+- ``spec.managedBy`` (Kueue MultiKueue's external-framework contract): only runs whose
+  ``managedBy`` is this operator's (:data:`npu_lora.api.v1alpha1.MANAGED_BY`, the default) are
+  reconciled; every handler of a run is filtered by :func:`managed_here` (kopf ``when=``), and
+  the status writers check it again, so a run another controller manages gets no child from us
+  and its status is never written (MultiKueue copies it from the worker cluster).
 - deletion: nothing to do; the children carry ownerReferences and the garbage collector removes
   them (no finalizer is needed, and none is added: there is no deletion handler).
 
@@ -157,6 +162,18 @@ def login(**_: Any) -> kopf.ConnectionInfo:
 
 # ---------------------------------------------------------------------------------------------
 # helpers
+
+
+def is_managed(obj: Body | None) -> bool:
+    """Run ``obj`` is this operator's: ``spec.managedBy`` is ours or unset (a run created before
+    the field existed, or not yet defaulted)."""
+    spec = (obj or {}).get("spec") or {}
+    return (spec.get("managedBy") or api.MANAGED_BY) == api.MANAGED_BY
+
+
+def managed_here(body: kopf.Body, **_: Any) -> bool:
+    """kopf ``when=`` filter of every MoEFinetune handler: :func:`is_managed`."""
+    return is_managed(dict(body))
 
 
 def _uid(obj: Body | None) -> str | None:
@@ -309,6 +326,8 @@ def reconcile_status(state: State, namespace: str, name: str) -> Body | None:
         mft = kube.get(API_VERSION, PLURAL, name, namespace)
         if mft is None or (mft.get("metadata") or {}).get("deletionTimestamp"):
             return None
+        if not is_managed(mft):  # another controller's run (spec.managedBy): not ours to write
+            return None
         job = kube.get("batch/v1", "jobs", builders.job_name(name), namespace)
         if job is not None and not _owned_by(job, _uid(mft)):
             job = None
@@ -358,7 +377,7 @@ def fail_run(state: State, namespace: str, name: str, reason: str, message: str)
     kube = state.kube
     with state.lock(namespace, name):
         mft = kube.get(API_VERSION, PLURAL, name, namespace)
-        if mft is None:
+        if mft is None or not is_managed(mft):
             return
         old = mft.get("status") or {}
         message = bounded(message)
@@ -451,8 +470,8 @@ def _admit_body(state: State, raw: Body, logger: logging.Logger) -> builders.Run
 # MoEFinetune
 
 
-@kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry)
-@kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
+@kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry, when=managed_here)
+@kopf.on.create(GROUP, VERSION, PLURAL, registry=registry, when=managed_here)
 @prom.instrumented("ensure_run")
 def ensure_run(
     body: kopf.Body,
@@ -537,7 +556,7 @@ def _precompiled(state: State, run: builders.Run, raw: Body) -> bool:
     return False
 
 
-@kopf.on.field(GROUP, VERSION, PLURAL, field="spec.suspend", registry=registry)
+@kopf.on.field(GROUP, VERSION, PLURAL, field="spec.suspend", registry=registry, when=managed_here)
 @prom.instrumented("suspend_changed")
 def suspend_changed(
     old: Any,
@@ -589,7 +608,7 @@ _CONFIG_FIELDS = api.spec_fields(api.OnUpdate.WORKER_CONFIG)
 _NEW_RUN_ONLY = api.spec_fields(api.OnUpdate.NEW_RUN)
 
 
-@kopf.on.update(GROUP, VERSION, PLURAL, field="spec", registry=registry)
+@kopf.on.update(GROUP, VERSION, PLURAL, field="spec", registry=registry, when=managed_here)
 @prom.instrumented("spec_changed")
 def spec_changed(
     diff: kopf.Diff,

@@ -10,7 +10,9 @@ Pure functions (no I/O), torch-free (the plan is :mod:`npu_lora.compile.plan`):
   plan (``completions = parallelism = total``, capped by ``max_parallel``), CPU only (no card
   request, no podTemplate nodeSelector: those pick card nodes), the shared cache volume
   (``compileCache``, a ReadWriteMany claim) and the model volume (the widths), running
-  ``npu-lora precompile /etc/npu-lora/config.yaml`` (index from ``JOB_COMPLETION_INDEX``). An
+  ``npu-lora precompile /etc/npu-lora/config.yaml`` (index from ``JOB_COMPLETION_INDEX``),
+  annotated with the target product and compiler release its graphs' keys include
+  (:func:`plan_identity`). An
   index whose graph is already in the cache exits at once (a hit): the operator cannot see the
   cache, so every graph gets an index and the pods skip what is there. A compile failure (exit
   1) fails the Job at once (``podFailurePolicy``) with the graph and the compiler's message in
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from npu_lora.api.v1alpha1 import EXIT_CONFIG_ERROR
+from npu_lora.api.v1alpha1 import EXIT_CONFIG_ERROR, GROUP
 
 from npu_lora_operator.builders import (
     CACHE_MOUNT,
@@ -70,6 +72,24 @@ def wants_precompile(run: Run) -> bool:
     """``spec.device.precompile`` resolved, and a ``compileCache`` to compile into."""
     device = run.spec.device
     return device.precompile_enabled and device.compile_cache is not None
+
+
+#: the precompile Job's annotations recording what its graphs are compiled for
+TARGET_ANNOTATION = f"{GROUP}/compile-target"
+COMPILER_ANNOTATION = f"{GROUP}/compiler"
+
+
+def plan_identity(run: Run) -> dict[str, str]:
+    """What the run's graphs compile for, as the precompile Job's annotations: the target
+    (``<family>/<product>``, ``<family>/any`` without ``device.product``; backends without
+    node facts: the backend) and the compiler release (:func:`npu_lora.compile.plan.compiler_id`,
+    the worker image's pins where furiosa-torch is not installed). Both enter the graphs' keys."""
+    from npu_lora.compile.plan import compile_target, compiler_id, resolve_backend
+
+    backend = resolve_backend(run.spec)
+    target = compile_target(run.spec, backend)
+    where = f"{target['family']}/{target['product'] or 'any'}" if target else backend
+    return {TARGET_ANNOTATION: where, COMPILER_ANNOTATION: compiler_id(backend)}
 
 
 def plan_size(run: Run) -> int | None:
@@ -183,7 +203,7 @@ def build_precompile_job(
     if spec.active_deadline_seconds is not None:
         job_spec["activeDeadlineSeconds"] = spec.active_deadline_seconds
     meta = _child_meta(run, precompile_job_name(name), COMPONENT)
-    meta["annotations"] = {RUN_NAME_ANNOTATION: name}
+    meta["annotations"] = {RUN_NAME_ANNOTATION: name, **plan_identity(run)}
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": job_spec}
 
 

@@ -137,6 +137,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with --runtime podman, run the operator in this process instead of its image",
     )
+    parser.add_argument(
+        "--node-label",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="a label of the sandbox's node, added to or replacing its defaults (repeatable; "
+        "e.g. the product label of the backend registry's feature discovery, to try "
+        "spec.device.product)",
+    )
 
 
 class OperatorThread:
@@ -197,6 +206,7 @@ def start_sandbox(
     worker_image: str | None = None,
     operator_image: str | None = None,
     operator_in_process: bool = False,
+    node_labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Start emulator + CRD + kubelet (+ operator). Returns the parts; stop with
     :func:`stop_sandbox`. ``runtime="podman"``: pods run in containers from their images and the
@@ -223,7 +233,7 @@ def start_sandbox(
         pod_runtime = PodmanRuntime()
     emu = ApiEmulator(port=port, host=host).start()
     emu.load_crd(build_crd())
-    kubelet = LocalKubelet(emu, root=root, runtime=pod_runtime).start()
+    kubelet = LocalKubelet(emu, root=root, runtime=pod_runtime, node_labels=node_labels).start()
     kc = Path(kubeconfig).resolve() if kubeconfig else kubelet.kubeconfig
     emu.write_kubeconfig(kc)
     # no pod's hostPath or environment may reach the admin kubeconfig, wherever it was written
@@ -299,6 +309,16 @@ def _arm_watchdog(grace: float, code: int) -> threading.Timer:
     return t
 
 
+def _node_labels(items: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--node-label {item!r}: use KEY=VALUE")
+        out[key] = value
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     import kopf
 
@@ -334,6 +354,7 @@ def run(args: argparse.Namespace) -> int:
         worker_image=args.worker_image,
         operator_image=args.operator_image,
         operator_in_process=args.operator_in_process,
+        node_labels=_node_labels(args.node_label),
     )
     kc = parts["kubeconfig"]
     examples = Path(__file__).resolve().parents[2] / "examples" / "tiny-sandbox.yaml"

@@ -48,7 +48,9 @@ to 127.0.0.1 in the pod environment, see :mod:`.podenv`):
 
 Kubelet (every pod, Job-owned or bare, runs once: ``restartPolicy`` is not emulated):
 - binds it to the node ``sandbox-node`` (a Node object it creates; labels ``node_labels``,
-  allocatable ``node_capacity``, by default including ``furiosa.ai/rngd: 8``);
+  allocatable ``node_capacity``, by default an accelerator node of 8 cards as the backend
+  registry describes it, :func:`npu_lora.api.backends.example_node`: its discovery labels,
+  whole cards and every partitioned resource);
 - runs the first container's ``command`` + ``args`` as a local subprocess (``python``/``python3``
   as ``command[0]`` become ``python_executable``, default this interpreter; an image without a
   command may be given one through ``entrypoints={"image-prefix": [...]}``) in its own session,
@@ -93,7 +95,9 @@ Failure knobs (for the operator's condition mapping):
 - an image containing ``image_pull_failure`` (default ``"doesnotexist"``) never starts: the pod stays
   ``Pending`` with container ``waiting.reason: ImagePullBackOff`` (and ``Failed``/``BackOff``
   events; ``kubectl logs`` answers "is waiting to start: trying and failing to pull image");
-- a pod whose ``nodeSelector`` the node's labels don't satisfy, or that requests more of an extended
+- a pod whose ``nodeSelector`` or required node affinity (``nodeSelectorTerms``, ORed, of
+  ``matchExpressions`` with In/NotIn/Exists/DoesNotExist/Gt/Lt and ``matchFields`` on
+  ``metadata.name``) the node does not satisfy, or that requests more of an extended
   resource than ``node_capacity`` has, stays ``Pending`` with condition ``PodScheduled=False``,
   ``reason: Unschedulable`` and the scheduler's message.
 """
@@ -151,17 +155,21 @@ class LocalKubelet(JobController, PodRunner, PodEnvironment):
         self.emu = emu
         self.root = Path(root).resolve()
         self.node_name = node_name
+        from npu_lora.api.backends import example_node  # the accelerators' labels, resources
+
+        accel_labels, accel_capacity = example_node()
         self.node_labels = {
             "kubernetes.io/hostname": node_name,
             "kubernetes.io/os": "linux",
             "kubernetes.io/arch": "amd64",
+            **accel_labels,
             **dict(node_labels or {}),
         }
         self.node_capacity = {
             "cpu": "16",
             "memory": "64Gi",
             "pods": "110",
-            "furiosa.ai/rngd": "8",
+            **accel_capacity,
             **dict(node_capacity or {}),
         }
         self.python_executable = python_executable or sys.executable

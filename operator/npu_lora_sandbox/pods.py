@@ -290,7 +290,17 @@ class PodRunner:
 
     def _unschedulable(self, spec: dict[str, Any]) -> str | None:
         sel = spec.get("nodeSelector") or {}
-        if any(self.node_labels.get(k) != v for k, v in sel.items()):
+        required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ) or {}
+        terms = required.get("nodeSelectorTerms")
+        # the Node object's labels as they are now (``kubectl label node`` reschedules)
+        live = self.emu.get("v1", "Node", self.node_name)
+        labels = ((live or {}).get("metadata") or {}).get("labels") or self.node_labels
+        node = {"labels": labels, "fields": {"metadata.name": self.node_name}}
+        if any(labels.get(k) != v for k, v in sel.items()) or (
+            terms is not None and not any(node_term_matches(t, node) for t in terms)
+        ):
             return "0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector. preemption: 0/1 nodes are available: 1 Preemption is not helpful for scheduling."
         for c in spec.get("containers") or []:
             res = c.get("resources") or {}
@@ -417,3 +427,36 @@ class PodRunner:
         if c is None or not c.running:
             return
         await c.stop(p.grace)
+
+
+def _requirement_matches(req: dict[str, Any], values: dict[str, str]) -> bool:
+    """One node-selector requirement against a node's labels (or fields)."""
+    key, op, want = req.get("key"), req.get("operator"), [str(v) for v in req.get("values") or []]
+    have = values.get(str(key))
+    if op == "In":
+        return have is not None and have in want
+    if op == "NotIn":
+        return have is None or have not in want
+    if op == "Exists":
+        return have is not None
+    if op == "DoesNotExist":
+        return have is None
+    if op in ("Gt", "Lt") and have is not None and len(want) == 1:
+        try:
+            a, b = int(have), int(want[0])
+        except ValueError:
+            return False
+        return a > b if op == "Gt" else a < b
+    return False
+
+
+def node_term_matches(term: dict[str, Any] | None, node: dict[str, dict[str, str]]) -> bool:
+    """A ``nodeSelectorTerm``: all its ``matchExpressions`` (labels) and ``matchFields``
+    (``metadata.name``) hold; an empty term matches no node (as the scheduler's)."""
+    exprs = (term or {}).get("matchExpressions") or []
+    fields = (term or {}).get("matchFields") or []
+    if not exprs and not fields:
+        return False
+    return all(_requirement_matches(r, node["labels"]) for r in exprs) and all(
+        _requirement_matches(r, node["fields"]) for r in fields
+    )

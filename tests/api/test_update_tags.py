@@ -21,7 +21,8 @@ def test_consumers_read_the_tags() -> None:
     assert immutable == rundir.TRAINING_FIELDS
     spec = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     transition = [v for v in spec["x-kubernetes-validations"] if "oldSelf" in v["rule"]]
-    assert transition == [api.immutable_rule()]
+    # the training fields, and managedBy (immutable, but no training field: OnUpdate.NEW_RUN)
+    assert transition == [api.immutable_rule(), api.managed_by_rule()]
     for name in immutable:
         assert f"self.{name} == oldSelf.{name}" in transition[0]["rule"]
     # a cluster-only field never reaches `npu-lora run`; the worker needs every training field

@@ -187,6 +187,24 @@ def test_full_job() -> None:
                     "tolerations": [{"key": "npu", "operator": "Exists"}],
                     "priorityClassName": "batch",
                     "imagePullSecrets": [{"name": "regcred"}],
+                    # a card run: the backend's family label (the registry's node facts)
+                    "affinity": {
+                        "nodeAffinity": {
+                            "requiredDuringSchedulingIgnoredDuringExecution": {
+                                "nodeSelectorTerms": [
+                                    {
+                                        "matchExpressions": [
+                                            {
+                                                "key": "furiosa.ai/npu.family",
+                                                "operator": "In",
+                                                "values": ["rngd"],
+                                            }
+                                        ]
+                                    }
+                                ]
+                            }
+                        }
+                    },
                 },
             },
         },
@@ -212,8 +230,13 @@ def test_minimal_job_defaults() -> None:
     # no output volume: an emptyDir keeps the run directory writable
     assert {"name": "output", "emptyDir": {}} in pod["volumes"]
     assert {"name": "XDG_CACHE_HOME", "value": "/tmp/.cache"} in c["env"]
-    for key in ("nodeSelector", "tolerations", "affinity", "priorityClassName"):
+    for key in ("nodeSelector", "tolerations", "priorityClassName"):
         assert key not in pod
+    # one card of auto: only the family requirement (tests/operator/test_node_facts.py)
+    (term,) = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert [e["key"] for e in term["matchExpressions"]] == ["furiosa.ai/npu.family"]
 
 
 @pytest.mark.parametrize(

@@ -76,6 +76,7 @@ def test_printer_columns() -> None:
     wide = [c["name"].upper() for c in cols if c.get("priority") == 1]
     assert default == [
         "PHASE",
+        "PROGRESS",
         "STEP",
         "LOSS",
         "S/STEP",
@@ -107,6 +108,9 @@ def test_printer_columns() -> None:
     assert by_name["EXPERT-BYTES"]["jsonPath"] == ".status.lastStep.expertBytes"
     assert by_name["NODE-EXPERT-BYTES"]["jsonPath"] == ".status.lastStep.nodeExpertBytes"
     assert by_name["STEP"]["jsonPath"] == ".status.progress.step"
+    # Kubeflow Trainer's column (KEP-2779), from the column registry
+    assert by_name["PROGRESS"]["jsonPath"] == ".status.trainerStatus.progressPercentage"
+    assert by_name["PROGRESS"]["type"] == "integer"
     assert by_name["LOSS"]["jsonPath"] == ".status.lastStep.loss"
     assert by_name["S/STEP"]["jsonPath"] == ".status.stepSecondsMedian"
     assert by_name["ATTN"]["jsonPath"] == ".status.lastStep.attnHeadS"

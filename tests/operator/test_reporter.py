@@ -397,3 +397,69 @@ def test_auto_keeping_host_only_reports_no_hot_experts() -> None:
     rep.on_end({}, None)
     last = api.ok[-1]["status"]
     assert last["hot"]["experts"] == 0 and last["placement"]["chosen"] == "host-only"
+
+
+def test_trainer_status_has_kubeflow_trainer_names_and_meanings(
+    emulator: Any, kubeconfig: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``status.trainerStatus`` as Kubeflow Trainer KEP-2779 names it: an integer percentage
+    from the steps, the ETA as integer seconds, the fixed metrics with string values, the time
+    of the observation; it passes the CRD's schema and our own fields stay beside it."""
+    from npu_lora.api import record as step_record
+    from npu_lora.api.v1alpha1 import MoEFinetuneStatus
+
+    emulator.load_crd(build_crd())
+    emulator.create(
+        {
+            "apiVersion": "npu-lora.io/v1alpha1",
+            "kind": "MoEFinetune",
+            "metadata": {"name": "r1", "namespace": "default"},
+            "spec": {
+                "model": {"preset": "tiny-qwen3-moe"},
+                "data": {"path": "example:nsmc-mini"},
+                "training": {"steps": 8},
+                "moe": {"warmupSteps": 1},
+            },
+        }
+    )
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.setenv("NPU_LORA_RESOURCE_NAME", "r1")
+    monkeypatch.setenv("NPU_LORA_RESOURCE_NAMESPACE", "default")
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    rep = StatusReporter.from_env(None, total_steps=8, min_interval_seconds=0)
+    rep.on_start(SimpleNamespace(total_steps=8, start_step=1, extra={}))
+    for step in (1, 2, 3):
+        rep.on_step(record(step, step_s=2.0, tokens=256, loss=1.234567891), None)
+    assert rep.flush(5)
+    get = lambda: emulator.get("npu-lora.io/v1alpha1", "MoEFinetune", "r1", namespace="default")  # noqa: E731
+    ts = get()["status"]["trainerStatus"]
+    assert set(ts) == {
+        "progressPercentage",
+        "estimatedRemainingSeconds",
+        "metrics",
+        "lastUpdatedTime",
+    }
+    assert ts["progressPercentage"] == 37  # 3 of 8 steps, floored as an int32 percentage
+    assert ts["estimatedRemainingSeconds"] == 10  # 5 steps × 2.0 s (median)
+    assert ts["metrics"] == [
+        {"name": "loss", "value": "1.2346"},
+        {"name": "step_seconds", "value": "2"},
+        {"name": "tokens_per_second", "value": "128"},
+    ]
+    assert ts["lastUpdatedTime"] == get()["status"]["progress"]["lastUpdateTime"]
+    # after an evaluation: eval_loss and eval_accuracy join, in the registry's order
+    rep.on_eval(
+        {"step": 3, "loss": 0.5, "accuracy": 0.8125, "examples": 16}, SimpleNamespace(extra={})
+    )
+    for step in range(4, 9):
+        rep.on_step(record(step, step_s=2.0, tokens=256), None)
+    rep.on_end({}, None)
+    status = get()["status"]
+    ts = status["trainerStatus"]
+    assert ts["progressPercentage"] == 100 and ts["estimatedRemainingSeconds"] == 0
+    names = [m["name"] for m in ts["metrics"]]
+    assert names == [m.name for m in step_record.TRAINER_METRICS]
+    assert {m["name"]: m["value"] for m in ts["metrics"]}["eval_accuracy"] == "0.8125"
+    assert all(isinstance(m["value"], str) and m["value"] for m in ts["metrics"])
+    assert status["progress"]["percent"] == 100.0 and status["lastStep"]["step"] == 8
+    MoEFinetuneStatus.model_validate(status)

@@ -15,16 +15,49 @@ from dataclasses import dataclass
 __all__ = [
     "AUTO",
     "BackendEntry",
+    "NodeFacts",
     "accelerators",
     "choices",
     "entry",
     "names",
+    "node_facts",
+    "partitions",
+    "products",
     "register",
     "unregister",
 ]
 
 #: the pseudo-backend that picks the first available in registration order
 AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What a backend's Kubernetes device plugin and node feature discovery advertise.
+
+    ``family_label``/``family``: the label every node of the accelerator family carries (the
+    operator always requires it); ``product_label``/``products``: the label naming a node's
+    product (``spec.device.product`` becomes a required node affinity on it); ``count_label``,
+    ``driver_label``: further labels the discovery sets (the sandbox's node carries them);
+    ``partitions``: the device plugin's partitioned resources, ``<resource>-<partition>``, with
+    how many of them one card gives (``spec.device.partition``); ``partition_memory_gb``:
+    the device memory of one partition (GB); ``max_cards``: cards on the largest node."""
+
+    family_label: str
+    family: str
+    product_label: str
+    products: tuple[str, ...]
+    count_label: str = ""
+    driver_label: str = ""
+    partitions: tuple[tuple[str, int], ...] = ()
+    partition_memory_gb: tuple[tuple[str, int], ...] = ()
+    max_cards: int = 8
+
+    def per_card(self, partition: str) -> int:
+        return dict(self.partitions)[partition]
+
+    def memory_gb(self, partition: str) -> int | None:
+        return dict(self.partition_memory_gb).get(partition)
 
 
 @dataclass(frozen=True)
@@ -45,6 +78,20 @@ class BackendEntry:
     compiler: str = "inductor"
     precompile: bool = False
     summary: str = ""
+    node: NodeFacts | None = None
+
+    def partition_resource(self, partition: str) -> str:
+        """The extended resource of one ``partition`` of a card (``<resource>-<partition>``)."""
+        if (
+            self.node is None
+            or self.resource is None
+            or partition not in dict(self.node.partitions)
+        ):
+            raise ValueError(
+                f"device.partition {partition!r}: backend {self.name} has no partitions"
+                + (f"; choose one of {partitions()}" if partitions() else "")
+            )
+        return f"{self.resource}-{partition}"
 
 
 _REGISTRY: dict[str, BackendEntry] = {}
@@ -94,6 +141,57 @@ def describe() -> str:
     return f"{listed}, or `{AUTO}` (the first available of {', '.join(names())})."
 
 
+def node_facts() -> tuple[BackendEntry, ...]:
+    """The backends whose nodes carry discovery labels (:class:`NodeFacts`), in ``auto``'s
+    order."""
+    return tuple(e for e in _REGISTRY.values() if e.node is not None)
+
+
+def products() -> tuple[str, ...]:
+    """``spec.device.product``'s values: every backend's products."""
+    return tuple(p for e in node_facts() for p in e.node.products)  # type: ignore[union-attr]
+
+
+def partitions() -> tuple[str, ...]:
+    """``spec.device.partition``'s values: every backend's partitions."""
+    return tuple(p for e in node_facts() for p, _ in e.node.partitions)  # type: ignore[union-attr]
+
+
+def node_backend(backend: str, cards: int) -> BackendEntry | None:
+    """The backend a run's node facts come from: ``backend``'s entry, or for ``auto`` with
+    cards the first accelerator's (what a cluster run resolves to); None when it has none."""
+    if backend == AUTO:
+        if cards <= 0:
+            return None
+        e = next((_REGISTRY[n] for n in accelerators()), None)
+    else:
+        e = _REGISTRY.get(backend)
+    return e if e is not None and e.node is not None else None
+
+
+def example_node(cards: int = 8) -> tuple[dict[str, str], dict[str, str]]:
+    """``(labels, allocatable)`` of a node with ``cards`` cards of every backend with node facts,
+    as its discovery and device plugin would advertise them: the family, the first product,
+    the count and a driver version; the whole cards and every partitioned resource (a real
+    node advertises one resource strategy; the sandbox's node offers all of them)."""
+    labels: dict[str, str] = {}
+    capacity: dict[str, str] = {}
+    for e in node_facts():
+        f = e.node
+        assert f is not None
+        labels[f.family_label] = f.family
+        labels[f.product_label] = f.products[0]
+        if f.count_label:
+            labels[f.count_label] = str(cards)
+        if f.driver_label:
+            labels[f.driver_label] = "2026.4.0"
+        if e.resource:
+            capacity[e.resource] = str(cards)
+        for p, n in f.partitions:
+            capacity[e.partition_resource(p)] = str(n * cards)
+    return labels, capacity
+
+
 def card_resource() -> str | None:
     """The extended resource of ``auto`` with cards (the first accelerator's)."""
     return next((_REGISTRY[n].resource for n in accelerators() if _REGISTRY[n].resource), None)
@@ -108,7 +206,39 @@ def card_rule() -> tuple[str, str]:
     )
 
 
+def node_rules() -> list[dict[str, str]]:
+    """CEL rules on ``spec.device``: ``product`` and ``partition`` need a backend with node
+    facts (or ``auto`` with cards, which resolves to the first accelerator)."""
+    with_facts = [e.name for e in node_facts()]
+    first = accelerators()[0] if accelerators() else None
+    ok = [f"self.backend == '{n}'" for n in with_facts]
+    if first in with_facts:
+        ok.append(f"(self.backend == '{AUTO}' && self.cards >= 1)")
+    cond = " || ".join(ok) or "false"
+    return [
+        {
+            "rule": f"!has(self.{key}) || {cond}",
+            "message": f"{key} needs backend {' or '.join(with_facts)} (or auto with cards)",
+            "fieldPath": f".{key}",
+        }
+        for key in ("product", "partition")
+    ]
+
+
 # --- the registry (auto's order: the first available wins) -------------------------------------
-register(BackendEntry("furiosa", "npu_lora.backends.furiosa:FuriosaBackend", cards=True, resource="furiosa.ai/rngd", device_gather=False, compiler="furiosa-torch", precompile=True, summary="RNGD via furiosa-torch"))  # fmt: skip
+#: RNGD nodes as Furiosa's feature discovery labels them and its device plugin advertises them
+#: (resource strategies generic / single-core / dual-core / quad-core: 1, 8, 4, 2 per card; a
+#: card has 8 cores and 48 GB)
+RNGD_NODE = NodeFacts(
+    family_label="furiosa.ai/npu.family",
+    family="rngd",
+    product_label="furiosa.ai/npu.product",
+    products=("rngd", "rngd-s", "rngd-max"),
+    count_label="furiosa.ai/npu.count",
+    driver_label="furiosa.ai/driver.version",
+    partitions=(("1core.6gb", 8), ("2core.12gb", 4), ("4core.24gb", 2)),
+    partition_memory_gb=(("1core.6gb", 6), ("2core.12gb", 12), ("4core.24gb", 24)),
+)
+register(BackendEntry("furiosa", "npu_lora.backends.furiosa:FuriosaBackend", cards=True, resource="furiosa.ai/rngd", device_gather=False, compiler="furiosa-torch", precompile=True, summary="RNGD via furiosa-torch", node=RNGD_NODE))  # fmt: skip
 register(BackendEntry("cuda", "npu_lora.backends.cuda:CudaBackend", cards=True, resource="nvidia.com/gpu"))  # fmt: skip
 register(BackendEntry("cpu", "npu_lora.backends.cpu:CpuBackend", summary="the host stands in for the device"))  # fmt: skip

@@ -180,3 +180,27 @@ def preset_estimate(spec: Any) -> MemoryEstimate | None:
 def recommended_limit(est: MemoryEstimate) -> int:
     """Bytes, a whole number of GiB: the estimate + 25 % + :data:`RUNTIME_BYTES`."""
     return max(1, math.ceil((int(est.total * HEADROOM) + RUNTIME_BYTES) / GiB)) * GiB
+
+
+def device_weight_bytes(spec: Any, cfg: dict[str, Any]) -> int | None:
+    """Bytes of the weights one device rank holds, in ``device.dtype``: embeddings, attention
+    projections, norms and LM head (the experts stay on the host; with ``moe.placement: hot``
+    also the hot experts). A lower bound of the rank's device memory (no activations, LoRA or
+    optimizer state): ``spec.device.partition`` is refused when it exceeds one partition's
+    memory. None without the model's widths."""
+    H, L = _int(cfg, "hidden_size"), _int(cfg, "num_hidden_layers")
+    if not H or not L:
+        return None
+    V = _int(cfg, "vocab_size", 0) or 0
+    nh = _int(cfg, "num_attention_heads", 1) or 1
+    hd = _int(cfg, "head_dim", H // nh) or H // nh
+    nkv = _int(cfg, "num_key_value_heads", nh) or nh
+    attention = L * (2 * H * nh * hd + 2 * H * nkv * hd)
+    embed_head = V * H * (1 if cfg.get("tie_word_embeddings") else 2)
+    params = attention + embed_head + 2 * L * H
+    if spec.moe.placement == "hot":
+        E = _int(cfg, "num_experts", 0) or 0
+        I_moe = _int(cfg, "moe_intermediate_size", 0) or 0
+        hot = min(E, max(1, math.ceil(spec.moe.hot_fraction * E - 1e-9))) if E else 0
+        params += L * hot * 3 * I_moe * H
+    return params * DTYPE_BYTES[spec.device.dtype]

@@ -14,7 +14,9 @@ change here (plus the code that measures it):
 - TensorBoard tags (``npu_lora.train.tensorboard.tag_of``: by unit and source);
 - ``status.lastStep`` (:data:`STATUS_FIELDS`, keys camelCase) and ``status.distributed``
   (:data:`DISTRIBUTED_STATUS_FIELDS`), and their API models;
-- the ``kubectl get mft`` columns that show the last step (:func:`printer_columns`).
+- the ``kubectl get mft`` columns that show the last step (:func:`printer_columns`);
+- ``status.trainerStatus.metrics`` (Kubeflow Trainer's names, :data:`TRAINER_METRICS`) and the
+  PROGRESS column (:func:`progress_column`).
 
 ``tests/api/test_record_registry.py`` adds a column to a copy of this file and checks that every
 consumer shows it, and that no other module lists column names.
@@ -40,13 +42,16 @@ __all__ = [
     "STATUS_FIELDS",
     "SUMMED",
     "TABLE_COLUMNS",
+    "TRAINER_METRICS",
     "Column",
     "Printer",
+    "TrainerMetric",
     "add",
     "by_name",
     "camel",
     "ordered",
     "printer_columns",
+    "progress_column",
     "zero",
 ]
 
@@ -497,3 +502,61 @@ def printer_columns(
         col["description"] = p.description
         out.append(col)
     return out
+
+
+# --- Kubeflow Trainer's view of progress (KEP-2779: ``status.trainerStatus``) ----------------
+
+
+@dataclass(frozen=True)
+class TrainerMetric:
+    """One entry of ``status.trainerStatus.metrics`` ({name, value as a string}, Kubeflow
+    Trainer KEP-2779), taken from the step record.
+
+    ``source``: ``step`` (the last reported step's ``key``), ``median`` (the median of ``key``
+    after warm-up, as ``status.stepSecondsMedian``), ``rate`` (the last step's ``key`` divided by
+    its ``step_s``) or ``eval`` (the last held-out evaluation's ``key``, ``status.eval``)."""
+
+    name: str
+    source: Literal["step", "median", "rate", "eval"]
+    key: str
+    doc: str
+    digits: int = 5
+
+
+#: The fixed set of ``status.trainerStatus.metrics``, in the order they are written (a metric
+#: without a value yet, e.g. ``eval_loss`` before the first evaluation, is left out).
+TRAINER_METRICS: tuple[TrainerMetric, ...] = (
+    TrainerMetric("loss", "step", "loss", "Training loss of the last reported step."),
+    TrainerMetric("eval_loss", "eval", "loss", "Held-out loss of the last evaluation (spec.eval)."),
+    TrainerMetric(
+        "eval_accuracy",
+        "eval",
+        "accuracy",
+        "Held-out accuracy of the last evaluation (classification data).",
+    ),
+    TrainerMetric(
+        "step_seconds",
+        "median",
+        "step_s",
+        "Median wall seconds per step after warm-up (the S/STEP column).",
+        digits=4,
+    ),
+    TrainerMetric(
+        "tokens_per_second",
+        "rate",
+        "tokens",
+        "Tokens (padding included) per wall second of the last reported step.",
+        digits=4,
+    ),
+)
+
+
+def progress_column() -> dict[str, Any]:
+    """The PROGRESS column of ``kubectl get mft`` (Kubeflow Trainer's, from
+    ``status.trainerStatus.progressPercentage``)."""
+    return {
+        "name": "Progress",
+        "type": "integer",
+        "jsonPath": ".status.trainerStatus.progressPercentage",
+        "description": "Percent of the run's steps done (Kubeflow Trainer's progressPercentage).",
+    }

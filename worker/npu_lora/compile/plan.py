@@ -25,7 +25,10 @@ The key (:func:`entry_key`): sha256 over the canonical JSON (sorted keys, no spa
 constants baked into it (eps, rope theta, LoRA r/alpha/dropout/targets, ...), the sha256 of the
 text of the files that define the device graphs (``device/graphs.py``, ``device/ops.py``), the
 compiler (``furiosa-torch==V torch==V`` for ``furiosa``; ``torch==V inductor`` for cpu/cuda)
-and, for the graphs that trace their code, the transformers and peft versions. Nothing of the
+and, for the graphs that trace their code, the transformers and peft versions; for a backend
+whose nodes carry a product label (:class:`npu_lora.api.backends.NodeFacts`) also the
+``target``: ``{"family", "product"}`` (``spec.device.product``, ``null`` for any product of the
+family), so a graph compiled for one product is a cache miss for another. Nothing of the
 machine (CPU, environment, paths) enters it.
 """
 
@@ -79,12 +82,14 @@ class Plan:
     run: dict[str, Any]  # the spec fields that shape the graphs
     entries: list[PlanEntry]
     notes: list[str] = field(default_factory=list)
+    target: dict[str, Any] | None = None  # {"family", "product"} (compile_target)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "version": PLAN_VERSION,
             "backend": self.backend,
             "compiler": self.compiler,
+            "target": self.target,
             "source_digest": self.source_digest,
             "model": self.model,
             "run": self.run,
@@ -144,8 +149,23 @@ def source_digest(package_root: Path | None = None) -> str:
     return h.hexdigest()
 
 
+def compile_target(spec: Any, backend: str) -> dict[str, Any] | None:
+    """What the graphs are compiled for beyond the compiler: ``{"family", "product"}`` for a
+    backend with node facts (``product``: ``spec.device.product``, None for any product of
+    the family), None elsewhere."""
+    e = registry.entry(backend) if backend in registry.names() else None
+    if e is None or e.node is None:
+        return None
+    return {"family": e.node.family, "product": getattr(spec.device, "product", None)}
+
+
 def entry_key(
-    entry: PlanEntry, *, compiler: str, source: str, plan_version: int = PLAN_VERSION
+    entry: PlanEntry,
+    *,
+    compiler: str,
+    source: str,
+    plan_version: int = PLAN_VERSION,
+    target: dict[str, Any] | None = None,
 ) -> str:
     """The content key of one graph (see the module doc)."""
     doc = {
@@ -160,6 +180,8 @@ def entry_key(
         "compiler": compiler,
         "libraries": entry.libraries,
     }
+    if target is not None:  # cpu/cuda keys stay as they were
+        doc["target"] = target
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -387,8 +409,9 @@ def compile_plan(
                         directions=["forward", "backward"],
                         depends_on=[*dep, "training.batchSize", "training.seqLen"],
                     )
+    target = compile_target(spec, be)
     for e in entries:
-        e.key = entry_key(e, compiler=comp, source=src)
+        e.key = entry_key(e, compiler=comp, source=src, target=target)
     run = {
         "batch_size": B,
         "seq_len": S,
@@ -402,7 +425,7 @@ def compile_plan(
         if hot
         else None,
     }
-    return Plan(be, comp, src, w, run, entries, notes)
+    return Plan(be, comp, src, w, run, entries, notes, target)
 
 
 def format_plan(plan: Plan) -> str:

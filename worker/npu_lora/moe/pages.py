@@ -20,6 +20,16 @@ needs nothing, ``never`` (or no THP, or not Linux) leaves the weights where they
 ``machine.experts_pages``; ``huge_bytes`` is what the kernel actually backed with huge pages,
 read from ``/proc/self/smaps``: memory fragmentation can leave it below ``placed_bytes``).
 
+Reserved huge pages first (hugetlb, :func:`relocate_hugetlb`): where the process may map 2 MiB
+pages from the kernel's reserved pool — a Kubernetes pod that requested ``hugepages-2Mi`` (its
+cgroup's ``hugetlb.2MB`` limit), or a host with free pool pages — each expert tensor that fits
+the remaining budget (:func:`hugetlb_budget`: free pool pages less reservations, capped by the
+cgroup's limit less its usage) is copied into a ``MAP_HUGETLB`` mapping instead: the pages are
+reserved at ``mmap`` (an empty pool fails there, never at first touch) and never split, swapped
+or compacted. What does not fit goes to THP as above. ``NPU_LORA_HUGEPAGES``: ``0`` off,
+``thp`` THP only, ``hugetlb`` or unset (``auto``) reserved pages first. The report adds
+``hugetlb_tensors``/``hugetlb_bytes``.
+
 The mapping belongs to the tensor's storage (``torch.frombuffer`` keeps it alive and it is
 unmapped with the last reference); the storage holds exactly the tensor's bytes, so
 ``torch.save``/safetensors and ``share_memory_()`` see an ordinary tensor.
@@ -40,11 +50,95 @@ from torch import nn
 from npu_lora.machine import huge_page_bytes, thp_mode
 from npu_lora.models.build import EXPERT_PARAM_NAMES
 
-__all__ = ["ENV", "place_experts", "relocate", "resident_huge_bytes"]
+__all__ = [
+    "ENV",
+    "hugetlb_budget",
+    "place_experts",
+    "relocate",
+    "relocate_hugetlb",
+    "resident_huge_bytes",
+]
 
 #: ``NPU_LORA_HUGEPAGES=0``: leave the expert weights in the allocator's memory.
 ENV = "NPU_LORA_HUGEPAGES"
 _MADV_HUGEPAGE = 14  # <linux/mman.h>
+_MAP_HUGETLB = getattr(mmap, "MAP_HUGETLB", 0x40000)  # <asm-generic/mman-common.h>
+_CGROUP = "/sys/fs/cgroup"
+
+
+def _meminfo(path: str = "/proc/meminfo") -> dict[str, int]:
+    out: dict[str, int] = {}
+    with contextlib.suppress(OSError), open(path, encoding="utf-8") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            parts = rest.split()
+            if parts and parts[0].isdigit():
+                out[key] = int(parts[0]) * (1024 if parts[1:2] == ["kB"] else 1)
+    return out
+
+
+def _read_int(path: str) -> int | None:
+    """An integer file (``max``: None, unlimited); None when absent."""
+    with contextlib.suppress(OSError, ValueError):
+        text = open(path, encoding="utf-8").read().strip()  # noqa: SIM115
+        return None if text == "max" else int(text)
+    return None
+
+
+def _cgroup_hugetlb_room(huge: int, root: str = _CGROUP) -> int | None:
+    """Bytes of ``huge``-sized hugetlb pages the process's cgroup may still charge (its limit,
+    what a pod's ``hugepages-2Mi`` sets, less its usage); None when no limit applies."""
+    tag = f"{huge >> 20}MB" if huge < 1 << 30 else f"{huge >> 30}GB"
+    for limit, usage in (
+        (f"{root}/hugetlb.{tag}.max", f"{root}/hugetlb.{tag}.current"),  # cgroup v2
+        (
+            f"{root}/hugetlb/hugetlb.{tag}.limit_in_bytes",  # cgroup v1
+            f"{root}/hugetlb/hugetlb.{tag}.usage_in_bytes",
+        ),
+    ):
+        lim = _read_int(limit)
+        if lim is not None and lim < 1 << 62:  # v1 spells "unlimited" as a huge number
+            return max(0, lim - (_read_int(usage) or 0))
+    return None
+
+
+def hugetlb_budget(huge: int | None = None) -> int:
+    """Bytes of reserved huge pages this process may still map: the pool's free pages less the
+    reservations (``/proc/meminfo``, when its default page size is ``huge``), capped by the
+    cgroup's hugetlb room; 0 when there are none."""
+    huge = huge or huge_page_bytes()
+    info = _meminfo()
+    if info.get("Hugepagesize") != huge:
+        return 0
+    pool = max(0, info.get("HugePages_Free", 0) - info.get("HugePages_Rsvd", 0)) * huge
+    room = _cgroup_hugetlb_room(huge)
+    return pool if room is None else min(pool, room)
+
+
+def relocate_hugetlb(t: torch.Tensor) -> torch.Tensor | None:
+    """A contiguous copy of CPU tensor ``t`` in a private ``MAP_HUGETLB`` mapping (reserved
+    huge pages, allocated when mapped), or None when the kernel refuses the mapping (no free
+    pages, no hugetlb support)."""
+    if t.device.type != "cpu":
+        raise ValueError(f"relocate_hugetlb: a CPU tensor is needed, got one on {t.device}")
+    huge = huge_page_bytes()
+    nbytes = t.numel() * t.element_size()
+    if nbytes == 0:
+        return None
+    size = (nbytes + huge - 1) // huge * huge
+    try:
+        m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_HUGETLB)
+    except OSError:
+        return None
+    out = torch.frombuffer(m, dtype=t.dtype, count=t.numel()).view(t.shape)
+    out.copy_(t)
+    return out
+
+
+def resident_hugetlb_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the hugetlb mappings that hold ``tensors`` (``/proc/self/smaps``
+    ``Private_Hugetlb`` + ``Shared_Hugetlb``, each mapping once); 0 where not readable."""
+    return _smaps_total(tensors, ("Private_Hugetlb:", "Shared_Hugetlb:"))
 
 
 def _madvise(addr: int, length: int) -> None:
@@ -77,6 +171,10 @@ def relocate(t: torch.Tensor) -> torch.Tensor:
 def resident_huge_bytes(tensors: Iterable[torch.Tensor]) -> int:
     """Bytes of huge pages (``AnonHugePages``) in the mappings that hold ``tensors`` (each
     mapping counted once), from ``/proc/self/smaps``; 0 where that is not readable."""
+    return _smaps_total(tensors, ("AnonHugePages:",))
+
+
+def _smaps_total(tensors: Iterable[torch.Tensor], keys: tuple[str, ...]) -> int:
     ptrs = [t.data_ptr() for t in tensors]
     total, seen = 0, set()
     with contextlib.suppress(OSError), open("/proc/self/smaps", encoding="utf-8") as f:
@@ -90,8 +188,8 @@ def resident_huge_bytes(tensors: Iterable[torch.Tensor]) -> int:
                 except ValueError:
                     continue
                 hit = (lo, hi) if any(lo <= p < hi for p in ptrs) else None
-            elif hit is not None and line.startswith("AnonHugePages:") and hit not in seen:
-                seen.add(hit)
+            elif hit is not None and line.startswith(keys) and (hit, line[:16]) not in seen:
+                seen.add((hit, line[:16]))
                 total += int(line.split()[1]) * 1024
     return total
 
@@ -102,13 +200,17 @@ def place_experts(blocks: Iterable[nn.Module]) -> dict[str, Any]:
     ``{"thp", "placed_tensors", "placed_bytes", "huge_bytes"}`` (``reason`` when nothing was)."""
     mode = thp_mode()
     info: dict[str, Any] = {"thp": mode, "placed_tensors": 0, "placed_bytes": 0, "huge_bytes": 0}
-    if os.environ.get(ENV) == "0":
+    want = os.environ.get(ENV, "auto")
+    if want == "0":
         return {**info, "reason": f"{ENV}=0"}
-    if mode != "madvise":  # None off Linux
+    huge = huge_page_bytes()
+    budget = hugetlb_budget(huge) if want in ("auto", "hugetlb", "1") else 0
+    thp = mode == "madvise"  # None off Linux; ``always`` needs no asking
+    if not budget and not thp:
         reason = "THP always: nothing to ask" if mode == "always" else "no THP to ask for"
         return {**info, "reason": reason}
-    huge = huge_page_bytes()
     placed: list[torch.Tensor] = []
+    reserved: list[torch.Tensor] = []
     with torch.no_grad():
         for block in blocks:
             experts = getattr(block, "experts", block)  # a MoE block, or its experts
@@ -116,11 +218,21 @@ def place_experts(blocks: Iterable[nn.Module]) -> dict[str, Any]:
                 p = getattr(experts, name, None)
                 if not isinstance(p, torch.Tensor) or p.device.type != "cpu":
                     continue
-                if p.numel() * p.element_size() < huge:  # not one huge page: nothing to gain
+                nbytes = p.numel() * p.element_size()
+                if nbytes < huge:  # not one huge page: nothing to gain
                     continue
-                p.data = relocate(p.data)
-                placed.append(p.data)
+                rounded = (nbytes + huge - 1) // huge * huge
+                out = relocate_hugetlb(p.data) if rounded <= budget else None
+                if out is not None:
+                    budget -= rounded
+                    p.data = out
+                    reserved.append(out)
+                elif thp:
+                    p.data = relocate(p.data)
+                    placed.append(p.data)
     info["placed_tensors"] = len(placed)
     info["placed_bytes"] = sum(t.numel() * t.element_size() for t in placed)
     info["huge_bytes"] = resident_huge_bytes(placed) if placed else 0
+    info["hugetlb_tensors"] = len(reserved)
+    info["hugetlb_bytes"] = resident_hugetlb_bytes(reserved) if reserved else 0
     return info

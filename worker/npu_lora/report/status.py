@@ -2,8 +2,12 @@
 
 Added by ``npu-lora run`` when ``NPU_LORA_RESOURCE_NAME`` is set (the operator sets it, with
 ``NPU_LORA_RESOURCE_NAMESPACE``). The worker owns these keys of ``status`` and writes nothing
-else: ``progress``, ``lastStep``, ``stepSecondsMedian``, ``hot``, ``placement``, ``host``,
-``lastCheckpoint``, ``distributed``, ``eval``. (``placement``: the trial medians and the choice of
+else: ``progress``, ``trainerStatus``, ``lastStep``, ``stepSecondsMedian``, ``hot``,
+``placement``, ``host``, ``lastCheckpoint``, ``distributed``, ``eval``. (``trainerStatus``: the
+same progress under Kubeflow Trainer's names, KEP-2779: ``progressPercentage``,
+``estimatedRemainingSeconds``, ``metrics[]`` of {name, value as a string} from
+:data:`npu_lora.api.record.TRAINER_METRICS`, ``lastUpdatedTime``; rewritten whole with every
+report.) (``placement``: the trial medians and the choice of
 ``moe.placement: auto``; ``host``: the resolved host dtype and experts kernel, with ``warning``
 for a choice known to be slow on the CPU; both are fields of the worker's, not conditions,
 because ``conditions`` belong to the operator and a merge patch replaces the whole list.
@@ -55,6 +59,7 @@ log = logging.getLogger(__name__)
 
 WORKER_KEYS = (
     "progress",
+    "trainerStatus",
     "lastStep",
     "stepSecondsMedian",
     "hot",
@@ -131,6 +136,54 @@ def distributed_status(record: dict[str, Any], info: Any) -> dict[str, Any]:
     return out
 
 
+def _metric_text(v: Any, digits: int) -> str | None:
+    """A metric's value as Kubeflow writes it: a string (``"0.2347"``); None when not finite."""
+    x = _sig(v, digits)
+    if x is None:
+        return None
+    return str(int(x)) if x.is_integer() and abs(x) < 1e15 else repr(x)
+
+
+def trainer_status(
+    progress: dict[str, Any],
+    record: dict[str, Any] | None,
+    evaluation: dict[str, Any] | None,
+    median_step_s: float | None,
+) -> dict[str, Any]:
+    """``status.trainerStatus`` (Kubeflow Trainer KEP-2779) from the worker's ``progress``
+    object, the last step record, the last evaluation record and the median s/step:
+    ``progressPercentage`` (0-100, floored, from ``progress.percent``),
+    ``estimatedRemainingSeconds`` (``progress.etaSeconds`` as an integer), ``metrics``
+    (:data:`npu_lora.api.record.TRAINER_METRICS` that have a value) and ``lastUpdatedTime``."""
+    out: dict[str, Any] = {}
+    total = int(progress.get("totalSteps") or 0)
+    step = int(progress.get("step") or 0)
+    if total:
+        out["progressPercentage"] = max(0, min(100, (100 * step) // total))
+    eta = progress.get("etaSeconds")
+    if isinstance(eta, int | float) and math.isfinite(eta):
+        out["estimatedRemainingSeconds"] = max(0, round(eta))
+    metrics = []
+    for m in step_record.TRAINER_METRICS:
+        if m.source == "step":
+            v = (record or {}).get(m.key)
+        elif m.source == "eval":
+            v = (evaluation or {}).get(m.key)
+        elif m.source == "median":
+            v = median_step_s
+        else:  # rate: per second of the last step
+            num, secs = (record or {}).get(m.key), (record or {}).get("step_s")
+            ok = isinstance(num, int | float) and isinstance(secs, int | float) and secs > 0
+            v = num / secs if ok else None
+        text = _metric_text(v, m.digits)
+        if text is not None:
+            metrics.append({"name": m.name, "value": text})
+    if metrics:
+        out["metrics"] = metrics
+    out["lastUpdatedTime"] = progress.get("lastUpdateTime") or now_iso()
+    return out
+
+
 def default_api_patch(name: str, namespace: str) -> Callable[[dict[str, Any]], Any]:
     """A function that merge-patches ``/status`` of the run (in-cluster config or kubeconfig)."""
     from kubernetes import client, config
@@ -189,6 +242,8 @@ class StatusReporter(TrainCallback):
         self.clock = clock
         self._patch_fn = patch
         self._state: dict[str, Any] = {}
+        self._record: dict[str, Any] | None = None  # the last step record (trainerStatus)
+        self._eval: dict[str, Any] | None = None  # the last evaluation record (trainerStatus)
         self._step_times: list[tuple[int, float]] = []
         self._last_sent_at: float | None = None
         self._dirty = False
@@ -239,6 +294,11 @@ class StatusReporter(TrainCallback):
         self._dirty = False
         if self._gone:
             return
+        progress = self._state.get("progress")
+        if isinstance(progress, dict):
+            self._state["trainerStatus"] = trainer_status(
+                progress, self._record, self._eval, self._median()
+            )
         body = {"status": {k: v for k, v in self._state.items() if v is not None}}
         with self._cv:
             self._version += 1
@@ -418,6 +478,7 @@ class StatusReporter(TrainCallback):
         if isinstance(step_s, int | float) and math.isfinite(step_s):
             self._step_times.append((step, float(step_s)))
         self._state["lastStep"] = last_step_status(record)
+        self._record = record
         self._state["progress"] = self._progress(step)
         if any(k in record for k in step_record.DATA_PARALLEL):  # rank 0 reports for all
             info = getattr(ctx, "extra", {}).get("rank_info")
@@ -474,6 +535,7 @@ class StatusReporter(TrainCallback):
 
     def _set_eval(self, record: dict[str, Any], best: dict[str, Any] | None) -> None:
         out: dict[str, Any] = {"step": int(record["step"])}
+        self._eval = record
         for key, dst in (
             ("loss", "loss"),
             ("perplexity", "perplexity"),

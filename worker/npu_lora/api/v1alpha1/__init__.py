@@ -35,6 +35,8 @@ from npu_lora.api.v1alpha1.base import (
     IMAGE_PATTERN,
     KIND,
     LABEL_VALUE_PATTERN,
+    MANAGED_BY,
+    MANAGED_BY_PATTERN,
     MAX_PATH,
     MERGE_PATCH,
     METADATA_CEL_RULES,
@@ -82,6 +84,7 @@ from npu_lora.api.v1alpha1.sections import (
 from npu_lora.api.v1alpha1.spec import (
     MoEFinetuneSpec,
     immutable_rule,
+    managed_by_rule,
     spec_fields,
 )
 from npu_lora.api.v1alpha1.status import (
@@ -100,6 +103,8 @@ from npu_lora.api.v1alpha1.status import (
     PlacementStatus,
     Progress,
     StepRecord,
+    TrainerMetric,
+    TrainerStatus,
 )
 
 __all__ = [
@@ -118,6 +123,8 @@ __all__ = [
     "IMAGE_PATTERN",
     "KIND",
     "LABEL_VALUE_PATTERN",
+    "MANAGED_BY",
+    "MANAGED_BY_PATTERN",
     "MAX_PATH",
     "MERGE_PATCH",
     "METADATA_CEL_RULES",
@@ -165,12 +172,15 @@ __all__ = [
     "ResourceQuantity",
     "ResourceRequirements",
     "StepRecord",
+    "TrainerMetric",
+    "TrainerStatus",
     "TrainingSpec",
     "VolumeRef",
     "cel",
     "dns_label_name",
     "immutable_rule",
     "is_dns_label",
+    "managed_by_rule",
     "quantity_bytes",
     "spec_fields",
 ]

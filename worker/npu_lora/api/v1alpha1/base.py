@@ -116,6 +116,15 @@ METADATA_CEL_RULES = [
 ]
 
 
+#: ``spec.managedBy``'s default: the runs this operator reconciles (another value, e.g. Kueue's
+#: ``kueue.x-k8s.io/multikueue``, hands the run to that controller: ours leaves it alone)
+MANAGED_BY = f"{GROUP}/operator"
+#: a ``managedBy`` value: a domain-prefixed path, as batch/v1 Job's ``spec.managedBy``
+MANAGED_BY_PATTERN = (
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+
 #: DNS-1123 subdomain (names of PersistentVolumeClaims, ConfigMaps, ServiceAccounts, classes)
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 #: a Kubernetes label value (``queueName`` becomes one)

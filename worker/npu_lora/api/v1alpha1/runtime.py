@@ -68,6 +68,37 @@ class DeviceSpec(_Model):
         ),
     )
 
+    product: Literal[registry.products()] | None = Field(  # type: ignore[valid-type]
+        None,
+        description=(
+            "The card product the run must land on: a required node affinity on the node "
+            "label the backend's feature discovery sets ("
+            + "; ".join(
+                f"{e.name}: `{e.node.product_label}`"
+                for e in registry.node_facts()  # type: ignore[union-attr]
+            )
+            + "), beside the family label every run of the backend requires. Also a part of "
+            "the compile plan's keys: graphs compiled for one product never serve another. "
+            "Default: any product of the family."
+        ),
+    )
+    partition: Literal[registry.partitions()] | None = Field(  # type: ignore[valid-type]
+        None,
+        description=(
+            "Request partitions of cards instead of whole cards (the device plugin's "
+            "partitioned resources: "
+            + "; ".join(
+                ", ".join(
+                    f"`{e.partition_resource(p)}` ({n} a card)"
+                    for p, n in e.node.partitions  # type: ignore[union-attr]
+                )
+                for e in registry.node_facts()
+            )
+            + "): `cards` then counts partitions, one training rank each. The device side of "
+            "the model must fit one partition's memory (checked for presets)."
+        ),
+    )
+
     @field_validator("precompile", mode="before")
     @classmethod
     def _precompile_bool(cls, v: Any) -> Any:
@@ -109,6 +140,31 @@ class DeviceSpec(_Model):
             raise ValueError(f"device.cards must be at least 1 with backend {self.backend}")
         return self
 
+    @model_validator(mode="after")
+    def _node_facts(self) -> DeviceSpec:
+        node = registry.node_backend(self.backend, self.cards)
+        for key in ("product", "partition"):
+            value = getattr(self, key)
+            if value is None:
+                continue
+            if node is None:
+                raise ValueError(
+                    f"device.{key} {value!r} needs backend "
+                    f"{' or '.join(e.name for e in registry.node_facts())} (or auto with cards); "
+                    f"backend {self.backend} with {self.cards} card(s) has no {key}s"
+                )
+            allowed = node.node.products if key == "product" else dict(node.node.partitions)  # type: ignore[union-attr]
+            if value not in allowed:
+                raise ValueError(
+                    f"device.{key} {value!r} is not one of backend {node.name}'s: {tuple(allowed)}"
+                )
+        return self
+
+    @property
+    def node_backend(self) -> registry.BackendEntry | None:
+        """The backend whose node labels and resources this run uses (None: no card backend)."""
+        return registry.node_backend(self.backend, self.cards)
+
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
@@ -121,6 +177,7 @@ class DeviceSpec(_Model):
                     PRECOMPILE_NEEDS_CACHE,
                     field_path=".precompile",
                 ),
+                *registry.node_rules(),
             ]
         }
     )

@@ -16,6 +16,8 @@ from npu_lora.api.v1alpha1.base import (
     DEFAULT_STEPS,
     IMAGE_PATTERN,
     LABEL_VALUE_PATTERN,
+    MANAGED_BY,
+    MANAGED_BY_PATTERN,
     MAX_PATH,
     OnUpdate,
     _Model,
@@ -108,6 +110,19 @@ class MoEFinetuneSpec(_Model):
         pattern=LABEL_VALUE_PATTERN,
         description="Kueue LocalQueue; copied to the Job as label `kueue.x-k8s.io/queue-name`.",
     )
+    managed_by: Annotated[str, OnUpdate.NEW_RUN, CLUSTER_ONLY] = Field(
+        MANAGED_BY,
+        min_length=1,
+        max_length=63,
+        pattern=MANAGED_BY_PATTERN,
+        description=(
+            f"The controller that reconciles this run (immutable). `{MANAGED_BY}` (default): "
+            "this operator. Any other value (Kueue MultiKueue's `kueue.x-k8s.io/multikueue`, "
+            "which mirrors the run to a worker cluster and copies its status back) makes the "
+            "operator leave the run alone: no Job, ConfigMap or RBAC from it, and its status "
+            "is never written. The server refuses a change (CEL)."
+        ),
+    )
     pod_template: Annotated[PodTemplateSpec | None, OnUpdate.NEW_RUN, CLUSTER_ONLY] = Field(
         None, description="Pod scheduling and extra settings."
     )
@@ -157,7 +172,30 @@ class MoEFinetuneSpec(_Model):
             )
         if d is not None and d.world_size(self.device.cards) > 1 and self.benchmark is not None:
             raise ValueError("distributed: more than one rank is not supported with benchmark")
+        self._partition_fits()
         return self
+
+    def _partition_fits(self) -> None:
+        """A preset's device-side weights must fit one ``device.partition`` (each rank holds
+        them whole); a model given by path is checked by the worker's own device."""
+        node, part = self.device.node_backend, self.device.partition
+        if node is None or part is None or not self.model.preset:
+            return
+        from npu_lora.api import memory
+
+        cfg = memory.preset_config(self.model.preset)
+        need = (
+            memory.device_weight_bytes(self, memory.text_config(cfg, self.model.layers))
+            if cfg
+            else None
+        )
+        have = node.node.memory_gb(part)  # type: ignore[union-attr]
+        if need is not None and have is not None and need > have * 10**9:
+            raise ValueError(
+                f"device.partition {part!r} holds {have} GB, but one rank's device weights of "
+                f"{self.model.preset} in {self.device.dtype} are {need / 1e9:.1f} GB: choose a "
+                "larger partition, device.dtype bfloat16, or whole cards"
+            )
 
     model_config = ConfigDict(json_schema_extra=lambda schema: _spec_schema_extra(schema))
 
@@ -197,6 +235,15 @@ def immutable_rule() -> dict[str, Any]:
     )
 
 
+def managed_by_rule() -> dict[str, Any]:
+    """The CEL transition rule on ``spec``: ``managedBy`` never changes (a controller hand-over
+    mid-run would leave two writers or none). Not an ``OnUpdate.IMMUTABLE`` field: a run
+    directory does not record who managed the run."""
+    return cel(
+        "self.managedBy == oldSelf.managedBy", "managedBy is immutable", field_path=".managedBy"
+    )
+
+
 def _spec_schema_extra(schema: dict[str, Any]) -> None:
     schema["x-kubernetes-validations"] = [
         cel(
@@ -226,4 +273,5 @@ def _spec_schema_extra(schema: dict[str, Any]) -> None:
             field_path=".distributed",
         ),
         immutable_rule(),
+        managed_by_rule(),
     ]

@@ -38,6 +38,48 @@ class Progress(_Model):
     last_update_time: str | None = Field(None, description="When the worker last reported.")
 
 
+class TrainerMetric(_Model):
+    """One metric of ``trainerStatus`` (Kubeflow Trainer KEP-2779's ``Metric``)."""
+
+    name: str = Field(
+        ..., min_length=1, max_length=63, description="The metric, e.g. loss, eval_loss."
+    )
+    value: str = Field(
+        ..., min_length=1, max_length=64, description="Its value, serialized as a string."
+    )
+
+
+class TrainerStatus(_Model):
+    """Training progress under Kubeflow Trainer's names (``TrainJob`` ``status.trainerStatus``,
+    KEP-2779), written by the worker with each step record beside ``progress`` and
+    ``lastStep``."""
+
+    progress_percentage: int | None = Field(
+        None,
+        ge=0,
+        le=100,
+        description="How complete the run is, 0-100 (steps done / steps of the run, floored).",
+    )
+    estimated_remaining_seconds: int | None = Field(
+        None,
+        ge=0,
+        description="Estimated seconds to the end (steps left × median s/step; progress.etaSeconds).",
+    )
+    metrics: list[TrainerMetric] | None = Field(
+        None,
+        max_length=16,
+        description="The current metrics: "
+        + ", ".join(
+            f"`{m.name}` ({m.doc[:1].lower() + m.doc[1:-1]})" for m in record.TRAINER_METRICS
+        )
+        + "; one without a value yet is left out.",
+        json_schema_extra={"x-kubernetes-list-type": "atomic"},
+    )
+    last_updated_time: str | None = Field(
+        None, description="When these values were observed (RFC 3339)."
+    )
+
+
 _PY_TYPES: dict[str, Any] = {"int": int, "float": float, "floats": list[float]}
 
 
@@ -261,6 +303,10 @@ class MoEFinetuneStatus(_Model):
     message: str | None = Field(None, description="Last notable event, human-readable.")
     # worker-owned
     progress: Progress | None = Field(None, description="Step progress (worker).")
+    trainer_status: TrainerStatus | None = Field(
+        None,
+        description="Progress and metrics under Kubeflow Trainer's names (KEP-2779; worker).",
+    )
     last_step: StepRecord | None = Field(None, description="Last step's profile (worker).")
     step_seconds_median: float | None = Field(
         None, description="Median step seconds after warm-up (worker)."

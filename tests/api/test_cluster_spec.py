@@ -1,0 +1,99 @@
+"""The cluster fields of the spec: ``device.product``, ``device.partition`` (the backend
+registry's names, refused where they cannot apply, with the field named) and ``managedBy``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from npu_lora.api import backends as registry
+from npu_lora.api import memory
+from npu_lora.api.v1alpha1 import MANAGED_BY, MoEFinetuneSpec
+from npu_lora_operator.crd import openapi_schema
+from pydantic import ValidationError
+
+FURIOSA = registry.entry("furiosa")
+NODE = FURIOSA.node
+assert NODE is not None
+
+
+def spec(device: dict[str, Any] | None = None, **over: Any) -> MoEFinetuneSpec:
+    doc: dict[str, Any] = {
+        "model": {"preset": "tiny-qwen3-moe"},
+        "data": {"path": "example:nsmc-mini"},
+        "device": device or {},
+        **over,
+    }
+    return MoEFinetuneSpec.model_validate(doc)
+
+
+def test_products_and_partitions_come_from_the_registry() -> None:
+    assert registry.products() == NODE.products == ("rngd", "rngd-s", "rngd-max")
+    assert registry.partitions() == ("1core.6gb", "2core.12gb", "4core.24gb")
+    assert [FURIOSA.partition_resource(p) for p in registry.partitions()] == [
+        f"{FURIOSA.resource}-1core.6gb",
+        f"{FURIOSA.resource}-2core.12gb",
+        f"{FURIOSA.resource}-4core.24gb",
+    ]
+    dev = openapi_schema()["properties"]["spec"]["properties"]["device"]
+    assert dev["properties"]["product"]["enum"] == list(registry.products())
+    assert dev["properties"]["partition"]["enum"] == list(registry.partitions())
+    rules = [r["rule"] for r in dev["x-kubernetes-validations"]]
+    assert any("has(self.product)" in r for r in rules)
+    assert any("has(self.partition)" in r for r in rules)
+
+
+def test_product_and_partition_accepted_on_the_backend_that_has_them() -> None:
+    s = spec({"backend": "furiosa", "cards": 2, "product": "rngd-max", "partition": "2core.12gb"})
+    assert s.device.node_backend is FURIOSA
+    # auto with cards resolves to the first accelerator, which has them
+    s = spec({"backend": "auto", "cards": 1, "product": "rngd-s"})
+    assert s.device.node_backend is FURIOSA
+
+
+@pytest.mark.parametrize(
+    "device, field",
+    [
+        ({"backend": "cpu", "cards": 0, "product": "rngd"}, "device.product"),
+        ({"backend": "cuda", "cards": 1, "partition": "1core.6gb"}, "device.partition"),
+        ({"backend": "auto", "cards": 0, "product": "rngd-max"}, "device.product"),
+    ],
+)
+def test_product_or_partition_without_such_a_backend_is_refused(
+    device: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(ValidationError, match=field):
+        spec(device)
+
+
+def test_an_unknown_product_or_partition_is_refused_naming_the_values() -> None:
+    with pytest.raises(ValidationError, match="rngd-max"):
+        spec({"backend": "furiosa", "product": "rngd-ultra"})
+    with pytest.raises(ValidationError, match=r"2core\.12gb"):
+        spec({"backend": "furiosa", "partition": "3core.18gb"})
+
+
+def test_a_partition_too_small_for_the_device_weights_is_refused() -> None:
+    """Each rank holds the device side whole: Qwen3-30B-A3B's embeddings, attention and head are
+    6.2 GB in float32 (more than a 1-core partition's 6 GB), 3.1 GB in bfloat16."""
+    big = {"preset": "qwen3-30b-a3b"}
+    cfg = memory.text_config(memory.preset_config("qwen3-30b-a3b"))
+    s = spec({"backend": "furiosa", "dtype": "bfloat16", "partition": "1core.6gb"}, model=big)
+    assert 3.0e9 < memory.device_weight_bytes(s, cfg) < 3.3e9
+    with pytest.raises(ValidationError, match=r"device.partition '1core.6gb' holds 6 GB"):
+        spec({"backend": "furiosa", "partition": "1core.6gb"}, model=big)
+    spec({"backend": "furiosa", "partition": "2core.12gb"}, model=big)  # fits
+
+
+def test_managed_by_defaults_to_ours_and_is_immutable_in_the_schema() -> None:
+    assert spec().managed_by == MANAGED_BY == "npu-lora.io/operator"
+    assert spec(managedBy="kueue.x-k8s.io/multikueue").managed_by == "kueue.x-k8s.io/multikueue"
+    with pytest.raises(ValidationError, match="managedBy"):
+        spec(managedBy="not a controller")
+    spec_schema = openapi_schema()["properties"]["spec"]
+    assert spec_schema["properties"]["managedBy"]["default"] == MANAGED_BY
+    assert {
+        "rule": "self.managedBy == oldSelf.managedBy",
+        "message": "managedBy is immutable",
+        "fieldPath": ".managedBy",
+    } in spec_schema["x-kubernetes-validations"]
