@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 
+import pytest
 from adapter_helpers import run_cli
 
 
@@ -42,3 +43,46 @@ def test_byte_level_tokenizer_gets_the_chatml_fallback():
         [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
     )
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_a_piped_line_too_long_or_not_utf8_is_named_and_read_no_further():
+    from npu_lora.commands.chat import InputLineError, read_turn
+
+    s = io.BytesIO(b"hi\r\n" + b"x" * (1 << 20) + b"\n\xff\xfe\n")
+    assert read_turn(s, 1, 4096) == "hi"
+    with pytest.raises(InputLineError, match=r"stdin:2: .*longer than --max-input-bytes \(4096"):
+        read_turn(s, 2, 4096)
+    assert s.tell() < 8192  # the 1 MB line was not read whole
+    with pytest.raises(InputLineError, match=r"stdin:7: the input line is not UTF-8"):
+        read_turn(io.BytesIO(b"\xff\xfe\n"), 7, 4096)
+    assert read_turn(io.BytesIO(b""), 1, 4096) is None
+
+
+def test_chat_exits_2_naming_a_1_mb_line_after_answering_the_lines_before(finished_run):
+    import subprocess
+    import sys
+
+    from testkit import REPO, cli_env
+
+    for bad, needle in ((b"y" * (1 << 20), "longer than"), (b"\xff\xfe caf\xe9", "not UTF-8")):
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "npu_lora.cli",
+                "chat",
+                str(finished_run),
+                "--max-new-tokens",
+                "3",
+            ],
+            input=b"hello\n" + bad + b"\nnever\n",
+            capture_output=True,
+            timeout=300,
+            env=cli_env(),
+            cwd=str(REPO),
+        )
+        err = r.stderr.decode("utf-8", "replace")
+        assert r.returncode == 2, err
+        assert "stdin:2: the input line is" in err and needle in err
+        assert "Traceback" not in err
+        assert r.stdout.count(b"\n") == 1  # the reply to "hello" only

@@ -60,3 +60,47 @@ def test_the_run_records_its_base_fingerprint(finished_run):
 def test_a_missing_adapter_best_exits_2_with_a_hint(finished_run, capsys):
     assert main(["chat", str(finished_run), "--adapter", "adapter-best"]) == 2
     assert "has no adapter-best/" in capsys.readouterr().err
+
+
+def test_a_pickle_adapter_exits_2_naming_it_and_is_never_unpickled(finished_run, tmp_path, capsys):
+    import torch
+
+    other = tmp_path / "run"
+    shutil.copytree(finished_run, other, ignore=shutil.ignore_patterns("checkpoint*"))
+    (other / "adapter" / "adapter_model.safetensors").unlink()
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (shutil.copyfile, (str(other / "config.yaml"), str(marker)))
+
+    torch.save(Payload(), other / "adapter" / "adapter_model.bin")
+    assert main(["chat", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert "adapter_model.bin: a pickle adapter" in err and "Traceback" not in err
+    assert main(["export", str(other), "--merged", str(tmp_path / "m")]) == 2
+    assert "adapter_model.bin" in capsys.readouterr().err
+    assert not marker.exists() and not (tmp_path / "m").exists()
+
+
+def test_a_pickle_checkpoint_exits_2_naming_it(finished_run, tmp_path, capsys):
+    other = tmp_path / "run"
+    shutil.copytree(finished_run, other)
+    ckpt = other / "checkpoint"
+    state = json.loads((ckpt / "state.json").read_text())
+    (ckpt / "state.json").write_text(json.dumps({**state, "format": 1}))
+    (ckpt / "params.pt").write_bytes(b"\x80\x04N.")
+    data = nsmc_rows(tmp_path / "t.tsv", 2)
+    assert main(["predict", str(other), "--adapter", "checkpoint", "--data", str(data)]) == 2
+    err = capsys.readouterr().err
+    assert "checkpoint/params.pt: a checkpoint of format 1" in err and "Traceback" not in err
+
+
+def test_predict_out_that_is_a_directory_exits_2_naming_it(finished_run, tmp_path, capsys):
+    data = nsmc_rows(tmp_path / "t.tsv", 2)
+    out = tmp_path / "preds"
+    out.mkdir()
+    assert main(["predict", str(finished_run), "--data", str(data), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"--out: {out} is a directory" in err and "Traceback" not in err
+    assert list(out.iterdir()) == []

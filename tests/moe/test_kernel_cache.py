@@ -114,7 +114,7 @@ def test_a_live_owner_past_the_timeout_raises_lock_timeout_naming_it(tmp_path):
 def test_a_waiter_uses_the_build_published_while_it_waited(tmp_path):
     child = _child(tmp_path, "k", "hold")
     (tmp_path / "k").mkdir()
-    (tmp_path / "k" / "kernel.json").write_text("{}")  # as the holder publishes it
+    (tmp_path / "k" / "kernel.json").write_text('{"sha256": "00"}')  # as the holder publishes it
     _kill(child)
     built_here: list[Path] = []
     published, built = ensure_built(
@@ -265,3 +265,81 @@ def test_a_failed_build_logs_the_compiler_error_not_just_its_tail(fresh_kernels,
     assert kernels.load() is None
     assert "fatal error: Python.h: No such file or directory" in (kernels.error() or "")
     assert not list(fresh_kernels.glob(".build-*"))
+
+
+# ------------------------------------------------------------------- integrity of what is loaded
+
+
+def _published(root: Path, name: str = "k") -> Path:
+    final, built = ensure_built(root, name, _fake_build, meta={}, timeout=5)
+    assert built
+    return final
+
+
+def test_a_build_records_the_library_digest_and_is_not_writable_by_others(tmp_path):
+    final = _published(tmp_path / "kernels")
+    meta = cache.read_meta(final)
+    assert meta["sha256"] == cache.file_sha256(final / "lib.so")
+    assert (final / "lib.so").stat().st_mode & 0o777 == 0o755
+    assert cache.verify_library(final, "lib.so") == final / "lib.so"
+
+
+def test_a_planted_library_is_refused_and_the_run_falls_back_to_torch(
+    fresh_kernels, monkeypatch, caplog
+):
+    """A ``.so`` replaced after the build (same key, same kernel.json) is never loaded."""
+    root = fresh_kernels
+    name = kernels.key_name(kernels.key_parts())
+    final = _published(root, name)
+    (final / "lib.so").write_bytes(b"\x7fELF planted")
+    with caplog.at_level(logging.WARNING):
+        assert kernels.load() is None
+    # refused before the dynamic loader saw it (a load of these bytes fails otherwise)
+    assert "lib.so has sha256" in kernels.error() and "not loaded" in kernels.error()
+    assert "using the torch fallback" in caplog.text
+    assert stream.backend() == "torch"
+
+
+@pytest.mark.parametrize("where", ["cache", "build", "library"])
+def test_a_cache_writable_by_other_users_is_refused(tmp_path, where):
+    final = _published(tmp_path / "kernels")
+    target = {"cache": final.parent, "build": final, "library": final / "lib.so"}[where]
+    target.chmod(0o775)
+    with pytest.raises(cache.UntrustedKernel, match=r"writable by other users \(mode 0o775\)"):
+        cache.verify_library(final, "lib.so")
+    target.chmod(0o757)
+    with pytest.raises(cache.UntrustedKernel, match="writable by other users"):
+        cache.verify_library(final, "lib.so")
+
+
+def test_a_cache_owned_by_another_user_is_refused(tmp_path):
+    final = _published(tmp_path / "kernels")
+    try:
+        os.chown(final, 12345, -1)
+    except PermissionError:
+        pytest.skip("needs root to give a directory to another uid")
+    with pytest.raises(cache.UntrustedKernel, match=r"owned by uid 12345"):
+        cache.verify_library(final, "lib.so")
+
+
+def test_a_library_that_is_a_link_or_names_another_directory_is_refused(tmp_path):
+    final = _published(tmp_path / "kernels")
+    other = tmp_path / "evil.so"
+    other.write_bytes(b"\x7fELF")
+    (final / "link.so").symlink_to(other)
+    with pytest.raises(cache.UntrustedKernel, match="not a regular file"):
+        cache.verify_library(final, "link.so")
+    with pytest.raises(cache.UntrustedKernel, match="names no library file"):
+        cache.verify_library(final, "../evil.so")
+
+
+def test_a_build_without_a_digest_is_rebuilt(tmp_path):
+    root = tmp_path / "kernels"
+    old = root / "k"
+    old.mkdir(parents=True)
+    (old / "lib.so").write_bytes(b"old")
+    (old / cache.META).write_text(json.dumps({"library": "lib.so"}))  # an older npu-lora's
+    with pytest.raises(cache.UntrustedKernel, match="records no sha256"):
+        cache.verify_library(old, "lib.so")
+    final, built = ensure_built(root, "k", _fake_build, meta={}, timeout=5)
+    assert built and cache.verify_library(final, "lib.so")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from npu_lora.train.checkpoint import clean_stale, find_checkpoint
+from npu_lora.train.checkpoint import FORMAT, clean_stale, find_checkpoint
 from npu_lora.train.rundir import read_metrics, truncate_metrics
 from safetensors.torch import load_file
 from train_helpers import cli_cmd, cli_env, run_cli, tiny_manifest
@@ -101,7 +101,7 @@ def test_sigkill_resume_is_exact(tmp_path):
 
 def _fake_ckpt(path: Path, step: int) -> None:
     path.mkdir()
-    (path / "state.json").write_text(json.dumps({"format": 1, "step": step}))
+    (path / "state.json").write_text(json.dumps({"format": FORMAT, "step": step}))
 
 
 def test_find_checkpoint_survives_a_crash_between_the_renames(tmp_path):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from npu_lora.api import backends as registry
 
@@ -138,8 +139,15 @@ def config_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    from npu_lora.api.load import SpecError
+    from npu_lora.api.outpaths import check_out_dir
     from npu_lora.bench.harness import run_bench
 
+    try:
+        check_out_dir(Path(args.roofline or args.out), "--roofline" if args.roofline else "--out")
+    except SpecError as e:
+        print(f"npu-lora bench: error: {e}", file=sys.stderr)
+        return 2
     if args.roofline:
         from npu_lora.bench.roofline import run_roofline
 

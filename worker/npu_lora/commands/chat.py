@@ -11,7 +11,12 @@ experts, KV cache), tokens streamed to stdout as they come. Greedy by default;
 - stdin not a terminal (piped): one user turn per input line, one reply per output line (line
   breaks inside a reply are written as ``\\n``), no prompts or colours; exits at end of input.
 
-Exit codes: 0, 2 (a RUN_DIR without config.yaml or adapter, a base that differs), 1 otherwise.
+An input line is at most ``--max-input-bytes`` (default 64 KiB) of UTF-8: piped, a longer or
+undecodable line ends the chat with exit 2 naming ``stdin:LINE`` (read no further than the
+limit); in a terminal the line is refused with the same message and the prompt comes back.
+
+Exit codes: 0, 2 (a RUN_DIR without config.yaml or adapter, a base that differs, an input line
+that is too long or not UTF-8), 1 otherwise.
 """
 
 from __future__ import annotations
@@ -39,6 +44,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-history", action="store_true", help="answer each turn alone (no multi-turn)"
     )
+    parser.add_argument(
+        "--max-input-bytes",
+        type=int,
+        default=MAX_INPUT_BYTES,
+        metavar="N",
+        help=f"longest input line in bytes (default {MAX_INPUT_BYTES}); longer: exit 2 when piped",
+    )
+
+
+#: ``--max-input-bytes``' default: one user turn (a line of stdin)
+MAX_INPUT_BYTES = 64 << 10
+
+
+class InputLineError(SpecError):
+    """An input line that is too long or not UTF-8; ``str()`` names ``stdin:LINE``."""
+
+
+def read_turn(stream: Any, lineno: int, max_bytes: int) -> str | None:
+    """The next line of a piped ``stream`` (binary, or text in tests) without its line ending;
+    None at the end. Reads at most ``max_bytes`` (+ the ending) of it: InputLineError when it is
+    longer or not UTF-8."""
+    raw = stream.readline(max_bytes + 2)
+    if not raw:
+        return None
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8", "surrogateescape")
+    body = raw.rstrip(b"\r\n")
+    if len(body) > max_bytes:
+        raise InputLineError(
+            f"stdin:{lineno}: the input line is longer than --max-input-bytes ({max_bytes} "
+            "bytes); send shorter turns or raise the limit"
+        )
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputLineError(
+            f"stdin:{lineno}: the input line is not UTF-8 text ({e.reason})"
+        ) from None
 
 
 class ReplyWriter:
@@ -91,6 +134,8 @@ def run(args: argparse.Namespace) -> int:
         return fail("chat", "--max-new-tokens: must be at least 1", EXIT_CONFIG_ERROR)
     if args.temperature < 0 or not 0 < args.top_p <= 1:
         return fail("chat", "--temperature must be >= 0 and --top-p in (0, 1]", EXIT_CONFIG_ERROR)
+    if args.max_input_bytes < 1:
+        return fail("chat", "--max-input-bytes: must be at least 1", EXIT_CONFIG_ERROR)
     interactive = sys.stdin.isatty()
     try:
         from npu_lora.inference.cli import load_from_args
@@ -118,19 +163,31 @@ def run(args: argparse.Namespace) -> int:
         return fail("chat", f"{type(e).__name__}: {e}", EXIT_ERROR)
 
 
-def _turns(interactive: bool):
+def _turns(interactive: bool, max_bytes: int):
+    lineno = 0
+    stream = getattr(sys.stdin, "buffer", sys.stdin)
     while True:
+        lineno += 1
         if interactive:
             try:
                 line = input(">>> ")
             except EOFError:
                 print(file=sys.stderr)
                 return
+            except UnicodeDecodeError as e:
+                print(f"npu-lora chat: the line is not UTF-8 text ({e.reason})", file=sys.stderr)
+                continue
+            if len(line.encode("utf-8", "surrogateescape")) > max_bytes:
+                print(
+                    f"npu-lora chat: the line is longer than --max-input-bytes ({max_bytes} "
+                    "bytes); not sent",
+                    file=sys.stderr,
+                )
+                continue
         else:
-            line = sys.stdin.readline()
-            if not line:
+            line = read_turn(stream, lineno, max_bytes)
+            if line is None:
                 return
-            line = line.rstrip("\r\n")
         yield line
 
 
@@ -143,7 +200,7 @@ def _loop(loaded: Any, args: argparse.Namespace, interactive: bool) -> int:
     stop = CHATML_END if tok.chat_template == CHATML_TEMPLATE else None
     system = [{"role": "system", "content": args.system}] if args.system else []
     history: list[dict[str, str]] = []
-    for line in _turns(interactive):
+    for line in _turns(interactive, args.max_input_bytes):
         if interactive and line.strip() in ("/exit", "/quit"):
             break
         if interactive and line.strip() == "/reset":

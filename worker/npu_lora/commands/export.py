@@ -5,10 +5,13 @@ stays the default artefact; a merged copy is for serving stacks without LoRA sup
 
 The base is rebuilt and verified as for ``predict`` (:mod:`npu_lora.inference.load`); see
 :mod:`npu_lora.inference.export`. ``--verify`` reloads DIR and prints the largest logit
-difference to base+adapter on a short probe text. A non-empty DIR is refused unless ``--force``;
+difference to base+adapter on a short probe text. A non-empty DIR is refused unless ``--force``,
+and ``--force`` replaces only a previous export (its ``npu_lora_export.json`` lists every file in
+it): never ``/``, ``$HOME``, a run directory or an ancestor of one (:mod:`npu_lora.api.outpaths`).
 DIR is written through a temporary directory and a rename.
 
-Exit codes: 0, 2 (RUN_DIR without config.yaml or adapter, a base that differs, DIR not empty),
+Exit codes: 0, 2 (RUN_DIR without config.yaml or adapter, a base that differs, a DIR
+that may not be replaced),
 1 otherwise.
 """
 
@@ -34,7 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="weights dtype (default auto: the model directory's dtype, float32 for a preset)",
     )
-    parser.add_argument("--force", action="store_true", help="replace a non-empty DIR")
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="replace DIR when it is a previous export (its npu_lora_export.json lists every file)",
+    )
     parser.add_argument(
         "--verify",
         action="store_true",
@@ -49,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         from npu_lora.inference.load import check_run_dir
 
         check_run_dir(Path(args.run_dir), args.adapter)
-        check_out(out, args.force)
+        check_out(out, args.force, Path(args.run_dir).expanduser())
         return _export(args, out)
     except SpecError as e:
         return fail("export", str(e), EXIT_CONFIG_ERROR)

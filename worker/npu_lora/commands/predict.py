@@ -82,6 +82,10 @@ def run(args: argparse.Namespace) -> int:
         from npu_lora.inference.load import check_run_dir
 
         check_run_dir(Path(args.run_dir), args.adapter)  # before the data and the model
+        if args.out:
+            from npu_lora.api.outpaths import check_out_file
+
+            check_out_file(Path(args.out).expanduser(), "--out")
         path, examples = read_rows(args.data, args.format, args.limit)
         return _predict(args, path, examples)
     except SpecError as e:

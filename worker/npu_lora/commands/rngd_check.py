@@ -120,6 +120,15 @@ def run(args: argparse.Namespace) -> int:
         row = check.run_job(args, graph_name, direction, tier)
         args.job_out.write_text(json.dumps(row.to_dict()))
         return 0
+    if args.json_out is not None:
+        from npu_lora.api.load import SpecError
+        from npu_lora.api.outpaths import check_out_file
+
+        try:
+            check_out_file(args.json_out, "--json")
+        except SpecError as e:
+            print(f"npu-lora rngd-check: error: {e}", file=sys.stderr)
+            return 2
     return check.run_check(args)
 
 

@@ -305,10 +305,18 @@ def _world_note(run_plan: Any, world: int, global_rows: int) -> str | None:
 
 def total_steps(spec: Any, examples: int, world: int, plan: Any) -> int:
     """The run's optimizer steps (``training.steps``, or ``epochs`` over ``examples``); checks
-    ``moe.warmupSteps`` and the checkpoint against it (SpecError)."""
+    ``moe.warmupSteps``, ``training.warmupSteps`` and the checkpoint against it (SpecError)."""
     t = spec.training
     total = t.total_steps(examples, world)
     field = "spec.training.steps" if t.epochs is None else "spec.training.epochs"
+    if t.warmup_steps is not None and t.warmup_steps >= total:
+        # refused, not warned: the learning rate would never reach training.learningRate, and
+        # the run's whole cost would go into a schedule the author did not ask for
+        raise SpecError(
+            f"spec.training.warmupSteps: {t.warmup_steps} is not less than the run's {total} "
+            "steps, so the learning-rate warm-up would never end within the run; set fewer "
+            "warm-up steps (or training.warmupRatio)"
+        )
     if spec.moe.placement != "host-only" and spec.moe.warmup_steps >= total:
         raise SpecError(
             f"{field}: the run has {total} steps, not more than moe.warmupSteps "

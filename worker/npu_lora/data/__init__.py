@@ -77,7 +77,7 @@ def load_examples(spec: MoEFinetuneSpec | DataSpec, *, seed: int | None = None) 
     base = volume_root("data") if data.volume is not None else None
     path = resolve_data_path(data.path, base=base, root=data_root(data.volume is not None))
     fmt = detect_format(path, data.format)
-    examples = read_examples(path, fmt)
+    examples = read_examples(path, fmt, max_row_bytes=data.max_row_bytes)
     return select_examples(examples, seed, data.max_examples)
 
 

@@ -21,6 +21,13 @@ from npu_lora.data.base import (  # re-exported: readers.DataError, readers.Exam
     _echo,
 )
 
+#: ``spec.data.maxRowBytes``'s default: a row (a line of a TSV/JSONL file, a record of a
+#: ``datasets`` file) longer than this many bytes is an error naming ``file:line``, raised before
+#: the row is decoded or tokenised (a 100 MB row made the tokenizer abort).
+DEFAULT_MAX_ROW_BYTES = 4 << 20
+#: its upper bound (the schema's), also how much of a first line format detection reads
+MAX_ROW_BYTES_LIMIT = 256 << 20
+
 #: ``example:<name>`` → file name inside ``npu_lora/data/examples``.
 EXAMPLES: dict[str, str] = {
     "nsmc-mini": "nsmc-mini.tsv",
@@ -115,14 +122,22 @@ def _first_row_format(path: Path) -> str:
     from npu_lora.data.formats import detect_row_format
 
     try:
-        with path.open("r", encoding="utf-8") as f:
-            for raw in f:
-                if raw.strip():
-                    obj = json.loads(raw)
-                    return detect_row_format(obj) if isinstance(obj, dict) else "jsonl"
+        first = _first_line(path)
+        if first.strip():
+            obj = json.loads(first)
+            return detect_row_format(obj) if isinstance(obj, dict) else "jsonl"
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         pass  # the reader reports it with the line number
     return "jsonl"
+
+
+def _first_line(path: Path) -> str:
+    """The first non-blank line (at most :data:`MAX_ROW_BYTES_LIMIT` bytes of it are read)."""
+    with path.open("rb") as f:
+        while True:
+            raw = f.readline(MAX_ROW_BYTES_LIMIT)
+            if not raw or raw.strip():
+                return raw.decode("utf-8")
 
 
 def _open_text(path: Path):
@@ -132,83 +147,142 @@ def _open_text(path: Path):
         raise DataError(f"spec.data.path: cannot read {path}: {e.strerror}") from None
 
 
-def read_nsmc(path: Path, *, limit: int | None = None) -> list[Example]:
+def _too_long(where: str, max_row_bytes: int) -> DataError:
+    return DataError(
+        f"spec.data.path: {where}: the row is longer than spec.data.maxRowBytes "
+        f"({max_row_bytes} bytes); split it, or raise the limit"
+    )
+
+
+def _bounded_lines(path: Path, max_row_bytes: int):
+    """``(line number, text)`` of each line (its line ending kept), read in binary with at most
+    ``max_row_bytes`` (+ the line ending) a line: a longer line is an error naming ``file:line``
+    before it is read in full; a line that is not UTF-8 is one naming ``file:line``."""
+    try:
+        f = path.open("rb")
+    except OSError as e:
+        raise DataError(f"spec.data.path: cannot read {path}: {e.strerror}") from None
+    with f:
+        lineno = 0
+        while True:
+            raw = f.readline(max_row_bytes + 2)
+            if not raw:
+                return
+            lineno += 1
+            body = raw.rstrip(b"\r\n")
+            if len(body) > max_row_bytes:
+                raise _too_long(f"{path}:{lineno}", max_row_bytes)
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(
+                    f"spec.data.path: {path}:{lineno}: not UTF-8 text: {e.reason}"
+                ) from None
+            yield lineno, text
+
+
+def _row_bytes(ex: Example) -> int:
+    n = len(ex.text.encode("utf-8", "replace")) + len(
+        (ex.completion or "").encode("utf-8", "replace")
+    )
+    for m in ex.messages or ():
+        n += sum(len(str(v).encode("utf-8", "replace")) for v in m.values())
+    return n
+
+
+def check_row_sizes(examples: list[Example], max_row_bytes: int) -> None:
+    """DataError naming the first example whose text is longer than ``max_row_bytes``."""
+    for ex in examples:
+        if _row_bytes(ex) > max_row_bytes:
+            raise _too_long(ex.source or "a row", max_row_bytes)
+
+
+def read_nsmc(
+    path: Path, *, limit: int | None = None, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES
+) -> list[Example]:
     """NSMC TSV: header ``id<TAB>document<TAB>label``, no quoting, label 0/1.
 
-    ``limit`` stops after that many rows (used to validate the first rows cheaply).
+    ``limit`` stops after that many rows (used to validate the first rows cheaply); a line longer
+    than ``max_row_bytes`` is an error naming ``file:line``.
     """
     out: list[Example] = []
-    with _open_text(path) as f:
-        reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE, strict=False)
-        try:
-            for row in reader:
-                line = reader.line_num
-                where = f"{path}:{line}"
-                if line == 1:
-                    if tuple(c.strip().lstrip("\ufeff") for c in row) != NSMC_HEADER:
-                        # the line itself is not echoed: the path may name any file
-                        raise DataError(
-                            f"spec.data.path: {where}: expected the NSMC header "
-                            f"'id<TAB>document<TAB>label', got a line of {len(row)} "
-                            "tab-separated field(s) that is not that header "
-                            "(set spec.data.format: jsonl for a JSONL file)"
-                        )
-                    continue
-                if not row or row == [""]:
-                    continue
-                if len(row) != 3:
+    lines = (text for _, text in _bounded_lines(path, max_row_bytes))
+    reader = csv.reader(lines, delimiter="\t", quoting=csv.QUOTE_NONE, strict=False)
+    try:
+        for row in reader:
+            line = reader.line_num
+            where = f"{path}:{line}"
+            if line == 1:
+                if tuple(c.strip().lstrip("\ufeff") for c in row) != NSMC_HEADER:
+                    # the line itself is not echoed: the path may name any file
                     raise DataError(
-                        f"spec.data.path: {where}: expected 3 tab-separated fields "
-                        f"(id, document, label), got {len(row)}"
+                        f"spec.data.path: {where}: expected the NSMC header "
+                        f"'id<TAB>document<TAB>label', got a line of {len(row)} "
+                        "tab-separated field(s) that is not that header "
+                        "(set spec.data.format: jsonl for a JSONL file)"
                     )
-                label_text = row[2].strip()
-                if label_text not in ("0", "1"):
-                    raise DataError(
-                        f"spec.data.path: {where}: label must be 0 or 1, got {_echo(row[2])}"
-                    )
-                out.append(Example("classify", row[1], label=int(label_text), source=where))
-                if limit is not None and len(out) >= limit:
-                    break
-        except UnicodeDecodeError as e:
-            raise DataError(
-                f"spec.data.path: {path}: not UTF-8 text near line {reader.line_num + 1}: {e.reason}"
-            ) from None
-        except csv.Error as e:
-            raise DataError(f"spec.data.path: {path}:{reader.line_num}: {e}") from None
+                continue
+            if not row or row == [""]:
+                continue
+            if len(row) != 3:
+                raise DataError(
+                    f"spec.data.path: {where}: expected 3 tab-separated fields "
+                    f"(id, document, label), got {len(row)}"
+                )
+            label_text = row[2].strip()
+            if label_text not in ("0", "1"):
+                raise DataError(
+                    f"spec.data.path: {where}: label must be 0 or 1, got {_echo(row[2])}"
+                )
+            out.append(Example("classify", row[1], label=int(label_text), source=where))
+            if limit is not None and len(out) >= limit:
+                break
+    except UnicodeDecodeError as e:
+        raise DataError(
+            f"spec.data.path: {path}: not UTF-8 text near line {reader.line_num + 1}: {e.reason}"
+        ) from None
+    except csv.Error as e:
+        raise DataError(f"spec.data.path: {path}:{reader.line_num}: {e}") from None
     if reader.line_num == 0:
         raise DataError(f"spec.data.path: {path}: empty file (expected an NSMC header line)")
     return out
 
 
-def read_jsonl(path: Path, fmt: str = "auto", *, limit: int | None = None) -> list[Example]:
+def read_jsonl(
+    path: Path,
+    fmt: str = "auto",
+    *,
+    limit: int | None = None,
+    max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
+) -> list[Example]:
     """JSON lines: one object a line, validated as ``fmt`` (``auto``: by the first row's fields;
-    see :mod:`npu_lora.data.formats`). Errors name ``FILE:LINE`` and the field."""
+    see :mod:`npu_lora.data.formats`). Errors name ``FILE:LINE`` and the field; a line longer
+    than ``max_row_bytes`` is one."""
     from npu_lora.data.formats import detect_row_format, row_to_example
 
     out: list[Example] = []
-    with _open_text(path) as f:
-        lineno = 0
-        try:
-            for lineno, raw in enumerate(f, start=1):
-                line = raw.strip()
-                if not line:
-                    continue
-                where = f"{path}:{lineno}"
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataError(f"spec.data.path: {where}: not valid JSON: {e.msg}") from None
-                if not isinstance(obj, dict):
-                    raise DataError(f"spec.data.path: {where}: expected a JSON object")
-                if fmt == "auto":
-                    fmt = detect_row_format(obj)
-                out.append(row_to_example(obj, fmt, where))  # type: ignore[arg-type]
-                if limit is not None and len(out) >= limit:
-                    break
-        except UnicodeDecodeError as e:
-            raise DataError(
-                f"spec.data.path: {path}: not UTF-8 text near line {lineno + 1}: {e.reason}"
-            ) from None
+    lineno = 0
+    try:
+        for lineno, raw in _bounded_lines(path, max_row_bytes):
+            line = raw.strip()
+            if not line:
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"spec.data.path: {where}: not valid JSON: {e.msg}") from None
+            if not isinstance(obj, dict):
+                raise DataError(f"spec.data.path: {where}: expected a JSON object")
+            if fmt == "auto":
+                fmt = detect_row_format(obj)
+            out.append(row_to_example(obj, fmt, where))  # type: ignore[arg-type]
+            if limit is not None and len(out) >= limit:
+                break
+    except UnicodeDecodeError as e:
+        raise DataError(
+            f"spec.data.path: {path}: not UTF-8 text near line {lineno + 1}: {e.reason}"
+        ) from None
     return out
 
 
@@ -216,8 +290,7 @@ def _json_lines(path: Path) -> bool:
     """A ``.json`` file holding JSON lines (its first line is a whole JSON object), not one
     array or pretty-printed document: read it line by line (errors then name the line)."""
     try:
-        with path.open("r", encoding="utf-8") as f:
-            first = next((line for line in f if line.strip()), "")
+        first = _first_line(path)
     except (OSError, UnicodeDecodeError):
         return True  # the line reader reports it with a line number
     try:
@@ -226,8 +299,11 @@ def _json_lines(path: Path) -> bool:
         return False
 
 
-def read_examples(path: Path, fmt: str, *, limit: int | None = None) -> list[Example]:
-    """Read ``path`` (resolved) as ``fmt`` (from :func:`detect_format`)."""
+def read_examples(
+    path: Path, fmt: str, *, limit: int | None = None, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES
+) -> list[Example]:
+    """Read ``path`` (resolved) as ``fmt`` (from :func:`detect_format`); a row longer than
+    ``max_row_bytes`` (``spec.data.maxRowBytes``) is an error naming it."""
     suffix = path.suffix.lower()
     if path.is_dir() or (
         suffix in DATASETS_SUFFIXES and not (suffix == ".json" and _json_lines(path))
@@ -235,10 +311,11 @@ def read_examples(path: Path, fmt: str, *, limit: int | None = None) -> list[Exa
         from npu_lora.data.hf import read_datasets_file
 
         examples = read_datasets_file(path, fmt, limit=limit)
+        check_row_sizes(examples, max_row_bytes)
     elif fmt == "nsmc" and suffix not in (".jsonl", ".ndjson", ".json"):
-        examples = read_nsmc(path, limit=limit)
+        examples = read_nsmc(path, limit=limit, max_row_bytes=max_row_bytes)
     else:
-        examples = read_jsonl(path, fmt, limit=limit)
+        examples = read_jsonl(path, fmt, limit=limit, max_row_bytes=max_row_bytes)
     if not examples:
         raise DataError(f"spec.data.path: {path}: no examples (the file has no data rows)")
     return examples

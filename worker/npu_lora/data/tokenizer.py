@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from npu_lora.api.load import SpecError
+from npu_lora.api.modeldir import check_no_custom_code
 from npu_lora.api.volumes import volume_root  # re-exported: data.tokenizer.volume_root
 
 if TYPE_CHECKING:
@@ -92,6 +93,7 @@ def check_tokenizer_dir(path: Path, field: str) -> None:
             f"{field}: {path} has no tokenizer files (expected tokenizer.json, or "
             "vocab.json + merges.txt)"
         )
+    check_no_custom_code(path, field)
 
 
 def load_tokenizer(model: ModelSpec) -> Any:

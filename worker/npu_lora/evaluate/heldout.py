@@ -6,6 +6,9 @@
   seeded share of the training examples (:func:`split_held_out`, also applied by
   :func:`npu_lora.data.prepare_data`, so those rows are never trained on).
   ``eval.maxExamples`` keeps a seeded subset.
+- Overlap: ``eval.path`` rows that are also training rows (same kind, text, answer) are counted
+  before training; a count above 0 is a warning in the log, ``overlap`` in every ``eval.jsonl``
+  line, ``status.eval.overlap`` and the summary (the eval loss then measures memorisation).
 - When: after every ``eval.everySteps``-th step and after the last step.
 - Results: one line per evaluation in ``eval.jsonl`` (:data:`EVAL_FILE`, keys
   :data:`RECORD_KEYS`); the best (lowest) eval loss so far is kept in the checkpoint's state
@@ -14,6 +17,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +28,8 @@ from npu_lora.evaluate.score import EvalSet, build_eval_set, evaluate
 
 if TYPE_CHECKING:
     from npu_lora.api.v1alpha1 import MoEFinetuneSpec
+
+log = logging.getLogger(__name__)
 
 #: One JSON line per evaluation, in the run directory.
 EVAL_FILE = "eval.jsonl"
@@ -43,7 +49,19 @@ RECORD_KEYS = (
     "seconds",
     "best",
     "time",
+    "overlap",  # only when eval rows are also training rows
 )
+
+
+def _row_key(ex: Example) -> tuple[Any, ...]:
+    msgs = tuple(tuple(sorted(m.items())) for m in ex.messages or ())
+    return (ex.kind, ex.text, ex.label, ex.completion, msgs)
+
+
+def count_overlap(train: list[Example], rows: list[Example]) -> int:
+    """How many of ``rows`` are also in ``train`` (same kind, text, label/completion, turns)."""
+    seen = {_row_key(e) for e in train}
+    return sum(1 for e in rows if _row_key(e) in seen)
 
 
 def load_eval_examples(spec: MoEFinetuneSpec) -> list[Example]:
@@ -72,13 +90,27 @@ def prepare_eval(spec: MoEFinetuneSpec, tok: Any) -> EvalSet | None:
     rows = load_eval_examples(spec)
     if not rows:
         raise DataError("spec.eval: no evaluation examples")
-    return build_eval_set(
+    overlap = 0
+    if spec.eval.path is not None:
+        from npu_lora.data import load_examples
+
+        overlap = count_overlap(load_examples(spec), rows)
+        if overlap:
+            log.warning(
+                "spec.eval.path: %d of the %d eval rows are also training rows (spec.data.path): "
+                "the eval loss measures memorisation there (status.eval.overlap)",
+                overlap,
+                len(rows),
+            )
+    es = build_eval_set(
         rows,
         tok,
         spec.training.seq_len,
         template=spec.data.template,
         calibrate=spec.eval.calibrate,
     )
+    es.overlap = overlap
+    return es
 
 
 class HeldOutEval:
@@ -94,6 +126,7 @@ class HeldOutEval:
         self.last: dict[str, Any] | None = None
         self.count = 0
         self.seconds = 0.0
+        self.overlap = int(getattr(evalset, "overlap", 0) or 0)
 
     def due(self, step: int, total: int) -> bool:
         return step == total or (self.every is not None and step % self.every == 0)
@@ -107,6 +140,8 @@ class HeldOutEval:
         self.count += 1
         self.seconds += res.seconds
         rec = {"step": step, **res.to_dict(), "best": is_best, "time": _iso(time.time())}
+        if self.overlap:
+            rec["overlap"] = self.overlap
         self.last = rec
         return rec
 
@@ -131,6 +166,7 @@ class HeldOutEval:
             "seconds": self.seconds,
             "last": self.last,
             "best": self.best,
+            **({"overlap": self.overlap} if self.overlap else {}),
         }
 
 

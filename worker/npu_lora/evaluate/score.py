@@ -127,6 +127,8 @@ class EvalSet:
     cand_attention_mask: torch.Tensor | None = None
     cand_labels: torch.Tensor | None = None
     gold: list[int] = field(default_factory=list)
+    #: rows that are also training rows (``npu_lora.evaluate.heldout.count_overlap``)
+    overlap: int = 0
     #: calibration (``calibrate=True``): the ``C`` content-free rows, one per candidate
     null_input_ids: torch.Tensor | None = None
     null_attention_mask: torch.Tensor | None = None

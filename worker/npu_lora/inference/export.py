@@ -18,15 +18,19 @@ from typing import Any
 
 import torch
 
+from npu_lora.api.load import SpecError
+from npu_lora.api.outpaths import check_replaceable, write_export_marker
 from npu_lora.inference.load import RunDirError
 
 
-def check_out(out: Path, force: bool) -> None:
-    """Refuse a non-empty ``out`` (unless ``force``) or a file, before anything is loaded."""
-    if out.exists() and not out.is_dir():
-        raise RunDirError(f"--merged: {out} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise RunDirError(f"--merged: {out} is not empty (use --force to replace it)")
+def check_out(out: Path, force: bool, run_dir: Path | None = None) -> None:
+    """Refuse ``out`` before anything is loaded: a file, ``/``, ``$HOME``, ``run_dir`` or an
+    ancestor of it, a run directory, and a non-empty directory unless ``force`` and it is a
+    previous export (its marker lists every file): :func:`npu_lora.api.outpaths.check_replaceable`."""
+    try:
+        check_replaceable(out, "--merged", force, run_dir)
+    except SpecError as e:
+        raise RunDirError(str(e)) from None
 
 
 def export_dtype(loaded: Any, dtype: str) -> torch.dtype:
@@ -55,7 +59,7 @@ def plain_model(loaded: Any, dtype: torch.dtype) -> Any:
 
 def export_merged(loaded: Any, out: Path, *, dtype: str = "auto", force: bool = False) -> Path:
     """Write the merged model to ``out``; returns it. See the module doc."""
-    check_out(out, force)
+    check_out(out, force, loaded.run_dir)
     model = plain_model(loaded, export_dtype(loaded, dtype))
     merged = model.merge_and_unload()
     cfg = merged.config
@@ -79,6 +83,7 @@ def export_merged(loaded: Any, out: Path, *, dtype: str = "auto", force: bool = 
     try:
         merged.save_pretrained(str(tmp), safe_serialization=True)
         tok.save_pretrained(str(tmp))
+        write_export_marker(tmp, run=str(loaded.run_dir))
         for p in tmp.iterdir():  # safetensors writes 0600; the directory is for serving
             p.chmod(0o644)
         if out.exists():

@@ -5,7 +5,8 @@ as ``npu-lora run`` did (same tokenizer, preset or model path, layers, dtypes, s
 weights of a preset come from the seed), checks the base against the fingerprint the run recorded
 (:mod:`npu_lora.models.fingerprint`; a mismatch is an error, exit 2) and loads the trained weights
 from ``adapter/`` (peft ``save_pretrained``; ``experts.safetensors`` too when the run trained the
-experts), ``adapter-best/`` or ``checkpoint/`` (``params.pt``). The engine is put in eval mode,
+experts), ``adapter-best/`` or ``checkpoint/`` (``params.safetensors``). Nothing is unpickled: a peft
+adapter saved as ``adapter_model.bin`` (pickle) is refused, naming the file. The engine is put in eval mode,
 placement host-only, no gradients: attention and head on the device, every expert on the host.
 
 Errors a user can fix (missing files, a base that differs) raise :class:`RunDirError` (exit 2).
@@ -51,9 +52,20 @@ class LoadedRun:
 
 
 def _has_peft_weights(path: Path) -> bool:
-    return (path / "adapter_config.json").is_file() and any(
-        (path / n).is_file() for n in ("adapter_model.safetensors", "adapter_model.bin")
-    )
+    return (path / "adapter_config.json").is_file() and (
+        path / "adapter_model.safetensors"
+    ).is_file()
+
+
+def refuse_pickle_adapter(path: Path) -> None:
+    """RunDirError when ``path`` holds a peft adapter only as pickle (``adapter_model.bin``)."""
+    pickled = path / "adapter_model.bin"
+    if pickled.exists() and not (path / "adapter_model.safetensors").is_file():
+        raise RunDirError(
+            f"--adapter: {pickled}: a pickle adapter (which can run code when read) is never "
+            "loaded; only adapter_model.safetensors is (peft: save_pretrained(..., "
+            "safe_serialization=True))"
+        )
 
 
 def check_run_dir(run_dir: Path, adapter: str = "adapter") -> Path:
@@ -83,6 +95,7 @@ def check_run_dir(run_dir: Path, adapter: str = "adapter") -> Path:
             else " (written only by runs with spec.eval)"
         )
         raise RunDirError(f"--adapter {adapter}: {run_dir} has no {adapter}/{hint}")
+    refuse_pickle_adapter(path)
     if not _has_peft_weights(path):
         raise RunDirError(
             f"--adapter {adapter}: {path} has no adapter_config.json + adapter_model.safetensors "
@@ -150,19 +163,17 @@ def load_trained_weights(engine: Any, adapter_dir: Path) -> None:
     engine's model (its freshly initialised LoRA, and the experts when they were trained)."""
     import torch
 
-    if (adapter_dir / "params.pt").is_file() and not _has_peft_weights(adapter_dir):
-        saved = torch.load(adapter_dir / "params.pt", map_location="cpu", weights_only=True)
+    if (adapter_dir / "params.json").is_file() and not _has_peft_weights(adapter_dir):
+        from npu_lora.train.checkpoint import load_tree
+
+        saved = load_tree(adapter_dir / "params")
         engine.load_adapter_state_dict(dict(zip(saved["names"], saved["tensors"], strict=True)))
         return
     from peft.utils import set_peft_model_state_dict
+    from safetensors.torch import load_file
 
-    st = adapter_dir / "adapter_model.safetensors"
-    if st.is_file():
-        from safetensors.torch import load_file
-
-        state = load_file(str(st))
-    else:
-        state = torch.load(adapter_dir / "adapter_model.bin", map_location="cpu", weights_only=True)
+    refuse_pickle_adapter(adapter_dir)
+    state = load_file(str(adapter_dir / "adapter_model.safetensors"))
     result = set_peft_model_state_dict(engine.model, state)
     missing = [k for k in getattr(result, "missing_keys", []) if "lora_" in k]
     unexpected = list(getattr(result, "unexpected_keys", []))

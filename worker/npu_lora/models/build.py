@@ -86,7 +86,9 @@ def load_base_model(
             raise FileNotFoundError(f"model.path {path}: no config.json")
         cfg = _config_from_dir(path, model_spec.layers, vocab_size)
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_pretrained(str(path), config=cfg, dtype=dtype, **kw)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(path), config=cfg, dtype=dtype, use_safetensors=True, **kw
+        )
         if vocab_size is not None and vocab_size > model.config.vocab_size:
             model.resize_token_embeddings(vocab_size)
     model.config.use_cache = False

@@ -548,6 +548,8 @@ class StatusReporter(TrainCallback):
                 out[dst] = v
         if record.get("examples") is not None:
             out["examples"] = int(record["examples"])
+        if record.get("overlap"):
+            out["overlap"] = int(record["overlap"])
         if isinstance(best, dict) and _sig(best.get("loss"), 5) is not None:
             out["best"] = {"step": int(best["step"]), "loss": _sig(best["loss"], 5)}
         self._state["eval"] = out

@@ -1,15 +1,19 @@
 """Atomic checkpoints: ``checkpoint/`` in the run directory.
 
-Contents (``FORMAT`` 1)::
+Contents (``FORMAT`` 2: nothing is pickled; every ``X`` is ``X.safetensors`` holding the
+tensors and ``X.json`` holding the structure around them, see :func:`save_tree`)::
 
-    params.pt      {"names": [...], "tensors": [...]}: engine.trainable_parameters() in order
+    params         {"names": [...], "tensors": [...]}: engine.trainable_parameters() in order
                    (LoRA weights, + the expert weights when lora.trainExperts)
-    optimizer.pt   AdamW state_dict
-    rng.pt         torch / python (/ cuda) RNG states
-    routing.pt     engine.routing_counts() ([L, E] int64) when available
+    optimizer      AdamW state_dict
+    rng            torch / python (/ cuda) RNG states
+    routing        engine.routing_counts() ([L, E] int64) when available
     hot.json       engine.hot_state() (null before the hot set is chosen)
-    state.json     {"format", "step", "time", ...}: written last; a directory without it is
-                   incomplete
+    state.json     {"format", "step", "time", "scheduler", ...}: written last; a directory
+                   without it is incomplete
+
+A checkpoint of format 1 (``*.pt``, written with ``torch.save``: pickle, which can run code when
+read) is never read: :func:`find_checkpoint` raises :class:`PickleCheckpointError` naming the file.
 
 Writing: everything goes to ``checkpoint.tmp-<pid>/`` (each file fsynced), then the previous
 checkpoint is renamed to ``checkpoint.old-<pid>``, the new one renamed to ``checkpoint``, the
@@ -32,10 +36,16 @@ from pathlib import Path
 from typing import Any
 
 from npu_lora.api.fsutil import fsync_dir
+from npu_lora.api.load import SpecError
 from npu_lora.api.timefmt import rfc3339
 
-FORMAT = 1
+FORMAT = 2
 NAME = "checkpoint"
+#: the files a format-1 (pickle) checkpoint holds
+PICKLE_FILES = ("params.pt", "optimizer.pt", "rng.pt", "routing.pt")
+#: the tree files' own format (``X.json``'s ``format``)
+TREE_FORMAT = "npu-lora-tree/1"
+_MAX_TREE_JSON = 64 << 20  # bytes: an optimizer's structure is a few KB per parameter
 
 
 class CheckpointWriteError(OSError):
@@ -68,13 +78,111 @@ def _named(path: Path):
         raise
 
 
-def _torch_save(obj: Any, path: Path) -> None:
+class PickleCheckpointError(SpecError):
+    """A checkpoint in a pickle format (exit 2); ``str()`` names the file."""
+
+
+class CheckpointReadError(SpecError):
+    """A checkpoint file that is not what :func:`save_tree` writes; ``str()`` names it."""
+
+
+def _encode(obj: Any, tensors: dict[str, Any], where: str) -> Any:
+    """JSON for ``obj``; tensors go to ``tensors`` under a generated key. Only None, bool,
+    int, float, str, list, tuple, dict (str/int keys) and tensors: anything else is an error,
+    so what is read back is data, never an object with behaviour."""
     import torch
 
-    with _named(path), open(path, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, torch.Tensor):
+        key = f"t{len(tensors):06d}"
+        tensors[key] = obj.detach().to("cpu", copy=True).contiguous()
+        return {"$tensor": key}
+    if isinstance(obj, list):
+        return [_encode(v, tensors, f"{where}[{i}]") for i, v in enumerate(obj)]
+    if isinstance(obj, tuple):
+        return {"$tuple": [_encode(v, tensors, f"{where}[{i}]") for i, v in enumerate(obj)]}
+    if isinstance(obj, dict):
+        items = []
+        for k, v in obj.items():
+            if not isinstance(k, (str, int)) or isinstance(k, bool):
+                raise TypeError(f"{where}: key {k!r} is neither a string nor an integer")
+            items.append([k, _encode(v, tensors, f"{where}.{k}")])
+        return {"$dict": items}
+    raise TypeError(f"{where}: {type(obj).__name__} cannot be stored in a checkpoint")
+
+
+def _decode(obj: Any, tensors: dict[str, Any], where: str) -> Any:
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, list):
+        return [_decode(v, tensors, where) for v in obj]
+    if isinstance(obj, dict) and len(obj) == 1:
+        ((tag, val),) = obj.items()
+        if tag == "$tensor" and isinstance(val, str) and val in tensors:
+            return tensors[val]
+        if tag == "$tuple" and isinstance(val, list):
+            return tuple(_decode(v, tensors, where) for v in val)
+        if tag == "$dict" and isinstance(val, list):
+            out: dict[Any, Any] = {}
+            for kv in val:
+                if (
+                    not isinstance(kv, list)
+                    or len(kv) != 2
+                    or not isinstance(kv[0], (str, int))
+                    or isinstance(kv[0], bool)
+                ):
+                    raise CheckpointReadError(f"{where}: a malformed mapping entry")
+                out[kv[0]] = _decode(kv[1], tensors, where)
+            return out
+    raise CheckpointReadError(f"{where}: an unexpected value (not written by npu-lora)")
+
+
+def save_tree(obj: Any, path: Path) -> None:
+    """Write ``obj`` (nested dicts/lists/tuples of scalars, strings and tensors) as
+    ``path.safetensors`` (the tensors) + ``path.json`` (the structure), each fsynced."""
+    from safetensors.torch import save_file
+
+    tensors: dict[str, Any] = {}
+    tree = _encode(obj, tensors, path.name)
+    st = path.with_name(path.name + ".safetensors")
+    with _named(st):
+        save_file(tensors, str(st), metadata={"format": TREE_FORMAT})
+        fd = os.open(st, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    _write_json({"format": TREE_FORMAT, "tree": tree}, path.with_name(path.name + ".json"))
+
+
+def load_tree(path: Path) -> Any:
+    """What :func:`save_tree` wrote at ``path``; tensors on the CPU. Never unpickles."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    js = path.with_name(path.name + ".json")
+    st = path.with_name(path.name + ".safetensors")
+    try:
+        if js.stat().st_size > _MAX_TREE_JSON:
+            raise CheckpointReadError(f"{js}: larger than {_MAX_TREE_JSON >> 20} MiB")
+        doc = json.loads(js.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        if isinstance(e, CheckpointReadError):
+            raise
+        raise CheckpointReadError(f"{js}: cannot read the checkpoint file: {e}") from None
+    if not isinstance(doc, dict) or doc.get("format") != TREE_FORMAT or "tree" not in doc:
+        raise CheckpointReadError(f"{js}: not a checkpoint file of format {TREE_FORMAT}")
+    try:
+        tensors = load_file(str(st), device="cpu")
+    except (OSError, SafetensorError, ValueError) as e:
+        raise CheckpointReadError(f"{st}: cannot read the checkpoint tensors: {e}") from None
+    return _decode(doc["tree"], tensors, str(js))
+
+
+def pickle_files(ckpt: Path) -> list[Path]:
+    """The format-1 (pickle) files in a checkpoint directory."""
+    return [ckpt / n for n in PICKLE_FILES if (ckpt / n).exists()]
 
 
 def _write_json(obj: Any, path: Path) -> None:
@@ -114,6 +222,14 @@ def _state_of(ckpt: Path) -> dict[str, Any] | None:
         st = json.loads((ckpt / "state.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+    if isinstance(st, dict) and st.get("format") == 1 and isinstance(st.get("step"), int):
+        bad = pickle_files(ckpt) or [ckpt / "state.json"]
+        raise PickleCheckpointError(
+            f"{bad[0]}: a checkpoint of format 1 (torch.save pickle, which can run code when "
+            f"read) is never loaded; this version reads format {FORMAT} "
+            "(safetensors + JSON). Start the run afresh in another output directory, or "
+            "delete this checkpoint."
+        )
     if (
         not isinstance(st, dict)
         or st.get("format") != FORMAT
@@ -200,20 +316,20 @@ def _write_checkpoint_files(
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     params = list(engine.trainable_parameters())
-    _torch_save(
+    save_tree(
         {
             "names": param_names(engine, params),
             "tensors": [p.detach().to("cpu", copy=True) for p in params],
         },
-        tmp / "params.pt",
+        tmp / "params",
     )
-    _torch_save(optimizer.state_dict(), tmp / "optimizer.pt")
-    _torch_save(rng_state(), tmp / "rng.pt")
+    save_tree(optimizer.state_dict(), tmp / "optimizer")
+    save_tree(rng_state(), tmp / "rng")
     routing = None
     with contextlib.suppress(NotImplementedError, AttributeError):
         routing = engine.routing_counts()
     if isinstance(routing, torch.Tensor):
-        _torch_save(routing.detach().cpu(), tmp / "routing.pt")
+        save_tree(routing.detach().cpu(), tmp / "routing")
     _write_json(engine.hot_state(), tmp / "hot.json")
     _write_json(
         {
@@ -247,12 +363,19 @@ def load_checkpoint(path: Path, engine: Any, optimizer: Any) -> dict[str, Any]:
     """Restore parameters, optimizer, RNG, routing counts and hot set; returns state.json."""
     import torch
 
-    from npu_lora.api.load import SpecError
-
     state = _state_of(path)
     if state is None:
         raise SpecError(f"{path}: not a complete checkpoint (state.json missing or invalid)")
-    saved = torch.load(path / "params.pt", map_location="cpu", weights_only=True)
+    saved = load_tree(path / "params")
+    opt_state = load_tree(path / "optimizer")
+    rng = load_tree(path / "rng")
+    counts = load_tree(path / "routing") if (path / "routing.json").exists() else None
+    if (
+        not isinstance(saved, dict)
+        or not isinstance(saved.get("tensors"), list)
+        or not isinstance(saved.get("names"), list)
+    ):
+        raise SpecError(f"{path / 'params.json'}: not a parameter list")
     params = list(engine.trainable_parameters())
     if len(saved["tensors"]) != len(params):
         raise SpecError(
@@ -267,17 +390,13 @@ def load_checkpoint(path: Path, engine: Any, optimizer: Any) -> dict[str, Any]:
                     f"{tuple(p.shape)} in the model"
                 )
             p.copy_(t.to(device=p.device, dtype=p.dtype))
-    optimizer.load_state_dict(
-        torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False)
-    )
-    routing_path = path / "routing.pt"
-    if routing_path.exists():
+    optimizer.load_state_dict(opt_state)
+    if isinstance(counts, torch.Tensor):
         # Routing counts matter when the checkpoint predates the hot-set choice: the resumed
         # run must choose the same hot set as an uninterrupted one.
-        counts = torch.load(routing_path, map_location="cpu", weights_only=True)
         engine.load_routing_counts(counts)
     hot = json.loads((path / "hot.json").read_text(encoding="utf-8"))
     if hot is not None:
         engine.load_hot_state(hot)
-    set_rng_state(torch.load(path / "rng.pt", map_location="cpu", weights_only=False))
+    set_rng_state(rng)
     return state

@@ -35,6 +35,7 @@ from npu_lora.api.memory import (  # model_widths: re-exported (it moved to api.
     model_widths,
     recommended_limit,
 )
+from npu_lora.api.modeldir import check_model_dir
 from npu_lora.api.volumes import volume_root
 
 _SUFFIX = {"": 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
@@ -89,6 +90,7 @@ def check_model(spec: Any) -> None:
             raise SpecError(
                 f"spec.model.path: {p} has no config.json (expected a Hugging Face model directory)"
             )
+        check_model_dir(p, "spec.model.path")
     backend = spec.device.backend
     if backend in registry.accelerators():
         from npu_lora.backends import backend_available

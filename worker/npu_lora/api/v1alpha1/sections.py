@@ -137,6 +137,16 @@ class DataSpec(_Model):
     max_examples: int | None = Field(
         None, ge=1, description="Use at most this many examples (after shuffling with the seed)."
     )
+    max_row_bytes: int = Field(
+        4 << 20,
+        ge=1024,
+        le=256 << 20,
+        description=(
+            "Longest row in bytes (a line of a TSV/JSONL file, a record's text in a `datasets` "
+            "file; the eval file too): a longer one is an error naming `file:line`, raised "
+            "before it is tokenised. Default 4 MiB."
+        ),
+    )
     volume: VolumeRef | None = Field(None, description="Volume holding the data file.")
 
 

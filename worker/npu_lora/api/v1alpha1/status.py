@@ -178,6 +178,13 @@ class EvalStatus(_Model):
         None, description="With eval.calibrate: the uncalibrated (total log-likelihood) accuracy."
     )
     examples: int | None = Field(None, description="Rows scored.")
+    overlap: int | None = Field(
+        None,
+        description=(
+            "Eval rows that are also training rows (`eval.path` only; absent when none): the "
+            "eval loss measures memorisation for them."
+        ),
+    )
     seconds: float | None = Field(None, description="Wall seconds of the evaluation.")
     best: EvalBest | None = Field(None, description="The lowest eval loss so far.")
 

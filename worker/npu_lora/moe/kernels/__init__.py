@@ -225,6 +225,9 @@ def status() -> dict[str, Any]:
 
 
 def _import(directory: Path, library: str) -> ModuleType:
+    from npu_lora.moe.kernels.cache import verify_library
+
+    verify_library(directory, library)  # UntrustedKernel (ImportError): the torch fallback
     name = library.split(".", 1)[0]
     spec = importlib.util.spec_from_file_location(name, directory / library)
     if spec is None or spec.loader is None:

@@ -5,9 +5,11 @@ Torch-free (``fcntl``, ``json``, ``os``): the C++ build itself is the ``build`` 
 
 Layout under ``root`` (``$NPU_LORA_KERNEL_CACHE/kernels``)::
 
-    <name>/                 a published build: never modified, never rebuilt
-        kernel.json         the cache key's parts, the library file, build seconds, when, where
-        <library>.so
+    <name>/                 a published build: never modified, never rebuilt (unless it records no
+                            digest: an older npu-lora's build, rebuilt once)
+        kernel.json         the cache key's parts, the library file, its ``sha256``, build
+                            seconds, when, where
+        <library>.so        mode 0755
     <name>.lock             the build lock of key <name> (flock) + its owner record (JSON)
     .build-<name>-<pid>-*   one build attempt's private directory (torch's own ``FileBaton``
                             ``lock`` lives here, so it is never shared with anybody)
@@ -26,6 +28,14 @@ Protocol of :func:`ensure_built`:
    ``.build-<name>-<pid>-*`` directory, write ``kernel.json`` last, and ``rename`` the directory
    to ``<name>`` (atomic: readers see nothing or a whole build). A failed build removes its
    directory.
+
+Loading (:func:`verify_library`, before the ``.so`` is opened by the dynamic loader): the cache
+directory and the published directory must be directories owned by this user or root and not
+writable by group or others, the library a regular file with the same rule, and its sha256 the
+one ``kernel.json`` recorded at build time. Anything else raises :class:`UntrustedKernel` (an
+``ImportError``): the caller logs it and uses the torch path. A cache another user can write is
+code that user runs in every run that loads from it; the image's cache (root's, 0755, on a
+read-only root filesystem) passes.
 
 Correctness never depends on the lock: builds happen in private directories and publish by
 rename, so two builders that both got in (a file system without flock) only waste a build.
@@ -53,6 +63,80 @@ from npu_lora.api.timefmt import rfc3339
 log = logging.getLogger(__name__)
 
 META = "kernel.json"
+#: ``kernel.json``'s key for the library's sha256 (hex)
+DIGEST = "sha256"
+
+
+class UntrustedKernel(ImportError):
+    """A published kernel that is not loaded: ``str()`` says which file and why."""
+
+
+def file_sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _trusted(path: Path, st: os.stat_result, what: str) -> None:
+    me = os.geteuid()
+    if st.st_uid not in (me, 0):
+        raise UntrustedKernel(
+            f"{what} {path} is owned by uid {st.st_uid}, not by this user (uid {me}) or root: "
+            "not loaded"
+        )
+    if st.st_mode & 0o022:
+        raise UntrustedKernel(
+            f"{what} {path} is writable by other users (mode {oct(st.st_mode & 0o777)}): not "
+            "loaded; `chmod go-w` it, or point NPU_LORA_KERNEL_CACHE at a cache of your own"
+        )
+
+
+def verify_library(published: Path, library: str) -> Path:
+    """The library of ``published`` when it may be loaded (see the module doc); raises
+    :class:`UntrustedKernel` naming the file and the reason."""
+    import stat
+
+    if not library or "/" in library or library in (".", ".."):
+        raise UntrustedKernel(f"{published / META}: names no library file (got {library!r})")
+    for d, what in ((published.parent, "the kernel cache"), (published, "the kernel build")):
+        try:
+            st = os.lstat(d)
+        except OSError as e:
+            raise UntrustedKernel(f"{what} {d}: {e.strerror}") from None
+        if not stat.S_ISDIR(st.st_mode):
+            raise UntrustedKernel(f"{what} {d} is not a directory (a link?): not loaded")
+        _trusted(d, st, what)
+    lib = published / library
+    try:
+        st = os.lstat(lib)
+    except OSError as e:
+        raise UntrustedKernel(f"the kernel library {lib}: {e.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise UntrustedKernel(f"the kernel library {lib} is not a regular file: not loaded")
+    _trusted(lib, st, "the kernel library")
+    want = (read_meta(published) or {}).get(DIGEST)
+    if not isinstance(want, str) or not want:
+        raise UntrustedKernel(
+            f"{published / META} records no sha256 of {library}: not loaded (rebuild with "
+            "`npu-lora kernels build`)"
+        )
+    got = file_sha256(lib)
+    if got != want:
+        raise UntrustedKernel(
+            f"the kernel library {lib} has sha256 {got[:16]}…, not the {want[:16]}… recorded "
+            "when it was built: changed after the build, not loaded"
+        )
+    return lib
+
+
+def published_ok(final: Path) -> bool:
+    """``final`` is a whole published build that records its library's digest."""
+    meta = read_meta(final)
+    return meta is not None and isinstance(meta.get(DIGEST), str)
 
 
 @dataclass(frozen=True)
@@ -201,17 +285,17 @@ def ensure_built(
     given empty directory and returns the library's file name there. Raises
     :class:`LockTimeout`, or whatever ``build`` raises (its directory is removed)."""
     final = root / name
-    if (final / META).is_file():
+    if published_ok(final):
         return final, False
     root.mkdir(parents=True, exist_ok=True)
     lock = BuildLock(root / f"{name}.lock")
     lock.acquire(timeout, on_wait)
     try:
-        if (final / META).is_file():
+        if published_ok(final):
             return final, False
         for stale in root.glob(f".build-{name}-*"):
             shutil.rmtree(stale, ignore_errors=True)
-        if final.exists():  # a directory without kernel.json: never published whole
+        if final.exists():  # without kernel.json (never published whole) or without a digest
             shutil.rmtree(final, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".build-{name}-{os.getpid()}-", dir=root))
         try:
@@ -220,9 +304,11 @@ def ensure_built(
             t0 = time.monotonic()
             library = build(tmp)
             seconds = time.monotonic() - t0
+            (tmp / library).chmod(0o755)  # never group/other-writable: verify_library refuses it
             record = {
                 **meta,
                 "library": library,
+                DIGEST: file_sha256(tmp / library),
                 "build_seconds": round(seconds, 1),
                 "built_at": rfc3339(),
                 "built_on": socket.gethostname(),
