@@ -112,3 +112,25 @@ def kubectl_for(tmp_path: Path) -> Callable[[Path], Any]:
 @pytest.fixture(name="wait_for")
 def wait_for_fixture() -> Callable[..., Any]:
     return wait_for
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _untracked() -> set[str]:
+    res = subprocess.run(
+        ["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=all"],
+        capture_output=True,
+        text=True,
+    )
+    return set(res.stdout.splitlines()) if res.returncode == 0 else set()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def leaves_the_working_tree_clean() -> Any:
+    """The image smoke tests write nothing into the checkout (an OOM test once left an empty
+    ``oom`` file in the repository root)."""
+    before = _untracked()
+    yield
+    left = sorted(_untracked() - before)
+    assert not left, f"the image tests left files in the working tree: {left}"
