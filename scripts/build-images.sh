@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Build the operator and worker images with podman (Dockerfile targets `operator`, `worker`).
 #
-#   scripts/build-images.sh [--base auto|pull|local] [--only operator|worker] [--no-install]
+#   scripts/build-images.sh [--base auto|pull|local] [--only TARGET[,TARGET...]] [--no-install]
+#
+# TARGETs (Dockerfile targets): operator, worker (rngd: furiosa-torch, torch 2.10.0), worker-cpu
+# (the cpu backend: CPU torch). Default: all three. Exits non-zero, with the failing step's log
+# tail, when anything fails (.ci/run relies on it).
 #
 # - Installs podman, buildah, debootstrap and runc with apt-get when podman is missing (as root).
 # - Uses the project's podman settings (scripts/containers.conf through CONTAINERS_CONF) and
@@ -9,9 +13,13 @@
 # - Base image: the Dockerfile's PYTHON_IMAGE (python:3.11.x-slim-bookworm). --base auto (the
 #   default) pulls it and, when no image registry can be reached, builds an equivalent local
 #   base instead and says so: Debian bookworm from debootstrap (minbase) with Debian's python3.11
-#   in a venv at /opt/python on PATH (python, pip). --base local always builds that one.
-# - Tags: localhost/npu-lora-operator:VERSION and localhost/npu-lora-worker:VERSION (VERSION from
-#   pyproject.toml); prints each build's wall time and each image's size, and checks that the
+#   in a venv at /opt/python on PATH (python, pip). --base local always builds that one (and
+#   skips the pull's wait: CI uses it, no image registry is reachable there).
+# - worker-cpu: a local CPU torch wheel (torch==2.13.0+cpu, found by this machine's pip, e.g. its
+#   find-links) is copied into .images/wheels/ and installed from there; without one the build
+#   asks https://download.pytorch.org/whl/cpu.
+# - Tags: localhost/npu-lora-operator:VERSION, localhost/npu-lora-worker:VERSION and
+#   localhost/npu-lora-worker:VERSION-cpu (VERSION from pyproject.toml); prints each build's wall time and each image's size, and checks that the
 #   operator image has neither torch nor npu_lora_sandbox.
 # Environment: NPU_LORA_BASE_IMAGE (the local base's name), BUILD_LOG_DIR (build logs, default
 # .images/), DEBIAN_MIRROR (debootstrap's mirror, default http://deb.debian.org/debian).
@@ -27,16 +35,21 @@ while [ $# -gt 0 ]; do
     --base) BASE_MODE=$2; shift 2 ;;
     --only) ONLY=$2; shift 2 ;;
     --no-install) INSTALL=0; shift ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "build-images.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 case "$BASE_MODE" in auto|pull|local) ;; *)
   echo "build-images.sh: --base must be auto, pull or local, not '$BASE_MODE'" >&2; exit 2 ;;
 esac
-case "$ONLY" in ""|operator|worker) ;; *)
-  echo "build-images.sh: --only must be operator or worker, not '$ONLY'" >&2; exit 2 ;;
-esac
+TARGETS=()
+IFS=, read -r -a TARGETS <<<"${ONLY:-operator,worker,worker-cpu}"
+for target in "${TARGETS[@]}"; do
+  case "$target" in operator|worker|worker-cpu) ;; *)
+    echo "build-images.sh: --only takes operator, worker, worker-cpu (comma-separated), not '$target'" >&2; exit 2 ;;
+  esac
+done
+wants() { local t; for t in "${TARGETS[@]}"; do [ "$t" = "$1" ] && return 0; done; return 1; }
 
 export CONTAINERS_CONF="${CONTAINERS_CONF:-$REPO/scripts/containers.conf}"
 VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -1)
@@ -128,25 +141,46 @@ if [ "$BASE_MODE" = local ]; then
 fi
 
 # --- images -----------------------------------------------------------------------------------
-# The sources' digest, as a label: the smoke tests skip images built from other sources.
+# The sources' digest, as a label: the smoke tests skip (in CI: fail on) images built from other
+# sources.
 DIGEST=$(python3 scripts/source_digest.py .)
 SUMMARY="$LOG_DIR/summary.txt"
 : >"$SUMMARY"
+T_ALL=$(date +%s)
 build() {
-  local target=$1 tag="localhost/npu-lora-$1:$VERSION" t0 secs size
+  local target=$1 tag=$2 t0 secs size
+  shift 2
   t0=$(date +%s)
   say "building $tag (target $target, base $BASE); log in $LOG_DIR/$target.log"
   podman build --target "$target" --build-arg "PYTHON_IMAGE=$BASE" --build-arg "VERSION=$VERSION" \
-    --label "io.npu-lora.source-digest=$DIGEST" -t "$tag" -f Dockerfile . >"$LOG_DIR/$target.log" 2>&1 \
-    || { tail -30 "$LOG_DIR/$target.log" >&2; echo "build-images.sh: building $target failed" >&2; exit 1; }
+    "$@" --label "io.npu-lora.source-digest=$DIGEST" -t "$tag" -f Dockerfile . >"$LOG_DIR/$target.log" 2>&1 \
+    || { tail -40 "$LOG_DIR/$target.log" >&2; echo "build-images.sh: building $target failed (log: $LOG_DIR/$target.log)" >&2; exit 1; }
   secs=$(elapsed "$t0")
   size=$(podman image inspect --format '{{.Size}}' "$tag")
   say "$tag: built in $secs s, $((size / 1000000)) MB"
   echo "$target image=$tag base=$BASE seconds=$secs bytes=$size" >>"$SUMMARY"
 }
 
-if [ "$ONLY" != worker ]; then
-  build operator
+# worker-cpu's torch: a local CPU wheel when this machine's pip has one (the Dockerfile installs
+# from .images/wheels/, which must exist, empty or not).
+rm -rf .images/wheels
+mkdir -p .images/wheels
+CPU_ARGS=()
+if wants worker-cpu; then
+  TORCH_CPU_VERSION=$(sed -n 's/^ARG TORCH_CPU_VERSION=//p' Dockerfile | head -1)
+  if timeout 300 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 \
+      --platform manylinux_2_28_x86_64 -d .images/wheels "torch==${TORCH_CPU_VERSION}+cpu" \
+      >"$LOG_DIR/cpu-wheel.log" 2>&1 && ls .images/wheels/torch-*.whl >/dev/null 2>&1; then
+    say "worker-cpu: torch from the local wheel $(basename .images/wheels/torch-*.whl)"
+    CPU_ARGS=(--build-arg "TORCH_CPU_INDEX=")
+  else
+    rm -f .images/wheels/*
+    say "worker-cpu: no local torch ${TORCH_CPU_VERSION}+cpu wheel ($(tail -1 "$LOG_DIR/cpu-wheel.log")): the build asks download.pytorch.org/whl/cpu"
+  fi
+fi
+
+if wants operator; then
+  build operator "localhost/npu-lora-operator:$VERSION"
   # The operator image ships neither torch nor the sandbox (the emulator + local kubelet).
   podman run --rm --entrypoint python "localhost/npu-lora-operator:$VERSION" -c '
 import importlib.util as u
@@ -156,12 +190,24 @@ import npu_lora_operator, kopf, kubernetes
 print("operator image: no torch, no npu_lora_sandbox; kopf", kopf.__version__ if hasattr(kopf, "__version__") else "ok")
 '
 fi
-if [ "$ONLY" != operator ]; then
-  build worker
+if wants worker-cpu; then
+  build worker-cpu "localhost/npu-lora-worker:$VERSION-cpu" "${CPU_ARGS[@]}"
+  podman run --rm --entrypoint npu-lora "localhost/npu-lora-worker:$VERSION-cpu" kernels status \
+    | grep -q '^state:  built' || { echo "build-images.sh: worker-cpu has no built kernel" >&2; exit 1; }
+  podman run --rm --entrypoint python "localhost/npu-lora-worker:$VERSION-cpu" -c '
+import importlib.util as u, torch, npu_lora
+assert u.find_spec("furiosa") is None and torch.version.cuda is None
+print("worker-cpu image: torch", torch.__version__, "(CPU build), no furiosa-torch")
+'
+fi
+if wants worker; then
+  build worker "localhost/npu-lora-worker:$VERSION"
   podman run --rm --entrypoint python "localhost/npu-lora-worker:$VERSION" -c '
 import torch, furiosa.torch, npu_lora
 print("worker image: torch", torch.__version__, "furiosa.torch", getattr(furiosa.torch, "__version__", "ok"))
 '
 fi
-say "done; summary in $SUMMARY"
+rm -rf .images/wheels
+mkdir -p .images/wheels
+say "done in $(elapsed "$T_ALL") s (images only); summary in $SUMMARY"
 cat "$SUMMARY"

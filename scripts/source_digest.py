@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The digest of the sources an image is built from (what the Dockerfile COPYs: pyproject.toml,
-worker/, operator/, and the Dockerfile itself; README.md is copied too, but only as the wheel's
+worker/, operator/, scripts/image_requirements.py, and the Dockerfile itself; README.md is copied too, but only as the wheel's
 long description, so a README-only change does not make an image stale).
 
 ``scripts/build-images.sh`` stores it as the image label ``io.npu-lora.source-digest``; the image
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 LABEL = "io.npu-lora.source-digest"
-PATHS = ("Dockerfile", "pyproject.toml", "worker", "operator")
+PATHS = ("Dockerfile", "pyproject.toml", "worker", "operator", "scripts/image_requirements.py")
 
 
 def _files(root: Path) -> list[str]:

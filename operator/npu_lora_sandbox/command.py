@@ -282,6 +282,19 @@ def start_sandbox(
     return parts
 
 
+def banner_columns(*, wide: bool) -> list[str]:
+    """The ``kubectl get mft`` column names the banner lists, from the CRD's printer columns
+    (so it never drifts from what kubectl prints): the default ones, or those only ``-o wide``
+    adds."""
+    from npu_lora_operator.crd import PRINTER_COLUMNS
+
+    return [
+        str(c["name"]).upper()
+        for c in PRINTER_COLUMNS
+        if bool(c.get("priority")) == wide and (wide or c["name"] != "Age")
+    ]
+
+
 def stop_sandbox(parts: dict[str, Any]) -> None:
     op = parts.get("operator")
     if op is not None:
@@ -374,9 +387,10 @@ def run(args: argparse.Namespace) -> int:
         f"  operator: {op_line}; worker: {worker_line}\n\n"
         f"  export KUBECONFIG={kc}\n"
         f"  kubectl apply -f {example}\n"
-        f"  kubectl get mft -w            # -o wide: TOTAL, ETA, NODE, CALLS/LAYER, EXPERT-BYTES\n"
+        f"  kubectl get mft -w            # {', '.join(banner_columns(wide=False))}\n"
+        f"  kubectl get mft -o wide       # and {', '.join(banner_columns(wide=True))}\n"
         f"  kubectl describe mft tiny-sandbox; kubectl logs job/tiny-sandbox\n"
-        f"  ls {parts['root']}/pvc/default/runs/tiny-sandbox\n\n"
+        f"  ls {parts['kubelet'].pvc_dir('runs', 'default') / 'tiny-sandbox'}\n\n"
         "Ctrl-C stops everything.",
         flush=True,
     )

@@ -23,7 +23,9 @@ rewritten: the container sees its own paths, and :class:`PodmanRuntime` maps the
   account and the kubeconfig read-only); like a kubelet, ``emptyDir`` directories are made
   world-writable, and with ``fsGroup`` PVC directories are given to that group (setgid,
   group-writable) so that a non-root container can write them; the termination-message file is
-  writable by any user;
+  writable by any user; the service-account token directory and the pod's kubeconfig belong to
+  the container's ``runAsUser`` (else are group-readable by ``fsGroup``), as a kubelet projects a
+  token, so the worker can report its status;
 - the network is the host's (``--network=host``), so the pod reaches the emulator on 127.0.0.1
   through its kubeconfig.
 
@@ -228,6 +230,36 @@ def _prepare_volumes(launch: Launch, tm_paths: set[str]) -> None:
         if local is not None and local.is_file():
             with contextlib.suppress(OSError):
                 local.chmod(0o666)
+    _project_credentials(launch)
+
+
+def _project_credentials(launch: Launch) -> None:
+    """The pod's ServiceAccount directory (token, ca.crt, namespace) and its kubeconfig, made
+    readable by the container's user as a kubelet projects a token: owned by ``runAsUser``
+    (files 0600, directory 0700); without one, group-readable by ``fsGroup`` (0640/0750).
+    The sandbox writes them 0600 as itself (root for podman): unreadable to uid 1000 otherwise,
+    and the worker could not report. Without the right to chown (not root) nothing changes."""
+    from .podenv import POD_KUBECONFIG, SA_PATH
+
+    sc = _merged_security(launch.pod, launch.container)
+    uid, gid = sc.get("runAsUser"), sc.get("runAsGroup")
+    fs_group = ((launch.pod.get("spec") or {}).get("securityContext") or {}).get("fsGroup")
+    if uid is None and fs_group is None:
+        return
+    for cpath in (SA_PATH, POD_KUBECONFIG):
+        local = launch.mounts.get(cpath)
+        if local is None or not local.exists():
+            continue
+        for p in [local, *(local.rglob("*") if local.is_dir() else [])]:
+            if p.is_symlink():
+                continue
+            group = fs_group if fs_group is not None else gid
+            with contextlib.suppress(OSError):
+                os.chown(p, -1 if uid is None else int(uid), -1 if group is None else int(group))
+                if fs_group is None:
+                    p.chmod(0o700 if p.is_dir() else 0o600)
+                else:
+                    p.chmod(0o750 if p.is_dir() else 0o640)
 
 
 def _give_to_group(root: Path, gid: int) -> None:

@@ -386,7 +386,10 @@ def test_bench_tiny_end_to_end(tmp_path, monkeypatch):
     )  # + the kept-graph memory measurement with that kernel (layer 0)
 
 
-def test_cli_bench(tmp_path):
+def test_cli_bench(tmp_path, capsys):
+    """`npu-lora bench` with no kernel/dtype flags measures what `npu-lora run` runs by default
+    (moe.expertsKernel, moe.hostDtype auto resolved for this CPU) and says so in its header."""
+    from npu_lora.api.v1alpha1.sections import MoESpec
     from npu_lora.cli import main
 
     out = tmp_path / "cli"
@@ -411,6 +414,22 @@ def test_cli_bench(tmp_path):
         (out / "bench.md").exists()
         and (out / "bench.png").exists()
         and (out / "bench.jsonl").exists()
+    )
+    (header,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("bench runs:")]
+    kernel = MoESpec.model_fields["experts_kernel"].default
+    assert header.startswith(f"bench runs: experts kernel {kernel} (")
+    assert "(auto: " in header and header.endswith("what `npu-lora run` runs by default")
+
+
+def test_bench_header_names_what_differs_from_run():
+    cfg = h.BenchConfig(experts_impl="grouped_mm", host_dtype="float32", threads=1)
+    got, header = h.resolve_run_defaults(cfg)
+    assert got.host_dtype == "float32" and "experts kernel grouped_mm (run: " in header
+    assert "host dtype float32 (run: auto)" in header and "threads 1" in header
+    auto, line = h.resolve_run_defaults(h.BenchConfig(experts_impl="grouped_mm", host_dtype="auto"))
+    assert (
+        auto.host_dtype in ("float32", "bfloat16")
+        and f"host dtype {auto.host_dtype} (auto:" in line
     )
 
 

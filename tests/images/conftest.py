@@ -1,8 +1,10 @@
 """Smoke tests of the built images (marker ``images``): skipped, with the reason, unless podman
-can run containers here and both images exist (``scripts/build-images.sh`` builds them) and were
+can run containers here and the images exist (``scripts/build-images.sh`` builds them) and were
 built from this tree's sources (their ``io.npu-lora.source-digest`` label, scripts/source_digest.py).
+In CI (``CI=true``, or ``NPU_LORA_REQUIRE_IMAGES=1``) they fail instead of skipping: ``.ci/run``
+builds the images first, so a missing or stale image there is a failure, not a reason to skip.
 
-- ``images``: ``{"operator": ..., "worker": ...}`` image names (session).
+- ``images``: ``{"operator": ..., "worker": ..., "worker-cpu": ...}`` image names (session).
 - ``podman``: run ``podman ARGS`` with the project's containers.conf (``CompletedProcess``, text).
 - ``kubectl_for(kubeconfig)``: the real kubectl against another API (e.g. a started sandbox).
 - the sandbox fixtures of tests/sandbox/conftest.py (``emulator``, ``kubeconfig``, ``kubectl``).
@@ -46,6 +48,29 @@ def _podman(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str
     )
 
 
+def images_required() -> bool:
+    """In CI the images must be there (``.ci/run`` builds them before the tests)."""
+    return (
+        os.environ.get("CI", "").lower() == "true"
+        or os.environ.get("NPU_LORA_REQUIRE_IMAGES") == "1"
+    )
+
+
+def _unusable(why: str) -> None:
+    if images_required():
+        pytest.fail(f"{why} (CI builds the images first: scripts/build-images.sh in .ci/run)")
+    pytest.skip(why)
+
+
+def image_names(version: str) -> dict[str, str]:
+    """The tags scripts/build-images.sh gives each Dockerfile target."""
+    return {
+        "operator": f"localhost/npu-lora-operator:{version}",
+        "worker": f"localhost/npu-lora-worker:{version}",
+        "worker-cpu": f"localhost/npu-lora-worker:{version}-cpu",
+    }
+
+
 @pytest.fixture(scope="session")
 def images() -> dict[str, str]:
     from npu_lora import __version__
@@ -53,18 +78,18 @@ def images() -> dict[str, str]:
 
     why = podman_available()
     if why:
-        pytest.skip(f"podman cannot run containers here: {why}")
-    out = {t: f"localhost/npu-lora-{t}:{__version__}" for t in ("operator", "worker")}
+        _unusable(f"podman cannot run containers here: {why}")
+    out = image_names(__version__)
     missing = [i for i in out.values() if _podman("image", "exists", i).returncode != 0]
     if missing:
-        pytest.skip(f"images not built: {', '.join(missing)} (scripts/build-images.sh)")
+        _unusable(f"images not built: {', '.join(missing)} (scripts/build-images.sh)")
     want = _digest.source_digest(Path(__file__).resolve().parents[2])
     for image in out.values():
         got = _podman(
             "image", "inspect", "--format", f'{{{{index .Labels "{_digest.LABEL}"}}}}', image
         ).stdout.strip()
         if got != want:
-            pytest.skip(
+            _unusable(
                 f"{image} was built from other sources (label {_digest.LABEL}={got or 'none'}, "
                 f"this tree {want}): rerun scripts/build-images.sh"
             )
@@ -87,3 +112,25 @@ def kubectl_for(tmp_path: Path) -> Callable[[Path], Any]:
 @pytest.fixture(name="wait_for")
 def wait_for_fixture() -> Callable[..., Any]:
     return wait_for
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _untracked() -> set[str]:
+    res = subprocess.run(
+        ["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=all"],
+        capture_output=True,
+        text=True,
+    )
+    return set(res.stdout.splitlines()) if res.returncode == 0 else set()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def leaves_the_working_tree_clean() -> Any:
+    """The image smoke tests write nothing into the checkout (an OOM test once left an empty
+    ``oom`` file in the repository root)."""
+    before = _untracked()
+    yield
+    left = sorted(_untracked() - before)
+    assert not left, f"the image tests left files in the working tree: {left}"

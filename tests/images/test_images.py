@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import copy
 import json
+import re
+import threading
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
 import yaml
-from npu_lora_operator.builders import Run, build_children
+from npu_lora.api import record
+from npu_lora_operator.builders import OUTPUT_MOUNT, Run, build_children, output_path
 from npu_lora_operator.crd import build_crd
 from npu_lora_operator.settings import OperatorConfig
 from npu_lora_sandbox.kubelet import LocalKubelet
@@ -33,6 +36,37 @@ def _files_owned_by_others(root: Path, uid: int) -> list[str]:
     return [str(p) for p in root.rglob("*") if p.stat().st_uid != uid]
 
 
+def run_dir(kubelet: LocalKubelet, body: dict[str, Any]) -> Path:
+    """Where the sandbox keeps a run's directory, by the API's own rule: the Job's ``--out``
+    (``output_path``) under the output mount, inside the output claim's directory."""
+    run = Run.from_body(body)
+    claim = run.spec.output.volume.claim_name
+    rel = PurePosixPath(output_path(run)).relative_to(OUTPUT_MOUNT)
+    return kubelet.pvc_dir(claim, run.namespace or "default") / rel
+
+
+def parse_table(text: str) -> list[dict[str, str]]:
+    """``kubectl get`` output as rows of ``{COLUMN: cell}`` (cells start under their header;
+    empty cells are ``""``)."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        return []
+    starts = [m.start() for m in re.finditer(r"\S+", lines[0])]
+    names = lines[0].split()
+    rows = []
+    for line in lines[1:]:
+        ends = [*starts[1:], None]
+        rows.append({n: line[s:e].strip() for n, s, e in zip(names, starts, ends, strict=True)})
+    return rows
+
+
+def step_columns() -> list[str]:
+    """The last-step columns a single-process run fills: STEP, S/STEP and every printer column
+    of the step record (worker/npu_lora/api/record.py), data-parallel ones excluded."""
+    cols = [c.printer.name.upper() for c in record.RECORD if c.printer and not c.data_parallel]
+    return ["STEP", "S/STEP", *cols]
+
+
 def test_operator_image_has_neither_torch_nor_the_sandbox(images, podman):
     res = podman(
         "run", "--rm", "--entrypoint", "sh", images["operator"], "-c",
@@ -45,16 +79,18 @@ def test_operator_image_has_neither_torch_nor_the_sandbox(images, podman):
     assert user.stdout.strip() == "1000:1000"
 
 
-def test_worker_image_runs_the_operators_job(images, emulator, tmp_path, podman, wait_for):
-    """``npu-lora run examples/tiny-local.yaml`` as the operator's Job runs it: uid 1000,
-    read-only root, all capabilities dropped, no privilege escalation, the Job's mounts only;
-    the run directory lands in the output PVC."""
+@pytest.mark.parametrize("target", ["worker", "worker-cpu"])
+def test_worker_image_runs_the_operators_job(target, images, emulator, tmp_path, podman, wait_for):
+    """``npu-lora run examples/tiny-local.yaml`` as the operator's Job runs it, from the rngd
+    worker image and from the cpu backend's: uid 1000, read-only root, all capabilities
+    dropped, no privilege escalation, the Job's mounts only; the run directory lands in the
+    output PVC (where the API's path rule puts it), written with the compiled kernel."""
     body = _manifest("tiny-local.yaml")
     body["metadata"]["namespace"] = "default"
     body["spec"]["output"] = {"volume": {"claimName": "runs"}}
     emulator.load_crd(build_crd())  # the worker reports to its MoEFinetune's status
     run = Run.from_body(emulator.create(body))
-    config = OperatorConfig(worker_image=images["worker"], image_pull_policy="Never")
+    config = OperatorConfig(worker_image=images[target], image_pull_policy="Never")
     children = build_children(run, config)
     runtime = PodmanRuntime(keep_containers=True)
     kl = LocalKubelet(emulator, root=tmp_path / "sandbox", runtime=runtime).start()
@@ -77,9 +113,11 @@ def test_worker_image_runs_the_operators_job(images, emulator, tmp_path, podman,
         assert pod["status"]["phase"] == "Succeeded"
         assert json.loads(term["message"])["steps"] == 30  # the worker's termination message
 
-        out = kl.pvc_dir("runs") / "tiny-local"
-        assert (out / "steps.jsonl").exists() or any(out.iterdir()), sorted(out.iterdir())
+        out = run_dir(kl, body)
+        assert (out / "metrics.jsonl").is_file(), sorted(out.iterdir()) if out.exists() else out
         assert _files_owned_by_others(out, 1000) == []  # written by uid 1000
+        summary = json.loads((out / "summary.json").read_text())
+        assert "cpp:" in json.dumps(summary.get("host") or summary), "the compiled kernel ran"
 
         name = term["containerID"].removeprefix("podman://")
         info = json.loads(podman("inspect", name).stdout)[0]
@@ -88,7 +126,7 @@ def test_worker_image_runs_the_operators_job(images, emulator, tmp_path, podman,
             assert info["HostConfig"]["ReadonlyRootfs"] is True
             assert "no-new-privileges" in info["HostConfig"]["SecurityOpt"]
             assert info["EffectiveCaps"] in (None, [])
-            assert info["Config"]["Image"] == images["worker"]
+            assert info["Config"]["Image"] == images[target]
             container = children[-1]["spec"]["template"]["spec"]["containers"][0]
             declared = {m["mountPath"] for m in container["volumeMounts"]}
             added = {SA_PATH, POD_KUBECONFIG, container["terminationMessagePath"]}
@@ -169,14 +207,28 @@ def test_podman_runtime_exit_codes_messages_and_oom(images, emulator, tmp_path, 
 def test_sandbox_runtime_podman_reconciles_tiny_sandbox(images, tmp_path, wait_for, kubectl_for):
     """``npu-lora sandbox --runtime podman``: the operator from its image (over loopback, with a
     kubeconfig), ``kubectl apply -f examples/tiny-sandbox.yaml`` → Succeeded, the worker in its
-    container as uid 1000."""
+    container as uid 1000, reporting from there: ``kubectl get mft -o wide`` shows STEP and LOSS
+    while Running and every step column after; ``status.host.kernelBackend`` is the compiled
+    kernel (``cpp:...``), not the torch fallback."""
     from npu_lora_sandbox.command import start_sandbox, stop_sandbox
 
     parts = start_sandbox(tmp_path / "sandbox", runtime="podman")
+    seen: list[dict[str, str]] = []
+    stop = threading.Event()
     try:
         assert "operator_image" in parts and parts["operator"].is_alive()
         kubectl = kubectl_for(parts["kubeconfig"])
-        kubectl("apply", "-f", str(REPO / "examples" / "tiny-sandbox.yaml"))
+        manifest = REPO / "examples" / "tiny-sandbox.yaml"
+        kubectl("apply", "-f", str(manifest))
+
+        def watch() -> None:  # the rows a user polling `kubectl get mft -o wide` sees
+            while not stop.is_set():
+                res = kubectl("get", "mft", "tiny-sandbox", "-o", "wide", check=False)
+                seen.extend(parse_table(res.stdout))
+                stop.wait(0.5)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
 
         def phase() -> str | None:
             res = kubectl("get", "mft", "tiny-sandbox", "-o", "jsonpath={.status.phase}")
@@ -187,16 +239,34 @@ def test_sandbox_runtime_podman_reconciles_tiny_sandbox(images, tmp_path, wait_f
         except AssertionError:
             print((parts["root"] / "operator.log").read_text()[-4000:])
             raise
+        finally:
+            stop.set()
+            watcher.join(timeout=30)
         logs = kubectl("logs", "job/tiny-sandbox", check=False).stdout
         assert got == "Succeeded", logs[-3000:]
-        out = parts["root"] / "pvc" / "runs" / "tiny-sandbox"
-        assert any(out.iterdir())
+
+        running = [r for r in seen if r.get("PHASE") == "Running" and r.get("STEP")]
+        assert running, f"no Running row with STEP filled among {len(seen)} polls: {seen[-3:]}"
+        assert all(r["LOSS"] for r in running), running[-1]
+        (final,) = parse_table(kubectl("get", "mft", "tiny-sandbox", "-o", "wide").stdout)
+        empty = [c for c in step_columns() if not final.get(c)]
+        assert final["PHASE"] == "Succeeded" and not empty, (empty, final, logs[-2000:])
+
+        status = json.loads(kubectl("get", "mft", "tiny-sandbox", "-o", "json").stdout)["status"]
+        assert status["lastStep"] and status["host"], status
+        assert str(status["host"].get("kernelBackend", "")).startswith("cpp:"), status["host"]
+
+        body = yaml.safe_load(manifest.read_text())
+        body["metadata"]["namespace"] = "default"
+        out = run_dir(parts["kubelet"], body)
+        assert (out / "metrics.jsonl").is_file(), sorted(out.iterdir()) if out.exists() else out
         assert _files_owned_by_others(out, 1000) == []
         pods = json.loads(kubectl("get", "pods", "-o", "json").stdout)["items"]
-        (status,) = [p["status"]["containerStatuses"][0] for p in pods]
-        assert status["image"] == parts["worker_image"]
-        assert status["containerID"].startswith("podman://")
+        (pstatus,) = [p["status"]["containerStatuses"][0] for p in pods]
+        assert pstatus["image"] == parts["worker_image"]
+        assert pstatus["containerID"].startswith("podman://")
     finally:
+        stop.set()
         stop_sandbox(parts)
 
 

@@ -54,8 +54,10 @@ def test_compare_base_scores_differ_from_the_adapter(finished_run, tmp_path, cap
     assert all("base" in r for r in rows)
     assert all(r["scores"] != r["base"]["scores"] for r in rows)
     assert all(r["loss"] != r["base"]["loss"] for r in rows)
-    header = capsys.readouterr().out.splitlines()[0]
-    assert "adapter" in header and "base" in header
+    table = capsys.readouterr().out.splitlines()
+    assert "adapter" in table[0] and "base" in table[0]
+    (rates,) = [line.split()[1:] for line in table if line.startswith("rows/s")]
+    assert len(rates) == 2 and all(float(r) > 0 for r in rates)  # each pass's rows per second
 
 
 def test_predict_text_rows_report_loss_and_perplexity(finished_run, tmp_path, capsys):

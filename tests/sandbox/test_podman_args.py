@@ -137,6 +137,30 @@ def test_volumes_prepared_like_a_kubelet(job_pod, tmp_path):
         assert f.stat().st_mode & 0o777 == 0o644
 
 
+def test_credentials_readable_by_the_pods_user_as_a_kubelet_projects_them(job_pod):
+    """The token directory and the kubeconfig belong to the pod's runAsUser (uid 1000 here) and
+    are group-readable by its fsGroup, never world-readable: the worker reports its status from
+    inside its container (issue 41: a root-owned 0600 kubeconfig left every column empty)."""
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("chown to the pod's uid needs root (as the podman sandbox runs)")
+    kl, pod = job_pod
+    launch = _launch(kl, pod)
+    sc = pod["spec"]["securityContext"]
+    _prepare_volumes(launch, set())
+    sa, kc = launch.mounts[SA_PATH], launch.mounts[POD_KUBECONFIG]
+    for p in [sa, kc, *sa.iterdir()]:
+        st = p.stat()
+        assert (st.st_uid, st.st_gid) == (sc["runAsUser"], sc["fsGroup"]), p
+        assert st.st_mode & 0o007 == 0, f"{p}: world-accessible"
+        assert st.st_mode & 0o740 == 0o740 if p.is_dir() else st.st_mode & 0o777 == 0o640
+    # without fsGroup: the user's alone
+    pod["spec"]["securityContext"] = {k: v for k, v in sc.items() if k != "fsGroup"}
+    _prepare_volumes(launch, set())
+    assert kc.stat().st_mode & 0o777 == 0o600 and kc.stat().st_uid == sc["runAsUser"]
+
+
 def test_unknown_runtime_and_missing_podman_are_named(tmp_path):
     from npu_lora_sandbox.command import start_sandbox
     from npu_lora_sandbox.podman import podman_available

@@ -38,6 +38,21 @@ def _stages() -> dict[str, str]:
     return out
 
 
+def _chain(name: str) -> str:
+    """The stage and the stages it is built FROM, root first (what its image holds)."""
+    stages = _stages()
+    parts = []
+    while name in stages:
+        parts.insert(0, stages[name])
+        m = re.match(r"FROM\s+(\S+)\s+AS", stages[name])
+        name = m.group(1) if m else ""
+    return "".join(parts)
+
+
+def _code(text: str) -> str:
+    return "\n".join(x for x in text.splitlines() if not x.lstrip().startswith("#"))
+
+
 def test_hadolint_reports_nothing():
     res = subprocess.run(
         [_hadolint(), "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60
@@ -56,13 +71,13 @@ def test_targets_and_base_image():
     assert "FROM ${PYTHON_IMAGE} AS base" in text
 
 
-@pytest.mark.parametrize("target", ["operator", "worker"])
+@pytest.mark.parametrize("target", ["operator", "worker", "worker-cpu"])
 def test_final_stages_run_as_non_root_with_the_cli_entrypoint(target):
     stage = _stages()[target]
     users = re.findall(r"(?m)^USER\s+(\S+)", stage)
     assert users and users[-1].split(":")[0] == "1000", users
     assert re.search(r'(?m)^ENTRYPOINT \["npu-lora"\]$', stage)
-    assert re.search(r"(?m)^FROM base AS ", stage)
+    assert re.search(r"(?m)^FROM base AS ", _chain(target))
 
 
 def test_operator_has_no_torch_and_worker_has_furiosa():
@@ -71,7 +86,7 @@ def test_operator_has_no_torch_and_worker_has_furiosa():
     check = "assert u.find_spec('torch') is None, 'torch installed'"
     assert "[operator]" in op and "torch" not in op.replace(check, "")
     assert "rngd" not in op
-    worker = stages["worker"]
+    worker = _chain("worker")
     assert "[rngd]" in worker
     assert re.search(r"(?m)^ARG TORCH_VERSION=2\.10\.0$", worker), "furiosa-torch pins torch 2.10.0"
     for pkg in ("gcc-aarch64-linux-gnu=", "libc6-dev-arm64-cross="):
@@ -133,3 +148,38 @@ def test_worker_image_builds_the_host_kernel_at_image_build_time():
     build = m.start()
     assert worker.index("[rngd]") < build < worker.index("USER 1000")
     assert "chmod -R a+rX" in worker[build:] and "kernels" not in op
+
+
+@pytest.mark.parametrize("target", ["worker", "worker-cpu"])
+def test_worker_layers_survive_a_source_change_and_ship_no_compiler(target):
+    """torch and the dependencies are installed from pyproject.toml alone, before any source or
+    wheel is copied (a source change reuses them); the kernel is compiled in a builder stage
+    with g++ (and the Python headers where the base lacks them) and only its cache is copied
+    into the image, which has no C++ compiler."""
+    stages = _stages()
+    final = stages[target]
+    deps_name = re.match(r"FROM\s+(\S+)\s+AS", final).group(1)
+    deps = _code(stages[deps_name])
+    assert deps_name != "base" and "COPY pyproject.toml scripts/image_requirements.py" in deps
+    assert not re.search(r"(?m)^COPY (worker|operator)/", deps) and "--from=wheel" not in deps
+    assert deps.index("torch==") < deps.index("image_requirements.py")
+    kernel = _code(stages[f"{target}-kernel"])
+    assert re.match(rf"FROM {deps_name} AS ", kernel) and "g++=" in kernel
+    assert "libpython3.11-dev" in kernel and "Python.h" in kernel
+    assert re.search(r"(?m)^RUN .*\n?.*npu-lora kernels build", kernel)
+    code = _code(_chain(target))
+    assert f"COPY --from={target}-kernel /opt/npu-lora/cache /opt/npu-lora/cache" in code
+    assert "g++" not in code and "-dev" not in code.replace("libc6-dev-arm64-cross", "")
+    assert "--no-deps" in final, "the project's wheel alone: its dependencies are installed"
+
+
+def test_cpu_worker_has_cpu_torch_and_no_furiosa():
+    cpu = _code(_chain("worker-cpu"))
+    assert (
+        "furiosa" not in re.sub(r"(?m)^LABEL .*$", "", cpu)
+        and "[rngd]" not in cpu
+        and "aarch64" not in cpu
+    )
+    assert re.search(r"(?m)^ARG TORCH_CPU_VERSION=\d+\.\d+\.\d+$", cpu)
+    assert '"torch==${TORCH_CPU_VERSION}+cpu"' in cpu and "[worker]" in cpu
+    assert "torch.version.cuda is None" in cpu

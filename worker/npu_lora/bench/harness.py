@@ -109,6 +109,41 @@ def _variants(cfg: BenchConfig) -> tuple[list[Variant], str]:
     return variants, baseline
 
 
+def resolve_run_defaults(cfg: BenchConfig) -> tuple[BenchConfig, str]:
+    """``cfg`` with ``host_dtype`` ``auto`` resolved as ``npu-lora run`` resolves it on this CPU
+    (for the default experts kernel), and the header line saying what the bench runs: kernel
+    (with the compiled kernel's ISA), host dtype and why, threads, and whether that is what
+    ``npu-lora run`` runs by default (``moe.expertsKernel``, ``moe.hostDtype``, all cores)."""
+    from npu_lora.api.v1alpha1.sections import MoESpec
+    from npu_lora.moe.host_dtype import resolve_host_dtype
+
+    run_kernel = MoESpec.model_fields["experts_kernel"].default
+    run_dtype = MoESpec.model_fields["host_dtype"].default
+    requested = cfg.host_dtype
+    choice = resolve_host_dtype(requested, cfg.experts_impl, log_it=False)
+    dtype, why, backend = choice.dtype, choice.reason, choice.kernel_backend
+    if requested == "auto":
+        cfg = replace(cfg, host_dtype=dtype)
+    differs = []
+    if cfg.experts_impl != run_kernel:
+        differs.append(f"experts kernel {cfg.experts_impl} (run: {run_kernel})")
+    if requested != run_dtype:
+        differs.append(f"host dtype {requested} (run: {run_dtype})")
+    if cfg.threads:
+        differs.append(f"threads {cfg.threads} (run: all cores unless moe.hostThreads)")
+    kernel = f"{cfg.experts_impl} ({backend})" if backend else cfg.experts_impl
+    header = (
+        f"bench runs: experts kernel {kernel}, host dtype {dtype} ({why}), "
+        f"{torch.get_num_threads()} threads: "
+        + (
+            "what `npu-lora run` runs by default"
+            if not differs
+            else "not `npu-lora run`'s defaults: " + "; ".join(differs)
+        )
+    )
+    return cfg, header
+
+
 def _build_engine(
     cfg: BenchConfig, any_hot: bool, log: Callable[[str], None], experts_impl: str | None = None
 ) -> Any:
@@ -219,6 +254,8 @@ def run_bench(
     out.mkdir(parents=True, exist_ok=True)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    cfg, header = resolve_run_defaults(cfg)
+    log(header)
     torch.manual_seed(cfg.seed)
     variants, baseline = _variants(cfg)
     any_hot = any(v.placement == "hot" for v in variants)

@@ -24,6 +24,10 @@ import sys
 from pathlib import Path
 
 from npu_lora.api import backends as registry
+from npu_lora.api.v1alpha1.sections import MoESpec
+
+#: what ``npu-lora run`` runs when the manifest says nothing: the bench's defaults follow it
+_RUN_DEFAULTS = {k: MoESpec.model_fields[k].default for k in ("experts_kernel", "host_dtype")}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,16 +57,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--rounds", type=int, default=6, help="rounds; odd rounds run the variants in reverse"
     )
     parser.add_argument(
-        "--host-dtype", choices=["fp32", "bf16", "float32", "bfloat16"], default="fp32"
+        "--host-dtype",
+        choices=["auto", "fp32", "bf16", "float32", "bfloat16"],
+        default=_RUN_DEFAULTS["host_dtype"],
+        help="host expert weights' dtype (default: moe.hostDtype's default, %(default)s: what "
+        "`npu-lora run` resolves on this CPU; the header says which it ran)",
     )
     parser.add_argument("--backend", choices=registry.choices(), default="cpu")
     parser.add_argument(
         "--threads",
         type=int,
-        help="torch intra-op threads (default: torch's). On a shared, oversubscribed machine use 1: "
+        help="torch intra-op threads (default: torch's, as `npu-lora run` without "
+        "moe.hostThreads). On a shared, oversubscribed machine use 1: "
         "2-thread GEMMs there were 5-12x slower and far noisier (experiments/2026-11-30-*)",
     )
-    parser.add_argument("--experts-impl", default="grouped_mm", help="default host experts kernel")
+    parser.add_argument(
+        "--experts-impl",
+        default=_RUN_DEFAULTS["experts_kernel"],
+        help="default host experts kernel (default: moe.expertsKernel's default, %(default)s, "
+        "what `npu-lora run` runs)",
+    )
     parser.add_argument(
         "--variants",
         default="host-only,host-only+keep_graph,hot,hot+keep_graph",

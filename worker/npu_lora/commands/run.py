@@ -396,8 +396,15 @@ def _train(args: argparse.Namespace, manifest: Any, ctx: Any, callbacks: Any) ->
             print(note, file=sys.stderr)
         apply_plan(run_plan, ctx.run_dir)
     if plan.checkpoint is not None:
+        done = plan.checkpoint_step is not None and plan.checkpoint_step >= ctx.total_steps
         print(
-            f"resuming {ctx.run_dir} from the checkpoint at step {plan.checkpoint_step}",
+            f"resuming {ctx.run_dir} from the checkpoint at step {plan.checkpoint_step}"
+            + (
+                f": the run had finished ({ctx.total_steps} steps), nothing to train; to start "
+                "fresh use another --out DIR or remove that directory"
+                if done
+                else ""
+            ),
             file=sys.stderr,
         )
     trainer = Trainer(

@@ -23,7 +23,9 @@ Order of calls in a run::
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -142,8 +144,59 @@ class CallbackList(TrainCallback):
         self._call("on_error", message, exit_code, ctx)
 
 
+def terminal_columns(stream: Any = None) -> int:
+    """The width of the terminal ``stream`` (default stderr) writes to; 0 when it is not a
+    terminal or reports no width (a pod's log, CI, ``script`` without a size)."""
+    stream = stream if stream is not None else sys.stderr
+    try:
+        if not stream.isatty():
+            return 0
+        return int(os.get_terminal_size(stream.fileno()).columns)
+    except (AttributeError, OSError, ValueError):
+        return 0
+
+
+class _StepLines:
+    """The progress without a terminal width: a plain line every ``every`` steps (and the
+    last), which tqdm cannot draw there (it printed nothing in CI logs and under ``script``)."""
+
+    def __init__(self, total: int | None, initial: int, desc: str, disable: bool) -> None:
+        self.total, self.n, self.desc, self.disable = total, initial, desc, disable
+        self.every = lines_every(total)
+        self.postfix: dict[str, Any] = {}
+        self.t0 = time.monotonic()
+
+    def set_postfix(self, refresh: bool = False, **kw: Any) -> None:
+        self.postfix = kw
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if self.disable:
+            return
+        if self.n % self.every == 0 or (self.total is not None and self.n >= self.total):
+            of = f"/{self.total}" if self.total else ""
+            extra = " ".join(f"{k}={v}" for k, v in self.postfix.items())
+            elapsed = time.monotonic() - self.t0
+            print(f"{self.desc}: step {self.n}{of} {extra} ({elapsed:.0f} s)", file=sys.stderr)
+
+    def write(self, text: str, file: Any = None) -> None:
+        print(text, file=file or sys.stderr)
+
+    def close(self) -> None:
+        pass
+
+
+def lines_every(total: int | None) -> int:
+    """Steps between two progress lines without a terminal: about 20 lines a run, at most one
+    every 100 steps apart (1 for short runs)."""
+    if not total:
+        return 10
+    return max(1, min(100, total // 20))
+
+
 class ProgressBar(TrainCallback):
-    """tqdm bar on stderr with the live loss and seconds per step."""
+    """tqdm bar on stderr with the live loss and seconds per step; without a terminal width
+    (a pod's log, CI, ``script``) a line every :func:`lines_every` steps instead."""
 
     def __init__(self, *, disable: bool = False) -> None:
         self.disable = disable
@@ -152,15 +205,18 @@ class ProgressBar(TrainCallback):
     def on_start(self, ctx: RunContext) -> None:
         from tqdm import tqdm
 
+        desc = ctx.name or "train"
+        if terminal_columns() <= 0:
+            self.bar = _StepLines(ctx.total_steps, ctx.start_step - 1, desc, self.disable)
+            return
         self.bar = tqdm(
             total=ctx.total_steps,
             initial=ctx.start_step - 1,
-            desc=ctx.name or "train",
+            desc=desc,
             unit="step",
             file=sys.stderr,
             dynamic_ncols=True,
-            # in a pod's log (not a terminal) every refresh is a line: refresh rarely
-            mininterval=0.1 if sys.stderr.isatty() else 30.0,
+            mininterval=0.1,
             disable=self.disable,
         )
 
