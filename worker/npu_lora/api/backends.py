@@ -34,8 +34,9 @@ class BackendEntry:
     as; ``device_gather``: the hot rows may be gathered on the device (``HotLayer``; off where
     that graph is not yet verified); ``compiler``: what compiles its graphs (``inductor``,
     ``furiosa-torch``; ``npu_lora.compile.plan.compiler_id``); ``precompile``: ``device.precompile:
-    auto`` is on (compiles that take minutes); ``summary``: a few words for
-    the API reference."""
+    auto`` is on (compiles that take minutes); ``sdpa``: long rows run torch's memory-efficient
+    ``scaled_dot_product_attention`` (``npu_lora.api.sizing.attention_impl``; off where the
+    compiler takes only the eager form); ``summary``: a few words for the API reference."""
 
     name: str
     implementation: str
@@ -45,6 +46,7 @@ class BackendEntry:
     compiler: str = "inductor"
     precompile: bool = False
     summary: str = ""
+    sdpa: bool = True
 
 
 _REGISTRY: dict[str, BackendEntry] = {}
@@ -109,6 +111,6 @@ def card_rule() -> tuple[str, str]:
 
 
 # --- the registry (auto's order: the first available wins) -------------------------------------
-register(BackendEntry("furiosa", "npu_lora.backends.furiosa:FuriosaBackend", cards=True, resource="furiosa.ai/rngd", device_gather=False, compiler="furiosa-torch", precompile=True, summary="RNGD via furiosa-torch"))  # fmt: skip
+register(BackendEntry("furiosa", "npu_lora.backends.furiosa:FuriosaBackend", cards=True, resource="furiosa.ai/rngd", device_gather=False, compiler="furiosa-torch", precompile=True, summary="RNGD via furiosa-torch", sdpa=False))  # fmt: skip
 register(BackendEntry("cuda", "npu_lora.backends.cuda:CudaBackend", cards=True, resource="nvidia.com/gpu"))  # fmt: skip
 register(BackendEntry("cpu", "npu_lora.backends.cpu:CpuBackend", summary="the host stands in for the device"))  # fmt: skip

@@ -152,7 +152,9 @@ class HybridEngine:
         self.embed = backend.compile(DeviceEmbed(inner.embed_tokens))
         self.attn = [
             backend.compile(
-                DeviceAttentionBlock.from_layer(layer, inner.rotary_emb).to(backend.device)
+                DeviceAttentionBlock.from_layer(layer, inner.rotary_emb, backend.name).to(
+                    backend.device
+                )
             )
             for layer in self.layers
         ]
