@@ -177,3 +177,82 @@ def test_step_at_long_rows(S):
     grads = [p.grad for p in eng.trainable_parameters()]
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
     assert any(g.abs().sum() > 0 for g in grads)
+
+
+def test_keep_graph_auto_spec_values():
+    from pydantic import ValidationError
+
+    assert make_spec(moe={"keepGraph": "auto"}).moe.keep_graph == "auto"
+    assert make_spec(moe={"keepGraph": False}).moe.keep_graph is False
+    with pytest.raises(ValidationError):
+        make_spec(moe={"keepGraph": "sometimes"})
+
+
+def test_memory_estimate_grows_with_long_rows_and_sizes_kept_graphs():
+    from npu_lora.api.memory import (
+        HEADROOM,
+        RUNTIME_BYTES,
+        estimate,
+        kept_graph_layers,
+        long_row_bytes,
+        preset_config,
+        text_config,
+    )
+
+    cfg = text_config(preset_config("qwen3-30b-a3b"), 4)
+    spec = make_spec(
+        model={"preset": "qwen3-30b-a3b", "layers": 4},
+        training={"seqLen": 4096, "batchSize": 1},
+        moe={"keepGraph": "auto", "hostDtype": "bfloat16"},
+    )
+    long_est = estimate(spec, cfg)
+    dt = 4  # device.dtype float32 (the tests' spec)
+    S2 = 4096 * 4096
+    # the mask (+ its booleans) and the label gather: S² terms; sdpa keeps no S² scores; the
+    # head holds one chunk (3 × 64 rows × V fp32) and dhn
+    head = 3 * 64 * 151_936 * 4 + 4096 * 2048 * 4
+    assert long_row_bytes(spec, cfg) == S2 * (dt + 2) + S2 * dt + head
+    short = make_spec(model={"preset": "qwen3-30b-a3b", "layers": 4}, training={"seqLen": 512})
+    B, nh, S = 2, 32, 512  # eager attention below SDPA_MIN_SEQ: saved P per layer + scores
+    eager = 4 * B * nh * S * S * dt + B * nh * S * S * 4
+    assert (
+        long_row_bytes(short, cfg)
+        == B * S * S * (2 * dt + 2) + eager + 3 * B * 32 * 151_936 * 4 + B * S * 2048 * 4
+    )
+    per_layer = 4 * 4096 * 8 * 3 * 768  # one layer's kept graph (k=8 experts, I=768)
+    assert kept_graph_layers(spec, cfg, None) == 4
+    none = estimate(spec, cfg, kept_layers=0)
+    assert long_est.total - none.total == 4 * per_layer
+    for n in range(5):  # the limit that fits n kept layers exactly gives n
+        est = estimate(spec, cfg, kept_layers=n)
+        assert kept_graph_layers(spec, cfg, int(est.total * HEADROOM) + RUNTIME_BYTES) == n
+    assert kept_graph_layers(spec, cfg, 1) == 0
+    assert "1 keeping the MoE graph" in estimate(spec, cfg, kept_layers=1).describe()
+
+
+def test_keep_graph_auto_recomputes_the_layers_over_budget(deterministic):
+    """Kept in the last layer only: layer 0 recomputes, layer 1 reuses its graph, and the
+    gradients equal keeping every graph bit for bit."""
+    from npu_lora.engine import build_engine
+    from npu_lora.engine.build import keep_graph_auto
+
+    spec = make_spec(moe={"keepGraph": "auto"})
+    grads = []
+    for n in (None, 1):
+        eng = build_engine(spec)
+        randomize_lora(eng.model)
+        if n is not None:
+            from npu_lora.api.memory import HEADROOM, RUNTIME_BYTES, estimate, model_widths
+
+            est = estimate(spec, model_widths(spec), host_dtype="float32", kept_layers=n)
+            choice = keep_graph_auto(eng, spec, (int(est.total * HEADROOM) + RUNTIME_BYTES, "t"))
+            assert choice["kept_layers"] == 1 and choice["kept"] == [1]
+        eng.forward_backward(make_batch())
+        mlps = eng.mlps
+        if n is None:
+            assert [m.reused for m in mlps] == [1, 1]
+        else:
+            assert [m.recomputed for m in mlps] == [1, 0] and [m.reused for m in mlps] == [0, 1]
+        grads.append([p.grad.clone() for p in eng.trainable_parameters()])
+    for a, b in zip(*grads, strict=True):
+        assert torch.equal(a, b)
