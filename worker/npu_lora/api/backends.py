@@ -67,8 +67,9 @@ class BackendEntry:
     as; ``device_gather``: the hot rows may be gathered on the device (``HotLayer``; off where
     that graph is not yet verified); ``compiler``: what compiles its graphs (``inductor``,
     ``furiosa-torch``; ``npu_lora.compile.plan.compiler_id``); ``precompile``: ``device.precompile:
-    auto`` is on (compiles that take minutes); ``summary``: a few words for
-    the API reference."""
+    auto`` is on (compiles that take minutes); ``sdpa``: long rows run torch's memory-efficient
+    ``scaled_dot_product_attention`` (``npu_lora.api.sizing.attention_impl``; off where the
+    compiler takes only the eager form); ``summary``: a few words for the API reference."""
 
     name: str
     implementation: str
@@ -78,6 +79,7 @@ class BackendEntry:
     compiler: str = "inductor"
     precompile: bool = False
     summary: str = ""
+    sdpa: bool = True
     node: NodeFacts | None = None
 
     def partition_resource(self, partition: str) -> str:
@@ -239,6 +241,6 @@ RNGD_NODE = NodeFacts(
     partitions=(("1core.6gb", 8), ("2core.12gb", 4), ("4core.24gb", 2)),
     partition_memory_gb=(("1core.6gb", 6), ("2core.12gb", 12), ("4core.24gb", 24)),
 )
-register(BackendEntry("furiosa", "npu_lora.backends.furiosa:FuriosaBackend", cards=True, resource="furiosa.ai/rngd", device_gather=False, compiler="furiosa-torch", precompile=True, summary="RNGD via furiosa-torch", node=RNGD_NODE))  # fmt: skip
+register(BackendEntry("furiosa", "npu_lora.backends.furiosa:FuriosaBackend", cards=True, resource="furiosa.ai/rngd", device_gather=False, compiler="furiosa-torch", precompile=True, summary="RNGD via furiosa-torch", sdpa=False, node=RNGD_NODE))  # fmt: skip
 register(BackendEntry("cuda", "npu_lora.backends.cuda:CudaBackend", cards=True, resource="nvidia.com/gpu"))  # fmt: skip
 register(BackendEntry("cpu", "npu_lora.backends.cpu:CpuBackend", summary="the host stands in for the device"))  # fmt: skip

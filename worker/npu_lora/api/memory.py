@@ -13,16 +13,27 @@ layers::
                     embeddings, attention, norms and LM head in device.dtype)
     trainable    = LoRA parameters × 16 (fp32 weight, gradient, two AdamW moments)
                    (+ the expert parameters × 12 with lora.trainExperts)
-    activations  = 4 × T × L × (A + M)
+    activations  = 4 × T × L × A + 4 × T × (L·H + Lk·k·3·I) + rows
                    A = 6·H            attention side: two norm outputs, q, k, v, attention
                                       output (only with device.backend cpu)
-                   M = H + k·3·I      MoE block: its input, and with moe.keepGraph the k routed
-                                      experts' gate, up and activation rows (I wide each);
-                                      without keepGraph only H (the block is recomputed)
+                   H, k·3·I           MoE block: its input in every layer, and in the Lk layers
+                                      that keep their graph the k routed experts' gate, up and
+                                      activation rows (I wide each; the other layers recompute)
+                   rows               what grows with S² or with the vocabulary, per micro-batch
+                                      (npu_lora.api.sizing decides which form runs):
+                                      the additive mask B·S·S in device.dtype + its boolean
+                                      intermediates (2 bytes), the label gather's one-hot
+                                      B·N·S (N up to S) in device.dtype; with device.backend cpu
+                                      also the eager attention core's saved probabilities
+                                      L·B·heads·S·S + one layer's fp32 scores (rows under
+                                      sizing.SDPA_MIN_SEQ; sdpa keeps O(S)), and the LM head's
+                                      chunk (3 × its fp32 logits) + dhn B·N·H fp32
     data         = examples × seqLen × 24 (input ids, labels, attention mask as int64)
     estimate     = weights + trainable + activations + data
 
-with ``H`` hidden size, ``k`` experts per token, ``I`` the expert intermediate size. It leaves
+with ``H`` hidden size, ``k`` experts per token, ``I`` the expert intermediate size; ``Lk`` = L
+with ``moe.keepGraph: true`` (and with ``auto`` when no memory limit is given), 0 with ``false``,
+and with ``auto`` under a limit the most layers that fit it (:func:`kept_graph_layers`). It leaves
 out the framework's own overhead and transient buffers, so it is a lower bound: a run refused by
 it cannot fit. :func:`recommended_limit` adds 25 % and :data:`RUNTIME_BYTES` for the
 interpreter, torch, transformers and peft, rounded up to a whole GiB.
@@ -44,6 +55,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from npu_lora.api.sizing import attention_impl, head_chunk_rows
 from npu_lora.api.volumes import volume_root
 
 GiB = 1 << 30
@@ -65,6 +77,8 @@ class MemoryEstimate:
     tokens: int
     layers: int
     host_dtype: str = AUTO_HOST_DTYPE
+    #: decoder layers whose MoE block keeps its graph (``moe.keepGraph``)
+    kept_layers: int | None = None
 
     @property
     def total(self) -> int:
@@ -75,8 +89,12 @@ class MemoryEstimate:
         return (
             f"{g(self.total)} (weights {g(self.weights)} in {self.host_dtype} + optimizer "
             f"{g(self.trainable)} + activations {g(self.activations)} for {self.tokens} tokens "
-            f"per micro-batch × {self.layers} layers + data {g(self.data)})"
+            f"per micro-batch × {self.layers} layers{self._kept()} + data {g(self.data)})"
         )
+
+    def _kept(self) -> str:
+        k = self.kept_layers
+        return "" if k is None or k == self.layers else f", {k} keeping the MoE graph"
 
 
 def preset_config(preset: str) -> dict[str, Any] | None:
@@ -129,11 +147,16 @@ def assumed_host_dtype(spec: Any) -> str:
 
 
 def estimate(
-    spec: Any, cfg: dict[str, Any], examples: int = 0, host_dtype: str | None = None
+    spec: Any,
+    cfg: dict[str, Any],
+    examples: int = 0,
+    host_dtype: str | None = None,
+    kept_layers: int | None = None,
 ) -> MemoryEstimate | None:
     """The estimate for ``spec`` on a model with config ``cfg`` (:func:`text_config` applied);
-    ``host_dtype`` the resolved one (default :func:`assumed_host_dtype`). None without the
-    model's hidden size or layer count."""
+    ``host_dtype`` the resolved one (default :func:`assumed_host_dtype`); ``kept_layers`` the
+    layers keeping their MoE graph under ``moe.keepGraph: auto`` (default: all). None without
+    the model's hidden size or layer count."""
     H, L = _int(cfg, "hidden_size"), _int(cfg, "num_hidden_layers")
     if not H or not L:
         return None
@@ -162,11 +185,56 @@ def estimate(
     lora = L * sum(r * (a + b) for n, (a, b) in attn_dims.items() if n in spec.lora.target_modules)
     trainable = 16 * lora + (12 * experts if spec.lora.train_experts else 0)
 
-    moe_per_token = H + (k * 3 * I_moe if spec.moe.keep_graph else 0)
+    kg = spec.moe.keep_graph
+    kept = (
+        L
+        if kg is True
+        else 0
+        if kg is False
+        else min(L, kept_layers if kept_layers is not None else L)
+    )
     attn_per_token = 6 * H if on_host_all else 0
-    activations = 4 * tokens * L * (attn_per_token + moe_per_token)
+    activations = 4 * tokens * (L * attn_per_token + L * H + kept * k * 3 * I_moe)
+    activations += long_row_bytes(spec, cfg)
     data = examples * t.seq_len * 24
-    return MemoryEstimate(weights, trainable, activations, data, tokens, L, host)
+    return MemoryEstimate(weights, trainable, activations, data, tokens, L, host, kept)
+
+
+def long_row_bytes(spec: Any, cfg: dict[str, Any]) -> int:
+    """The activations that grow with S² or the vocabulary (the module doc's ``rows``)."""
+    t = spec.training
+    B, S = t.batch_size, t.seq_len
+    dt = DTYPE_BYTES[spec.device.dtype]
+    H, L = _int(cfg, "hidden_size", 0) or 0, _int(cfg, "num_hidden_layers", 0) or 0
+    V = _int(cfg, "vocab_size", 0) or 0
+    nh = _int(cfg, "num_attention_heads", 1) or 1
+    out = B * S * S * (dt + 2) + B * S * S * dt  # the mask (+ booleans), the label gather
+    if spec.device.backend == "cpu":  # attention and head on the host
+        if attention_impl("cpu", S) == "eager":
+            out += L * B * nh * S * S * dt + B * nh * S * S * 4
+        rows = head_chunk_rows(B, S, V) if V else 0
+        out += 3 * B * rows * V * 4 + B * S * H * 4
+    return out
+
+
+def kept_graph_layers(
+    spec: Any,
+    cfg: dict[str, Any],
+    limit: int | None,
+    examples: int = 0,
+    host_dtype: str | None = None,
+) -> int:
+    """``moe.keepGraph: auto``: the most decoder layers whose MoE block may keep its graph
+    with the run's estimate + 25 % + :data:`RUNTIME_BYTES` within ``limit`` bytes;
+    every layer when no limit is known. The others recompute their block in backward."""
+    L = _int(cfg, "num_hidden_layers", 0) or 0
+    if limit is None:
+        return L
+    for n in range(L, 0, -1):
+        est = estimate(spec, cfg, examples, host_dtype, kept_layers=n)
+        if est is not None and int(est.total * HEADROOM) + RUNTIME_BYTES <= limit:
+            return n
+    return 0
 
 
 def preset_estimate(spec: Any) -> MemoryEstimate | None:

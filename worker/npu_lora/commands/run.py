@@ -381,6 +381,12 @@ def _train(args: argparse.Namespace, manifest: Any, ctx: Any, callbacks: Any) ->
 
     # SpecError (bad model/backend) still writes nothing
     engine = build_shared(lambda: build_engine(spec, len(tok)), spec)
+    if spec.moe.keep_graph == "auto" and hasattr(engine, "keep_graph_layers"):
+        from npu_lora.engine.build import keep_graph_auto
+        from npu_lora.train.preflight import memory_limit
+
+        # the kept graphs sized to this process's limit; summary.json "keep_graph"
+        ctx.extra["keep_graph"] = keep_graph_auto(engine, spec, memory_limit(), len(dataset))
     compiled = check_compile_cache(spec, engine, compile_misses=info.is_rank0)
     if compiled is not None:  # summary.json "compile"
         ctx.extra["compile"] = compiled

@@ -9,10 +9,14 @@ The graphs, as the engine builds them (:mod:`npu_lora.engine.hybrid`, :mod:`npu_
 
     embed                 DeviceEmbed          ids [B,S] int32                       forward
     attention             DeviceAttentionBlock h, moe [B,S,D], pos [B,S] int32,      forward+backward
-                                               mask [B,1,S,S]       (one graph, all layers)
+                                               mask [B,1,S,S]       (one graph, all layers;
+                                               params.attention: sdpa for long rows on cpu/cuda,
+                                               else eager: api.sizing.attention_impl)
     head_n<N>             DeviceHead           h, moe [B,S,D], sel [B,N,S], labels [B,N] int32,
                                                w [B,N] fp32; N = the label bucket (powers of two
-                                               below S, and S): the data decides which are used
+                                               below S, and S): the data decides which are used;
+                                               long rows: the loss chunk_rows positions at a time
+                                               (api.sizing.head_chunk_rows, in the key's params)
     hot_experts_b<Bk>     HotExpertsBatched    x [Eh,Bk,D], r [Eh,Bk]   (placement hot/auto;
                                                Eh = ceil(hotFraction·E); Bk = moe.bucketSizes or
                                                powers of two from 8 to the tokens per step)
@@ -43,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from npu_lora.api import backends as registry
+from npu_lora.api.sizing import attention_impl, head_chunk_rows
 
 PLAN_VERSION = 1
 #: the files whose text defines the device graphs (relative to the ``npu_lora`` package)
@@ -333,6 +338,8 @@ def compile_plan(
             _t("post_attention_layernorm", [D], dt),
         ],
         params={
+            # api.sizing: sdpa's memory-efficient core for long rows on cpu/cuda, else eager
+            "attention": attention_impl(be, S),
             "attention_bias": w["attention_bias"],
             "rms_norm_eps": w["rms_norm_eps"],
             "rope_theta": w["rope_theta"],
@@ -363,6 +370,8 @@ def compile_plan(
             params={
                 "rms_norm_eps": w["rms_norm_eps"],
                 "lora_head": "lm_head" in lora.target_modules,
+                # api.sizing: the loss over label positions `chunk_rows` at a time
+                "chunk_rows": head_chunk_rows(B, n, V),
             },
             directions=["forward", "backward"],
             depends_on=["training.batchSize", "training.seqLen", "device.dtype", "vocab", "hidden"],
@@ -438,6 +447,13 @@ def format_plan(plan: Plan) -> str:
     for e in plan.entries:
         shapes = ", ".join(f"{i['name']}{list(i['shape'])}:{i['dtype']}" for i in e.inputs)
         dirs = "f+b" if len(e.directions) == 2 else "f"
-        lines.append(f"{e.index:>3}  {e.name:<20} {e.key[:16]}  {dirs:<4}  {shapes}")
+        how = []  # the long-row forms (api.sizing)
+        if "attention" in e.params:
+            how.append(f"attention {e.params['attention']}")
+        n = e.inputs[2]["shape"][1] if e.graph == "DeviceHead" else None
+        if n is not None and e.params.get("chunk_rows", n) < n:
+            how.append(f"loss in chunks of {e.params['chunk_rows']}")
+        tail = f"  [{'; '.join(how)}]" if how else ""
+        lines.append(f"{e.index:>3}  {e.name:<20} {e.key[:16]}  {dirs:<4}  {shapes}{tail}")
     lines.extend(f"note: {n}" for n in plan.notes)
     return "\n".join(lines)

@@ -37,12 +37,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
-from .ops import cross_entropy_int32, eager_attention, head_label_logits
+from npu_lora.api.sizing import HEAD_CHUNK_BYTES, attention_impl, head_chunk_rows
+
+from .ops import (
+    cross_entropy_int32,
+    eager_attention,
+    head_label_logits,
+    logsumexp_rngd,
+    sdpa_attention,
+)
 
 # ---------------------------------------------------------------------------------------------
 # host-side input builders (run on the host; their outputs are copied to the device)
@@ -160,8 +170,12 @@ class DeviceAttentionBlock(nn.Module):
         self_attn: nn.Module,
         post_attention_layernorm: nn.Module,
         rotary_emb: nn.Module,
+        backend: str = "furiosa",
     ) -> None:
         super().__init__()
+        #: the backend's registry name: rows of ``api.sizing.SDPA_MIN_SEQ`` tokens and more run
+        #: sdpa where the backend allows it (``api.sizing.attention_impl``), else the eager core
+        self.backend = backend
         self.input_layernorm = input_layernorm
         self.self_attn = self_attn
         self.post_attention_layernorm = post_attention_layernorm
@@ -173,9 +187,15 @@ class DeviceAttentionBlock(nn.Module):
         )
 
     @classmethod
-    def from_layer(cls, layer: nn.Module, rotary_emb: nn.Module) -> DeviceAttentionBlock:
+    def from_layer(
+        cls, layer: nn.Module, rotary_emb: nn.Module, backend: str = "furiosa"
+    ) -> DeviceAttentionBlock:
         return cls(
-            layer.input_layernorm, layer.self_attn, layer.post_attention_layernorm, rotary_emb
+            layer.input_layernorm,
+            layer.self_attn,
+            layer.post_attention_layernorm,
+            rotary_emb,
+            backend,
         )
 
     def rope(self, pos_BS: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -210,6 +230,7 @@ class DeviceAttentionBlock(nn.Module):
             q = rope(q_norm(q_proj(x)))  k = rope(k_norm(k_proj(x)))  v = v_proj(x)   per head
             rope(x) = x * cos + (x @ R) * sin           # R = rotate_half_matrix(d)
             o = o_proj(softmax(q k^T * scaling + mask, fp32) v)   # ops.eager_attention
+                                                        # (long rows on cpu/cuda: ops.sdpa_attention)
 
         Same arithmetic as the stock module (outputs bitwise equal in fp32 and bf16, tested);
         the attention core's backward is ``ops.eager_attention``'s (FlashAttention-style, no
@@ -236,7 +257,8 @@ class DeviceAttentionBlock(nn.Module):
         rot = self.rot_dd.to(q_BHSd.dtype)
         q_BHSd = q_BHSd * cos + torch.matmul(q_BHSd, rot) * sin
         k_BKSd = k_BKSd * cos + torch.matmul(k_BKSd, rot) * sin
-        o_BSHd, _ = eager_attention(q_BHSd, k_BKSd, v_BKSd, mask_B1SS, sa.scaling)
+        core = sdpa_attention if attention_impl(self.backend, S) == "sdpa" else eager_attention
+        o_BSHd, _ = core(q_BHSd, k_BKSd, v_BKSd, mask_B1SS, sa.scaling)
         return sa.o_proj(o_BSHd.reshape(B, S, -1))
 
 
@@ -317,12 +339,15 @@ class DeviceHead(nn.Module):
         lm_head: nn.Module,
         vocab_size: int,
         linear: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+        chunk_bytes: int = HEAD_CHUNK_BYTES,
     ) -> None:
         super().__init__()
         self.norm = norm
         self.lm_head = lm_head
         self.vocab_size = vocab_size
         self.linear = linear
+        #: the most bytes of fp32 logits held at once (``api.sizing.head_chunk_rows``)
+        self.chunk_bytes = chunk_bytes
 
     def logits(
         self, h_BSD: torch.Tensor, moe_BSD: torch.Tensor, sel_BNS: torch.Tensor
@@ -341,6 +366,12 @@ class DeviceHead(nn.Module):
     ) -> torch.Tensor:
         lm = self.lm_head
         plain = type(lm) is nn.Linear and lm.bias is None and not lm.weight.requires_grad
+        B, N, _ = sel_BNS.shape
+        rows = head_chunk_rows(B, N, self.vocab_size, self.chunk_bytes)
+        if rows < N:  # long rows: never all N label positions' logits at once
+            h = h_BSD + moe_BSD
+            hn_BND = self.norm(torch.bmm(sel_BNS.to(h.dtype), h))
+            return self._chunked(hn_BND, labels_BN, w_BN, rows, plain)
         if not plain:  # LoRA-wrapped or trained head: pick the label logit from z (one-hot)
             return cross_entropy_int32(self.logits(h_BSD, moe_BSD, sel_BNS), labels_BN, w_BN)
         h = h_BSD + moe_BSD
@@ -348,6 +379,89 @@ class DeviceHead(nn.Module):
         z_BNV = (lm(hn_BND) if self.linear is None else self.linear(hn_BND, lm.weight)).float()
         picked_BN = head_label_logits(hn_BND, lm.weight, labels_BN)
         return cross_entropy_int32(z_BNV, labels_BN, w_BN, label_logits=picked_BN)
+
+    def _chunked(
+        self,
+        hn_BND: torch.Tensor,
+        labels_BN: torch.Tensor,
+        w_BN: torch.Tensor | None,
+        rows: int,
+        plain: bool,
+    ) -> torch.Tensor:
+        """The loss ``rows`` label positions at a time. A frozen plain head with weights (the
+        training loss): ``_ChunkedHeadCE``, which forms each chunk's gradient while its logits
+        exist (no logits kept for backward, no recompute). Otherwise (a LoRA-wrapped or trained
+        head; the per-position losses of evaluation): each chunk under activation
+        checkpointing (its logits recomputed, one chunk at a time, in backward)."""
+        lm = self.lm_head
+        if plain and w_BN is not None:
+            return _ChunkedHeadCE.apply(hn_BND, lm.weight, labels_BN, w_BN, rows, self.linear)
+
+        def one(hn: torch.Tensor, lab: torch.Tensor, w: torch.Tensor | None) -> torch.Tensor:
+            z = (lm(hn) if not plain or self.linear is None else self.linear(hn, lm.weight)).float()
+            picked = head_label_logits(hn, lm.weight, lab) if plain else None
+            return cross_entropy_int32(z, lab, w, label_logits=picked)
+
+        parts = []
+        for c in range(0, hn_BND.shape[1], rows):
+            sl = slice(c, c + rows)
+            w = None if w_BN is None else w_BN[:, sl]
+            args = (hn_BND[:, sl], labels_BN[:, sl], w)
+            if torch.is_grad_enabled():
+                parts.append(checkpoint(one, *args, use_reentrant=False))
+            else:
+                parts.append(one(*args))
+        return torch.cat(parts, dim=1) if w_BN is None else torch.stack(parts).sum()
+
+
+class _ChunkedHeadCE(torch.autograd.Function):
+    """``sum(w * (logsumexp(hn Wᵀ) - hn·W[label]))`` for a frozen head ``W [V, D]``, ``rows``
+    label positions at a time (``api.sizing.head_chunk_rows``). Each chunk's logits
+    ``z [B, rows, V]`` (fp32) live only inside its iteration: the loss's gradient in ``z`` is
+    known in the forward (``dz = w · softmax(z)``; the label term's gradient is ``-w · W[label]``),
+    so the chunk's ``dhn = dz W - w · W[label]`` is formed there and only ``dhn [B, N, D]``
+    is kept; backward scales it by the incoming gradient. Same products as the unchunked head
+    (``dz`` rounded to the weight's dtype before ``dz W``, as autograd's backward of the
+    ``.float()`` cast does); gradients equal to rounding (tested)."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        hn_BND: torch.Tensor,
+        weight_VD: torch.Tensor,
+        labels_BN: torch.Tensor,
+        w_BN: torch.Tensor,
+        rows: int,
+        linear: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None,
+    ) -> torch.Tensor:
+        loss = torch.zeros((), dtype=torch.float32, device=hn_BND.device)
+        need = ctx.needs_input_grad[0]
+        dhn_BND = torch.empty(hn_BND.shape, dtype=torch.float32, device=hn_BND.device)
+        for c in range(0, hn_BND.shape[1], rows):
+            sl = slice(c, c + rows)
+            hn, lab, w = hn_BND[:, sl], labels_BN[:, sl], w_BN[:, sl].float()
+            z = (F.linear(hn, weight_VD) if linear is None else linear(hn, weight_VD)).float()
+            lse = logsumexp_rngd(z, dim=-1)
+            picked = head_label_logits(hn, weight_VD, lab).float()
+            loss = loss + ((lse - picked) * w).sum()
+            if need:
+                dz = torch.exp(z.sub_(lse[..., None])).mul_(w[..., None])  # w · softmax(z)
+                w_lab = F.embedding(lab, weight_VD).float()
+                d = torch.matmul(dz.to(weight_VD.dtype), weight_VD).float()
+                dhn_BND[:, sl] = d - w[..., None] * w_lab
+                del dz
+            del z
+        ctx.save_for_backward(dhn_BND if need else torch.empty(0))
+        ctx.hn_dtype = hn_BND.dtype
+        return loss
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor):  # type: ignore[override]
+        (dhn_BND,) = ctx.saved_tensors
+        dhn = None
+        if ctx.needs_input_grad[0]:
+            dhn = (dhn_BND * g.float()).to(ctx.hn_dtype)
+        return dhn, None, None, None, None, None
 
 
 class DeviceHeadNLL(nn.Module):

@@ -48,6 +48,7 @@ __all__ = [
     "head_label_logits",
     "logsumexp_rngd",
     "repeat_kv",
+    "sdpa_attention",
     "softmax_rngd",
 ]
 
@@ -156,6 +157,23 @@ def eager_attention(
     Returns ``(o_BSHd, None)`` (output transposed back to ``[B, S, H, d]`` and contiguous; the
     attention weights are not returned)."""
     o_BHSd = _AttentionCore.apply(q_BHSd, k_BKSd, v_BKSd, mask_B1SS, scaling)
+    return o_BHSd.transpose(1, 2).contiguous(), None
+
+
+def sdpa_attention(
+    q_BHSd: torch.Tensor,
+    k_BKSd: torch.Tensor,
+    v_BKSd: torch.Tensor,
+    mask_B1SS: torch.Tensor | None,
+    scaling: float,
+) -> tuple[torch.Tensor, None]:
+    """``eager_attention``'s contract through ``F.scaled_dot_product_attention`` (additive mask,
+    GQA without repeating K/V): torch's flash-attention kernel on cpu, flash/memory-efficient on
+    cuda, which never hold the ``[B, H, S, S]`` scores; for long rows (``api.sizing``). Equal to
+    the eager core to rounding (the softmax is computed blockwise, online)."""
+    o_BHSd = F.scaled_dot_product_attention(
+        q_BHSd, k_BKSd, v_BKSd, attn_mask=mask_B1SS, scale=scaling, enable_gqa=True
+    )
     return o_BHSd.transpose(1, 2).contiguous(), None
 
 

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -14,6 +16,8 @@ from npu_lora.engine.hybrid import HybridEngine
 from npu_lora.models.build import build_model, to_dtype
 
 __all__ = ["build_engine"]
+
+log = logging.getLogger(__name__)
 
 
 def build_engine(
@@ -32,7 +36,8 @@ def build_engine(
     ``ALL_EXPERTS_FUNCTIONS``; default ``spec.moe.expertsKernel``). ``device_dtype``: dtype of
     everything but the MoE blocks (embeddings, attention, norms, head, LoRA; default
     ``spec.device.dtype``). ``hooks``: the bench's strategies (``engine.hooks``; default: the
-    engine's own way). ``moe.hostThreads`` sets ``torch.set_num_threads`` (process-wide)."""
+    engine's own way). ``moe.hostThreads`` sets ``torch.set_num_threads`` (process-wide).
+    ``moe.keepGraph: auto`` keeps every layer's graph until :func:`keep_graph_auto` sizes it."""
     experts_implementation = experts_implementation or spec.moe.experts_kernel
     if experts_implementation.startswith("npu_lora_"):
         from npu_lora.moe import experts as sorted_experts
@@ -68,7 +73,7 @@ def build_engine(
         config,
         be,
         placement=spec.moe.placement,
-        keep_graph=spec.moe.keep_graph,
+        keep_graph=spec.moe.keep_graph is not False,  # auto: per layer, below
         overlap=spec.moe.overlap,
         hot_fraction=spec.moe.hot_fraction,
         warmup_steps=spec.moe.warmup_steps,
@@ -83,3 +88,47 @@ def build_engine(
         experts_pages=experts_pages,  # summary.json machine.experts_pages
         base_fingerprint=fingerprint,  # adapter/npu_lora_base.json, summary.json
     )
+
+
+def keep_graph_auto(
+    engine: HybridEngine,
+    spec: MoEFinetuneSpec,
+    memory_limit: tuple[int | None, str],
+    examples: int = 0,
+) -> dict[str, Any]:
+    """``moe.keepGraph: auto``: keep the MoE graph in the most layers whose estimate
+    (:func:`npu_lora.api.memory.kept_graph_layers`) fits ``memory_limit`` (``(bytes or None,
+    where it came from)``, ``train.preflight.memory_limit``; None: every layer), with
+    ``examples`` (the data's share of the estimate). Logs the choice; returns it (summary.json
+    ``keep_graph``)."""
+    from npu_lora.api.memory import GiB, estimate, kept_graph_layers, model_widths
+
+    limit, source = memory_limit
+    choice = getattr(engine, "host_choice", None)
+    host_dtype = choice.dtype if choice is not None else None
+    L = engine.num_layers
+    cfg = model_widths(spec)
+    n = L if cfg is None else kept_graph_layers(spec, cfg, limit, examples, host_dtype)
+    kept = engine.keep_graph_layers(n)
+    est = None if cfg is None else estimate(spec, cfg, examples, host_dtype, kept_layers=n)
+    where = "no memory limit known" if limit is None else f"limit {limit / GiB:.1f} GiB ({source})"
+    log.warning(
+        "moe.keepGraph auto: %d of %d layers keep their MoE graph%s (estimate %s; %s)",
+        n,
+        L,
+        ""
+        if n == L
+        else f" (layers {kept[0]}..{L - 1}; the others recompute)"
+        if kept
+        else " (every layer recomputes its block in backward)",
+        "unknown" if est is None else f"{est.total / GiB:.2f} GiB",
+        where,
+    )
+    return {
+        "kept_layers": n,
+        "layers": L,
+        "kept": kept,
+        "limit_bytes": limit,
+        "limit_source": source,
+        "estimate_bytes": None if est is None else est.total,
+    }

@@ -152,7 +152,9 @@ class HybridEngine:
         self.embed = backend.compile(DeviceEmbed(inner.embed_tokens))
         self.attn = [
             backend.compile(
-                DeviceAttentionBlock.from_layer(layer, inner.rotary_emb).to(backend.device)
+                DeviceAttentionBlock.from_layer(layer, inner.rotary_emb, backend.name).to(
+                    backend.device
+                )
             )
             for layer in self.layers
         ]
@@ -294,6 +296,17 @@ class HybridEngine:
                 layer.mlp = m
             for k, c in configs.items():
                 c._attn_implementation = attn_saved[k]
+
+    def keep_graph_layers(self, n: int) -> list[int]:
+        """``moe.keepGraph: auto``: the last ``n`` decoder layers keep their MoE graph, the
+        others recompute theirs in backward (every kept graph is alive when the backward starts,
+        so which ones does not change the peak; the last layers' are freed first). Returns the
+        layers that keep it."""
+        L = len(self.mlps)
+        n = max(0, min(int(n), L))
+        for i, mlp in enumerate(self.mlps):
+            mlp.keep_graph_fits = i >= L - n
+        return list(range(L - n, L))
 
     # --- parameters (engine.state.AdapterState) -------------------------------------------------
     def trainable_parameters(self) -> list[nn.Parameter]:

@@ -200,6 +200,9 @@ class HostMLP(nn.Module):
         self.set_compute_dtype(compute_dtype or self.host_dtype)
         self.hot: HotLayer | None = None
         self._kept: _Kept | None = None
+        #: ``moe.keepGraph: auto`` turns it off in the layers whose kept graph does not fit
+        #: the memory budget (they recompute in backward whatever the engine mode says)
+        self.keep_graph_fits = True
         self._count = False
         self.reused = 0
         self.recomputed = 0
@@ -217,7 +220,7 @@ class HostMLP(nn.Module):
 
     @property
     def keep_graph(self) -> bool:
-        return self._mode.mode.keep_graph
+        return self._mode.mode.keep_graph and self.keep_graph_fits
 
     @property
     def overlap(self) -> bool:

@@ -213,11 +213,13 @@ class MoESpec(_Model):
             "copy columns). Null: the hot set is chosen once."
         ),
     )
-    keep_graph: bool = Field(
+    keep_graph: bool | Literal["auto"] = Field(
         True,
         description=(
             "HostMLP keeps the MoE block's autograd graph from forward to backward (no recompute); "
-            "costs the block's saved activations until that layer's backward."
+            "costs the block's saved activations until that layer's backward. `auto`: keep it in "
+            "the most layers that fit the memory limit (the run's estimate, long rows included; "
+            "the others recompute; the choice is logged and in summary.json `keep_graph`)."
         ),
     )
     overlap: bool = Field(

@@ -1,0 +1,258 @@
+"""Long rows: the LM-head loss in chunks, sdpa attention, and a whole step at S = 1-4K tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from npu_lora.api.sizing import SDPA_MIN_SEQ, attention_impl, head_chunk_rows
+from npu_lora.device.graphs import DeviceAttentionBlock, DeviceHead, label_gather
+from npu_lora.device.ops import eager_attention, sdpa_attention
+from torch import nn
+
+from tests.engine.conftest import make_batch, make_spec, randomize_lora
+
+
+def test_head_chunk_rows_rule():
+    assert head_chunk_rows(1, 64, 512) == 64  # 128 KiB of logits: one chunk
+    V = 151_936  # Qwen3: 608 KB of fp32 logits a position
+    assert head_chunk_rows(1, 2048, V) == 64  # 64 × 608 KB = 37 MiB <= 64 MiB
+    assert head_chunk_rows(2, 2048, V) == 32
+    assert head_chunk_rows(1, 4096, V, limit=1) == 1
+    for n in (3, 48, 4096):  # a power of two dividing n (S may be any length)
+        c = head_chunk_rows(1, n, V, limit=V * 4 * 16)
+        assert n % c == 0 and c <= 16
+
+
+def test_attention_impl_rule():
+    assert attention_impl("cpu", SDPA_MIN_SEQ) == "sdpa"
+    assert attention_impl("cuda", 4096) == "sdpa"
+    assert attention_impl("cpu", SDPA_MIN_SEQ - 1) == "eager"  # short rows: bitwise the stock
+    assert attention_impl("furiosa", 4096) == "eager"  # the form RNGD's compiler takes
+
+
+def _head(D=32, V=97, dtype=torch.float32, seed=0, **kw):
+    g = torch.Generator().manual_seed(seed)
+    norm = nn.RMSNorm(D, eps=1e-6).to(dtype)
+    lm = nn.Linear(D, V, bias=False).to(dtype)
+    with torch.no_grad():
+        lm.weight.copy_(torch.randn(V, D, generator=g).to(dtype) * 0.3)
+        norm.weight.copy_(1 + 0.1 * torch.randn(D, generator=g).to(dtype))
+    lm.weight.requires_grad_(False)
+    return DeviceHead(norm, lm, V, **kw)
+
+
+def _inputs(B=2, S=96, D=32, V=97, dtype=torch.float32, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, V, (B, S), generator=g)
+    labels = ids.clone()
+    labels[:, :7] = -100
+    labels[1, -9:] = -100  # rows with different label counts: zero rows pad the bucket
+    lg = label_gather(labels, dtype)
+    h = torch.randn(B, S, D, generator=g).to(dtype).requires_grad_(True)
+    moe = torch.randn(B, S, D, generator=g).to(dtype).requires_grad_(True)
+    return h, moe, lg
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("lora_head", [False, True])
+def test_chunked_head_loss_and_gradients_equal_unchunked(dtype, lora_head):
+    V = 97
+    whole = _head(V=V, dtype=dtype)
+    chunked = _head(V=V, dtype=dtype, chunk_bytes=2 * 8 * V * 4)  # 8 positions a chunk
+    if lora_head:  # a trained head: the checkpointed chunks (logits recomputed in backward)
+        for m in (whole, chunked):
+            m.lm_head.weight.requires_grad_(True)
+    h, moe, lg = _inputs(V=V, dtype=dtype)
+    assert head_chunk_rows(2, lg.sel_BNS.shape[1], V, chunked.chunk_bytes) == 8
+    outs = []
+    for m in (whole, chunked):
+        hh, mm = h.detach().clone().requires_grad_(), moe.detach().clone().requires_grad_()
+        loss = m(hh, mm, lg.sel_BNS, lg.labels_BN, lg.w_BN)
+        loss.backward()
+        grads = [hh.grad, mm.grad]
+        if lora_head:
+            grads.append(m.lm_head.weight.grad)
+        outs.append((loss.detach(), grads))
+    tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-3}
+    torch.testing.assert_close(outs[1][0], outs[0][0], **tol)
+    for a, b in zip(outs[1][1], outs[0][1], strict=True):
+        torch.testing.assert_close(a, b, **tol)
+
+
+def test_chunked_head_never_holds_all_logits(monkeypatch):
+    """The largest logits tensor the head makes is one chunk's (the head's F.linear calls)."""
+    import npu_lora.device.graphs as graphs
+
+    V = 97
+    head = _head(V=V, chunk_bytes=2 * 8 * V * 4)
+    h, moe, lg = _inputs(V=V)
+    N = lg.sel_BNS.shape[1]
+    seen = []
+    real = graphs.F.linear
+
+    def spy(x, w, *a):
+        out = real(x, w, *a)
+        seen.append(out.shape[-2])
+        return out
+
+    monkeypatch.setattr(graphs.F, "linear", spy)
+    head(h, moe, lg.sel_BNS, lg.labels_BN, lg.w_BN).backward()
+    assert seen and max(seen) == 8 < N
+
+
+def test_chunked_head_per_position_losses_equal():
+    V = 97
+    whole, chunked = _head(V=V), _head(V=V, chunk_bytes=2 * 8 * V * 4)
+    h, moe, lg = _inputs(V=V)
+    with torch.no_grad():
+        a = whole(h, moe, lg.sel_BNS, lg.labels_BN, None)
+        b = chunked(h, moe, lg.sel_BNS, lg.labels_BN, None)
+    torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sdpa_attention_equals_eager_core(dtype):
+    from npu_lora.device.graphs import causal_mask
+
+    g = torch.Generator().manual_seed(0)
+    B, H, K, S, d = 2, 4, 2, 64, 16
+    q = torch.randn(B, H, S, d, generator=g).to(dtype)
+    k = torch.randn(B, K, S, d, generator=g).to(dtype)
+    v = torch.randn(B, K, S, d, generator=g).to(dtype)
+    am = torch.ones(B, S, dtype=torch.long)
+    am[1, -5:] = 0
+    pid = torch.cat([torch.arange(40), torch.arange(24)])[None].expand(B, S)  # packed rows
+    mask = causal_mask(am, B, S, dtype, pid)
+    do = torch.randn(B, S, H, d, generator=g).to(dtype)
+    res = []
+    for core in (eager_attention, sdpa_attention):
+        qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+        o, _ = core(qq, kk, vv, mask, d**-0.5)
+        (o.float() * do.float()).sum().backward()
+        res.append([o, qq.grad, kk.grad, vv.grad])
+    tol = {"rtol": 1e-4, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 3e-2, "atol": 3e-2}
+    for a, b in zip(res[1], res[0], strict=True):
+        torch.testing.assert_close(a, b, **tol)
+
+
+def test_attention_block_switches_to_sdpa_on_long_rows(monkeypatch):
+    import npu_lora.device.graphs as graphs
+
+    used = []
+    monkeypatch.setattr(graphs, "sdpa_attention", lambda *a: used.append("sdpa") or eager(*a))
+    monkeypatch.setattr(graphs, "eager_attention", lambda *a: used.append("eager") or eager(*a))
+    eager = eager_attention
+    from npu_lora.engine import build_engine
+
+    tiny = build_engine(make_spec(training={"seqLen": SDPA_MIN_SEQ, "batchSize": 1}))
+    blk = tiny.attn[0]
+    blk = getattr(blk, "_orig_mod", blk)
+    assert isinstance(blk, DeviceAttentionBlock) and blk.backend == "cpu"
+    D = tiny.config.hidden_size
+    for S in (SDPA_MIN_SEQ // 2, SDPA_MIN_SEQ):
+        h = torch.randn(1, S, D)
+        pos = torch.arange(S, dtype=torch.int32)[None]
+        blk(h, torch.zeros_like(h), pos, graphs.causal_mask(None, 1, S, h.dtype))
+    assert used == ["eager", "sdpa"]
+
+
+@pytest.mark.parametrize("S", [1024, 2048, 4096])
+def test_step_at_long_rows(S):
+    """A whole step at S = 1K-4K (tiny preset): finite loss, LoRA gradients, the head chunked
+    (the label bucket over one chunk), sdpa attention."""
+    from npu_lora.engine import build_engine
+
+    eng = build_engine(
+        make_spec(
+            training={"seqLen": S, "batchSize": 1},
+            moe={"expertsKernel": "npu_lora_stream", "hostDtype": "auto"},
+        )
+    )
+    head = eng._head_module
+    head.chunk_bytes = 256 * 512 * 4  # 256 positions a chunk at the tiny vocab
+    randomize_lora(eng.model)
+    batch = make_batch(B=1, S=S, answer=S // 2)
+    prof = eng.forward_backward(batch)
+    assert torch.isfinite(torch.tensor(prof.loss)) and prof.tokens == S
+    grads = [p.grad for p in eng.trainable_parameters()]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    assert any(g.abs().sum() > 0 for g in grads)
+
+
+def test_keep_graph_auto_spec_values():
+    from pydantic import ValidationError
+
+    assert make_spec(moe={"keepGraph": "auto"}).moe.keep_graph == "auto"
+    assert make_spec(moe={"keepGraph": False}).moe.keep_graph is False
+    with pytest.raises(ValidationError):
+        make_spec(moe={"keepGraph": "sometimes"})
+
+
+def test_memory_estimate_grows_with_long_rows_and_sizes_kept_graphs():
+    from npu_lora.api.memory import (
+        HEADROOM,
+        RUNTIME_BYTES,
+        estimate,
+        kept_graph_layers,
+        long_row_bytes,
+        preset_config,
+        text_config,
+    )
+
+    cfg = text_config(preset_config("qwen3-30b-a3b"), 4)
+    spec = make_spec(
+        model={"preset": "qwen3-30b-a3b", "layers": 4},
+        training={"seqLen": 4096, "batchSize": 1},
+        moe={"keepGraph": "auto", "hostDtype": "bfloat16"},
+    )
+    long_est = estimate(spec, cfg)
+    dt = 4  # device.dtype float32 (the tests' spec)
+    S2 = 4096 * 4096
+    # the mask (+ its booleans) and the label gather: S² terms; sdpa keeps no S² scores; the
+    # head holds one chunk (3 × 64 rows × V fp32) and dhn
+    head = 3 * 64 * 151_936 * 4 + 4096 * 2048 * 4
+    assert long_row_bytes(spec, cfg) == S2 * (dt + 2) + S2 * dt + head
+    short = make_spec(model={"preset": "qwen3-30b-a3b", "layers": 4}, training={"seqLen": 512})
+    B, nh, S = 2, 32, 512  # eager attention below SDPA_MIN_SEQ: saved P per layer + scores
+    eager = 4 * B * nh * S * S * dt + B * nh * S * S * 4
+    assert (
+        long_row_bytes(short, cfg)
+        == B * S * S * (2 * dt + 2) + eager + 3 * B * 32 * 151_936 * 4 + B * S * 2048 * 4
+    )
+    per_layer = 4 * 4096 * 8 * 3 * 768  # one layer's kept graph (k=8 experts, I=768)
+    assert kept_graph_layers(spec, cfg, None) == 4
+    none = estimate(spec, cfg, kept_layers=0)
+    assert long_est.total - none.total == 4 * per_layer
+    for n in range(5):  # the limit that fits n kept layers exactly gives n
+        est = estimate(spec, cfg, kept_layers=n)
+        assert kept_graph_layers(spec, cfg, int(est.total * HEADROOM) + RUNTIME_BYTES) == n
+    assert kept_graph_layers(spec, cfg, 1) == 0
+    assert "1 keeping the MoE graph" in estimate(spec, cfg, kept_layers=1).describe()
+
+
+def test_keep_graph_auto_recomputes_the_layers_over_budget(deterministic):
+    """Kept in the last layer only: layer 0 recomputes, layer 1 reuses its graph, and the
+    gradients equal keeping every graph bit for bit."""
+    from npu_lora.engine import build_engine
+    from npu_lora.engine.build import keep_graph_auto
+
+    spec = make_spec(moe={"keepGraph": "auto"})
+    grads = []
+    for n in (None, 1):
+        eng = build_engine(spec)
+        randomize_lora(eng.model)
+        if n is not None:
+            from npu_lora.api.memory import HEADROOM, RUNTIME_BYTES, estimate, model_widths
+
+            est = estimate(spec, model_widths(spec), host_dtype="float32", kept_layers=n)
+            choice = keep_graph_auto(eng, spec, (int(est.total * HEADROOM) + RUNTIME_BYTES, "t"))
+            assert choice["kept_layers"] == 1 and choice["kept"] == [1]
+        eng.forward_backward(make_batch())
+        mlps = eng.mlps
+        if n is None:
+            assert [m.reused for m in mlps] == [1, 1]
+        else:
+            assert [m.recomputed for m in mlps] == [1, 0] and [m.reused for m in mlps] == [0, 1]
+        grads.append([p.grad.clone() for p in eng.trainable_parameters()])
+    for a, b in zip(*grads, strict=True):
+        assert torch.equal(a, b)
