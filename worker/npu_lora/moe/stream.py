@@ -263,6 +263,10 @@ def npu_lora_stream_experts_forward(
     top_k_weights: torch.Tensor,
 ) -> torch.Tensor:
     check_module(self, NAME)
+    if self.gate_up_proj.dtype in (torch.int8, torch.float8_e4m3fn):  # moe.hostDtype 8-bit
+        from npu_lora.moe.stream_q8 import stream_q8_experts
+
+        return stream_q8_experts(hidden_states, top_k_index, top_k_weights, self)
     return stream_experts(
         hidden_states, top_k_index, top_k_weights, self.gate_up_proj, self.down_proj
     )

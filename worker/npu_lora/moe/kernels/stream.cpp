@@ -220,7 +220,10 @@ std::vector<std::string> cpu_isas() {
   return out;
 }
 
+void npu_lora_q8_bind(pybind11::module_& m);  // stream_q8.cpp (8-bit expert weights)
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  npu_lora_q8_bind(m);
   m.def("forward", &stream_forward, "streaming experts forward");
   m.def("backward", &stream_backward, "streaming experts backward (dX, routing-weight grad, dh)");
   m.def("dense_forward", &stream_dense_forward, "one frozen weight on a few rows: y = x W^T");

@@ -1,0 +1,194 @@
+"""8-bit frozen experts (``moe.hostDtype: int8 | float8_e4m3fn``): the formats, the stream
+kernel's 8-bit drivers on every instance this CPU runs (forced with the ISA switch) against
+"dequantise to fp32, then matmul", on random and adversarial scales, and the module path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from npu_lora.moe import kernels, quant, stream
+from npu_lora.moe.routing import build_routing
+from npu_lora.moe.stream_q8 import _torch_backward, _torch_forward, stream_q8_experts
+
+from .moe_blocks import stock_block
+
+ISAS = kernels.cpu_isas()
+FMTS = [quant.INT8, quant.FP8]
+#: relative to each tensor's max |value|: fp32 operands and accumulation, only the summation
+#: order differs from the reference
+TOL = 2e-5
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
+def _problem(fmt: str, *, E=5, H=160, inter=80, T=13, K=2, seed=0, adversarial=False):
+    g = torch.Generator().manual_seed(seed)
+    gu = torch.randn(E, 2 * inter, H, generator=g) * 0.05
+    dn = torch.randn(E, H, inter, generator=g) * 0.05
+    q_gu, s_gu = quant.quantize(gu, fmt)
+    q_dn, s_dn = quant.quantize(dn, fmt)
+    if adversarial:
+        for q, s in ((q_gu, s_gu), (q_dn, s_dn)):
+            # scales over many decades (incl. fp32-subnormal-free tiny and large ones)
+            f = torch.logspace(-6, 6, s.numel())[torch.randperm(s.numel(), generator=g)]
+            s.mul_(f.view_as(s))
+            if fmt == quant.FP8:
+                qb = q.view(torch.uint8)
+                qb[0, :128, :128] = 0  # a block of zeros
+                s[0, 0, 0] = 0.0  # ... and a zero scale
+                qb[1, :128, :128] = 0x7E  # a block of max e4m3 (448)
+                qb[1, :64, :64] = 0xFE  # (-448)
+                qb[2] = torch.randint(0, 8, qb[2].shape, generator=g, dtype=torch.uint8) | (
+                    torch.randint(0, 2, qb[2].shape, generator=g, dtype=torch.uint8) << 7
+                )  # subnormals (exponent 0), both signs
+            else:
+                q[0, :5] = 0
+                s[0, :5] = 0.0
+                q[1] = 127
+                q[1, ::2] = -127
+    x = torch.randn(T, H, generator=g)
+    idx = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
+    w = torch.rand(T, K, generator=g)
+    gy = torch.randn(T, H, generator=g)
+    return (q_gu, s_gu, q_dn, s_dn), quant.FORMATS[fmt].block, x, idx, w, gy
+
+
+def _reference(q, block, x, idx, w, gy):
+    r = build_routing(idx, q[0].shape[0])
+    w_g = w.reshape(-1)[r.perm].float().contiguous()
+    x_g = x.float()[r.token_idx].contiguous()
+    out, h = _torch_forward(x_g, w_g, r, q, block)
+    g_g = gy.float()[r.token_idx].contiguous()
+    dx, dw, dh = _torch_backward(g_g, h, w_g, r, q, block)
+    return r, w_g, out, h, dx, dw, dh
+
+
+def _kernel(isa, q, block, r, w_g, x, gy, T, K):
+    mod = kernels.load()
+    offs = stream._offsets(r)
+    code = kernels.ISA_CODES[isa]
+    out, h = mod.q8_forward(
+        x, r.token_idx, w_g, offs, *q, r.inv_perm, T, K, block[0], block[1], code,
+        stream.GU_BLOCK, stream.DOWN_BLOCK,
+    )  # fmt: skip
+    dx, dw, dh = mod.q8_backward(
+        gy, r.token_idx, h, w_g, offs, *q, r.inv_perm, T, K, block[0], block[1], code,
+        -(-q[2].shape[1] // 2), -(-q[0].shape[1] // 2),
+    )  # fmt: skip
+    return out, h, dx, dw, dh
+
+
+def test_extension_has_q8():
+    mod = kernels.load()
+    assert mod is not None, kernels.error()
+    assert mod.q8_instance(kernels.ISA_CODES["base"]) == "base"
+    if "avx512" in ISAS:
+        assert mod.q8_instance(kernels.ISA_CODES[ISAS[-1]]) == "avx512"
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_quantize_error_bound(fmt):
+    w = torch.randn(3, 200, 300) * 0.02
+    q, s = quant.quantize(w, fmt)
+    assert q.dtype == quant.FORMATS[fmt].dtype
+    assert s.shape == quant.scale_shape(w.shape, quant.FORMATS[fmt].block)
+    d = quant.dequantize(q, s, quant.FORMATS[fmt].block)
+    full = quant._expand(s, 200, 300, quant.FORMATS[fmt].block)
+    if fmt == quant.INT8:  # half a step of the row's scale
+        assert bool(((d - w).abs() <= full * 0.5001 + 1e-12).all())
+    else:  # e4m3: 3 mantissa bits, relative 2^-4 for normals, subnormal step 2^-9 of the scale
+        assert bool(((d - w).abs() <= torch.maximum(w.abs() / 16, full * 2**-10) + 1e-12).all())
+    mod = kernels.load()
+    if mod is not None:  # the extension's dequantisation is the same numbers
+        blk = quant.FORMATS[fmt].block
+        assert torch.equal(mod.q8_dequantize(q, s, blk[0], blk[1], False), d)
+
+
+@pytest.mark.parametrize("adversarial", [False, True], ids=["random", "adversarial"])
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("isa", ISAS)
+def test_kernel_matches_dequantised_fp32(isa, fmt, adversarial):
+    """Forward (out, h) and input gradient (dx, dw, dh) of every instance against dequantise +
+    fp32 matmul; shapes with column tails past the 128-blocks and vector widths."""
+    T, K = 13, 2
+    q, block, x, idx, w, gy = _problem(fmt, T=T, K=K, adversarial=adversarial)
+    r, w_g, *ref = _reference(q, block, x, idx, w, gy)
+    got = _kernel(isa, q, block, r, w_g, x, gy, T, K)
+    for name, a, b in zip(("out", "h", "dx", "dw", "dh"), got, ref, strict=True):
+        assert torch.isfinite(a).all(), name
+        assert _rel(a, b) < TOL, (name, _rel(a, b))
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_kernel_bf16_hidden_and_threads_deterministic(fmt):
+    T, K = 40, 2
+    q, block, x, idx, w, gy = _problem(fmt, T=T, K=K, E=6, H=256, inter=128, seed=3)
+    xb, gb = x.bfloat16(), gy.bfloat16()
+    r, w_g, *ref = _reference(q, block, xb.float(), idx, w, gb.float())
+    prev = torch.get_num_threads()
+    outs = []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            outs.append(_kernel(ISAS[-1], q, block, r, w_g, xb, gb, T, K))
+    finally:
+        torch.set_num_threads(prev)
+    for a, b in zip(outs[0], outs[1], strict=True):
+        assert torch.equal(a, b)
+    for a, b in zip(outs[0], ref, strict=True):
+        assert _rel(a, b) < TOL
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("path", ["cpp", "torch"])
+def test_module_path_against_bf16_block(fmt, path, monkeypatch):
+    """A stock block whose experts are quantised runs through the stream kernel's 8-bit path
+    (and its torch fallback): gradients reach the input and the router, none the frozen experts;
+    output within the quantisation error of the unquantised block."""
+    if path == "torch":
+        monkeypatch.setattr(kernels, "isa", lambda: None)
+    stream.register()
+    blk, cfg = stock_block(torch.float32, E=8, K=2, H=128, inter=64)
+    x0 = torch.randn(2, 9, 128)
+    gy = torch.randn(2, 9, 128)
+    cfg._experts_implementation = "npu_lora_stream"
+    x = x0.clone().requires_grad_(True)
+    y_ref = blk(x)
+    y_ref.backward(gy)
+    dx_ref = x.grad
+    quant.quantize_experts(blk.experts, fmt)
+    assert quant.is_quantized(blk.experts)
+    assert blk.experts.gate_up_proj.dtype == quant.FORMATS[fmt].dtype
+    assert not blk.experts.gate_up_proj.requires_grad
+    x = x0.clone().requires_grad_(True)
+    blk.zero_grad(set_to_none=True)
+    y = blk(x)
+    y.backward(gy)
+    assert blk.gate.weight.grad is not None
+    tol = 0.02 if fmt == quant.INT8 else 0.08
+    assert _rel(y.detach(), y_ref.detach()) < tol
+    assert _rel(x.grad, dx_ref) < tol
+
+
+def test_functional_matches_fallback(monkeypatch):
+    q, block, x, idx, w, gy = _problem(quant.FP8, T=20, K=2, seed=5)
+
+    class _E(torch.nn.Module):
+        pass
+
+    e = _E()
+    quant.set_quantized(e, "gate_up_proj", q[0], q[1], block)
+    quant.set_quantized(e, "down_proj", q[2], q[3], block)
+    outs = []
+    for fallback in (False, True):
+        if fallback:
+            monkeypatch.setattr(kernels, "isa", lambda: None)
+        xx = x.clone().requires_grad_(True)
+        ww = w.clone().requires_grad_(True)
+        y = stream_q8_experts(xx, idx, ww, e)
+        y.backward(gy)
+        outs.append((y.detach(), xx.grad, ww.grad))
+    for a, b in zip(*outs, strict=True):
+        assert _rel(a, b) < TOL

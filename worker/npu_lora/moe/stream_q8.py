@@ -1,0 +1,180 @@
+"""The streaming experts kernel on 8-bit frozen weights (``moe.hostDtype: int8 | float8_e4m3fn``;
+formats in :mod:`npu_lora.moe.quant`).
+
+Same routing, task lists and autograd contract as :class:`npu_lora.moe.stream.StreamExpertsFunction`
+(forward: one pass over each hit expert's ``gate_up_proj`` and ``down_proj`` bytes; backward: dX
+and the routing-weight gradient, one pass over each again), with the C++ drivers of
+``kernels/stream_q8.cpp``: the weights are read as bytes and dequantised in registers (never a
+wider copy of an expert in memory); hidden states, activations, gradients and every accumulation
+are fp32, so the result is "dequantise to fp32, then matmul" up to fp32 summation order (tested
+per ISA instance: ``avx512`` (also what ``avx512bf16`` and ``amx`` run), ``avx2``, ``base``).
+The weights are frozen: no expert weight gradient (``lora.trainExperts`` is refused with an 8-bit
+host dtype). Without the extension a torch fallback dequantises one hit expert at a time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from npu_lora.moe import kernels
+from npu_lora.moe.quant import block_of, dequantize
+from npu_lora.moe.routing import Routing
+from npu_lora.moe.threads import kernel_threads
+
+#: row blocks per task: the values of :mod:`npu_lora.moe.stream` (which imports this module)
+GU_BLOCK, DOWN_BLOCK, BWD_SPLITS = 64, 256, 2
+
+
+def _offsets(r: Routing) -> torch.Tensor:
+    return torch.cumsum(torch.tensor([0, *r.counts], dtype=torch.int64), 0)
+
+
+def _activations(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach()
+    return (t if t.dtype in (torch.float32, torch.bfloat16) else t.float()).contiguous()
+
+
+def _torch_forward(x_g, w_g, r: Routing, q, block):
+    q_gu, s_gu, q_dn, s_dn = q
+    S, inter, H = x_g.shape[0], q_dn.shape[2], x_g.shape[1]
+    h = x_g.new_zeros(S, 2 * inter)
+    y = x_g.new_zeros(S, H)
+    s0 = 0
+    for e, n in enumerate(r.counts):
+        if n:
+            seg = slice(s0, s0 + n)
+            h[seg] = x_g[seg] @ dequantize(q_gu[e], s_gu[e], block).t()
+            g, u = h[seg].chunk(2, dim=-1)
+            y[seg] = (F.silu(g) * u) @ dequantize(q_dn[e], s_dn[e], block).t()
+            s0 += n
+    y.mul_(w_g.unsqueeze(-1))
+    if r.valid < S:
+        y[r.valid :] = 0
+    return y[r.inv_perm].view(r.num_tokens, r.top_k, -1).sum(dim=1), h
+
+
+def _torch_backward(g_g, h, w_g, r: Routing, q, block):
+    q_gu, s_gu, q_dn, s_dn = q
+    S, inter = g_g.shape[0], q_dn.shape[2]
+    z = g_g.new_zeros(S, inter)
+    s0 = 0
+    for e, n in enumerate(r.counts):
+        if n:
+            z[s0 : s0 + n] = g_g[s0 : s0 + n] @ dequantize(q_dn[e], s_dn[e], block)
+            s0 += n
+    gate, up = h.chunk(2, dim=-1)
+    sig = torch.sigmoid(gate)
+    silu = gate * sig
+    dw = (silu * up * z).sum(-1)
+    da = z * w_g.unsqueeze(-1)
+    dh = torch.cat([da * up * (sig * (1 + gate * (1 - sig))), da * silu], dim=-1)
+    dx = g_g.new_zeros(S, g_g.shape[1])
+    s0 = 0
+    for e, n in enumerate(r.counts):
+        if n:
+            dx[s0 : s0 + n] = dh[s0 : s0 + n] @ dequantize(q_gu[e], s_gu[e], block)
+            s0 += n
+    if r.valid < S:
+        dx[r.valid :] = 0
+        dw[r.valid :] = 0
+    return dx[r.inv_perm].view(r.num_tokens, r.top_k, -1).sum(dim=1), dw, dh
+
+
+class StreamQ8ExpertsFunction(torch.autograd.Function):
+    """out[t] = Σ_k w[t,k] · down_e(SiLU(gate_e x_t) · up_e x_t) with 8-bit ``gate_e``/``up_e``/
+    ``down_e`` (``q * s``); gradients for ``hidden_states`` and ``top_k_weights`` only."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        hidden_states: torch.Tensor,
+        top_k_weights: torch.Tensor,
+        q_gu: torch.Tensor,
+        s_gu: torch.Tensor,
+        q_dn: torch.Tensor,
+        s_dn: torch.Tensor,
+        block: tuple[int, int],
+        routing: Routing,
+    ) -> torch.Tensor:
+        r = routing
+        w_g = top_k_weights.detach().reshape(-1)[r.perm].float().contiguous()
+        q = (q_gu.detach(), s_gu.float().contiguous(), q_dn.detach(), s_dn.float().contiguous())
+        mod, isa = kernels.load(), kernels.isa()
+        ctx.offs = None
+        if mod is not None and isa is not None:
+            offs = _offsets(r)
+            hs = _activations(hidden_states)
+            with kernel_threads():
+                out, h = mod.q8_forward(
+                    hs, r.token_idx, w_g, offs, q[0], q[1], q[2], q[3], r.inv_perm,
+                    r.num_tokens, r.top_k, block[0], block[1], kernels.ISA_CODES[isa],
+                    GU_BLOCK, DOWN_BLOCK,
+                )  # fmt: skip
+            ctx.offs = offs
+        else:
+            x_g = hidden_states.detach().float()[r.token_idx].contiguous()
+            with kernel_threads():
+                out, h = _torch_forward(x_g, w_g, r, q, block)
+        ctx.save_for_backward(top_k_weights, h)
+        ctx.q = q
+        ctx.block = block
+        ctx.routing = r
+        ctx.isa = isa
+        ctx.x_dtype = hidden_states.dtype
+        return out.to(hidden_states.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor):  # type: ignore[override]
+        top_k_weights, h = ctx.saved_tensors
+        r: Routing = ctx.routing
+        need_x, need_w = ctx.needs_input_grad[:2]
+        w_g = top_k_weights.detach().reshape(-1)[r.perm].float().contiguous()
+        q, block = ctx.q, ctx.block
+        if ctx.isa is not None and ctx.offs is not None:
+            mod = kernels.load()
+            g = _activations(grad_out)
+            split_d = -(-q[2].shape[1] // BWD_SPLITS)
+            split_gu = -(-q[0].shape[1] // BWD_SPLITS)
+            with kernel_threads():
+                dx, dw, _dh = mod.q8_backward(
+                    g, r.token_idx, h, w_g, ctx.offs, q[0], q[1], q[2], q[3], r.inv_perm,
+                    r.num_tokens, r.top_k, block[0], block[1], kernels.ISA_CODES[ctx.isa],
+                    split_d, split_gu,
+                )  # fmt: skip
+        else:
+            g_g = grad_out.float()[r.token_idx].contiguous()
+            with kernel_threads():
+                dx, dw, _dh = _torch_backward(g_g, h, w_g, r, q, block)
+        grad_x = dx.to(ctx.x_dtype) if need_x else None
+        grad_w = dw[r.inv_perm].view_as(top_k_weights).to(top_k_weights.dtype) if need_w else None
+        return grad_x, grad_w, None, None, None, None, None, None
+
+
+def stream_q8_experts(
+    hidden_states: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+    experts: torch.nn.Module,
+    routing: Routing | None = None,
+) -> torch.Tensor:
+    """Functional form on a quantised experts module: [T, H] -> [T, H]."""
+    from npu_lora.moe.routing import build_routing
+
+    q_gu = experts.gate_up_proj
+    routing = routing or build_routing(top_k_index, q_gu.shape[0])
+    return StreamQ8ExpertsFunction.apply(
+        hidden_states,
+        top_k_weights,
+        q_gu,
+        experts.gate_up_proj_scale,
+        experts.down_proj,
+        experts.down_proj_scale,
+        block_of(experts),
+        routing,
+    )
+
+
+__all__ = ["StreamQ8ExpertsFunction", "stream_q8_experts"]
