@@ -228,30 +228,6 @@ def _convert(node: dict[str, Any], defs: dict[str, Any], where: str) -> dict[str
             if description:
                 out["description"] = description
             return out
-        if types == ["boolean", "string"] and all(
-            v.get("type") == "boolean" or v.get("const") is not None or v.get("enum")
-            for v in non_null
-        ):
-            # a boolean or a few words (``keepGraph: true|false|auto``): structural schemas
-            # allow no typed anyOf, so the node is untyped and a CEL rule checks the value
-            words = sorted(
-                {str(w) for v in non_null for w in (v.get("enum") or [v.get("const")]) if w}
-            )
-            listed = ", ".join(f"'{w}'" for w in words)
-            out = {
-                "x-kubernetes-preserve-unknown-fields": True,
-                "x-kubernetes-validations": [
-                    {
-                        "rule": f"type(self) == bool || (type(self) == string && self in [{listed}])",
-                        "message": f"must be true, false or {listed}",
-                    }
-                ],
-            }
-            if node.get("default") is not None:
-                out["default"] = node["default"]
-            if description:
-                out["description"] = description
-            return out
         raise CRDGenerationError(f"{where}: unsupported union {types}")
 
     typ = node.get("type")

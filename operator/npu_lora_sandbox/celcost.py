@@ -358,6 +358,10 @@ def _with_object_meta(schema: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+#: CEL's type names, usable as values (``type(self) == bool``)
+_TYPE_NAMES = frozenset({"bool", "int", "uint", "double", "string", "bytes", "list", "map"})
+
+
 class _Estimator:
     def __init__(self, schema: dict[str, Any], where: str, conservative: bool) -> None:
         self.schema = schema
@@ -379,6 +383,8 @@ class _Estimator:
             return _Est(CONST_COST, lit_size=size)
         if kind == "ident":
             name = node[1]
+            if name in _TYPE_NAMES:  # a type literal (``type(self) == bool``): a constant
+                return _Est(CONST_COST, lit_size=1)
             if name not in ("self", "oldSelf"):
                 raise UnsupportedRule(f"unknown identifier {name!r}")
             return _Est(SELECT_AND_IDENT_COST, schema=self.schema, path=self.where)
@@ -445,7 +451,8 @@ class _Estimator:
                 cost = lst.n * max(1, items.n)
                 unb += items.unbounded
             return _Est(cost + base, lit_size=1, unbounded=unb + lst.unbounded)
-        if fn == "size":
+        if fn in ("size", "type"):
+            # cel-go: size() of a string/list/map and the type() conversion cost 1
             return _Est(1 + base, lit_size=1, unbounded=unb)
         if fn == "matches" and t is not None and len(a) == 1:
             s, r = self.size(t), self.size(a[0])

@@ -14,7 +14,7 @@ def test_bare_spec_gets_defaults_and_overrides():
     assert m.spec.training.steps == 12
     assert m.spec.lora.r == 8
     assert m.spec.lora.target_modules == ["q_proj"]
-    assert m.spec.moe.keep_graph is True and m.spec.moe.hot_fraction == 0.25
+    assert m.spec.moe.keep_graph is None and m.spec.moe.hot_fraction == 0.25
 
 
 @pytest.mark.parametrize(

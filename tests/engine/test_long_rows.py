@@ -182,10 +182,11 @@ def test_step_at_long_rows(S):
 def test_keep_graph_auto_spec_values():
     from pydantic import ValidationError
 
-    assert make_spec(moe={"keepGraph": "auto"}).moe.keep_graph == "auto"
+    assert make_spec(moe={"keepGraph": None}).moe.keep_graph is None  # omitted: auto
     assert make_spec(moe={"keepGraph": False}).moe.keep_graph is False
-    with pytest.raises(ValidationError):
-        make_spec(moe={"keepGraph": "sometimes"})
+    for word, hint in (("auto", "omit the field"), ("true", "without quotes"), ("x", "or omit")):
+        with pytest.raises(ValidationError, match=f"moe.keepGraph is a YAML boolean.*{hint}"):
+            make_spec(moe={"keepGraph": word})
 
 
 def test_memory_estimate_grows_with_long_rows_and_sizes_kept_graphs():
@@ -203,7 +204,7 @@ def test_memory_estimate_grows_with_long_rows_and_sizes_kept_graphs():
     spec = make_spec(
         model={"preset": "qwen3-30b-a3b", "layers": 4},
         training={"seqLen": 4096, "batchSize": 1},
-        moe={"keepGraph": "auto", "hostDtype": "bfloat16"},
+        moe={"keepGraph": None, "hostDtype": "bfloat16"},
     )
     long_est = estimate(spec, cfg)
     dt = 4  # device.dtype float32 (the tests' spec)
@@ -236,7 +237,7 @@ def test_keep_graph_auto_recomputes_the_layers_over_budget(deterministic):
     from npu_lora.engine import build_engine
     from npu_lora.engine.build import keep_graph_auto
 
-    spec = make_spec(moe={"keepGraph": "auto"})
+    spec = make_spec(moe={"keepGraph": None})
     grads = []
     for n in (None, 1):
         eng = build_engine(spec)

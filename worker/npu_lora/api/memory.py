@@ -155,7 +155,7 @@ def estimate(
 ) -> MemoryEstimate | None:
     """The estimate for ``spec`` on a model with config ``cfg`` (:func:`text_config` applied);
     ``host_dtype`` the resolved one (default :func:`assumed_host_dtype`); ``kept_layers`` the
-    layers keeping their MoE graph under ``moe.keepGraph: auto`` (default: all). None without
+    layers keeping their MoE graph under ``moe.keepGraph`` omitted (auto) (default: all). None without
     the model's hidden size or layer count."""
     H, L = _int(cfg, "hidden_size"), _int(cfg, "num_hidden_layers")
     if not H or not L:
@@ -224,7 +224,7 @@ def kept_graph_layers(
     examples: int = 0,
     host_dtype: str | None = None,
 ) -> int:
-    """``moe.keepGraph: auto``: the most decoder layers whose MoE block may keep its graph
+    """``moe.keepGraph`` omitted (auto): the most decoder layers whose MoE block may keep its graph
     with the run's estimate + 25 % + :data:`RUNTIME_BYTES` within ``limit`` bytes;
     every layer when no limit is known. The others recompute their block in backward."""
     L = _int(cfg, "num_hidden_layers", 0) or 0

@@ -381,7 +381,7 @@ def _train(args: argparse.Namespace, manifest: Any, ctx: Any, callbacks: Any) ->
 
     # SpecError (bad model/backend) still writes nothing
     engine = build_shared(lambda: build_engine(spec, len(tok)), spec)
-    if spec.moe.keep_graph == "auto" and hasattr(engine, "keep_graph_layers"):
+    if spec.moe.keep_graph is None and hasattr(engine, "keep_graph_layers"):
         from npu_lora.engine.build import keep_graph_auto
         from npu_lora.train.preflight import memory_limit
 

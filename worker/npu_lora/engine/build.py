@@ -37,7 +37,7 @@ def build_engine(
     everything but the MoE blocks (embeddings, attention, norms, head, LoRA; default
     ``spec.device.dtype``). ``hooks``: the bench's strategies (``engine.hooks``; default: the
     engine's own way). ``moe.hostThreads`` sets ``torch.set_num_threads`` (process-wide).
-    ``moe.keepGraph: auto`` keeps every layer's graph until :func:`keep_graph_auto` sizes it."""
+    ``moe.keepGraph`` omitted (auto) keeps every layer's graph until :func:`keep_graph_auto` sizes it."""
     experts_implementation = experts_implementation or spec.moe.experts_kernel
     if experts_implementation.startswith("npu_lora_"):
         from npu_lora.moe import experts as sorted_experts
@@ -96,7 +96,7 @@ def keep_graph_auto(
     memory_limit: tuple[int | None, str],
     examples: int = 0,
 ) -> dict[str, Any]:
-    """``moe.keepGraph: auto``: keep the MoE graph in the most layers whose estimate
+    """``moe.keepGraph`` omitted (auto): keep the MoE graph in the most layers whose estimate
     (:func:`npu_lora.api.memory.kept_graph_layers`) fits ``memory_limit`` (``(bytes or None,
     where it came from)``, ``train.preflight.memory_limit``; None: every layer), with
     ``examples`` (the data's share of the estimate). Logs the choice; returns it (summary.json

@@ -298,7 +298,7 @@ class HybridEngine:
                 c._attn_implementation = attn_saved[k]
 
     def keep_graph_layers(self, n: int) -> list[int]:
-        """``moe.keepGraph: auto``: the last ``n`` decoder layers keep their MoE graph, the
+        """``moe.keepGraph`` omitted (auto): the last ``n`` decoder layers keep their MoE graph, the
         others recompute theirs in backward (every kept graph is alive when the backward starts,
         so which ones does not change the peak; the last layers' are freed first). Returns the
         layers that keep it."""

@@ -200,7 +200,7 @@ class HostMLP(nn.Module):
         self.set_compute_dtype(compute_dtype or self.host_dtype)
         self.hot: HotLayer | None = None
         self._kept: _Kept | None = None
-        #: ``moe.keepGraph: auto`` turns it off in the layers whose kept graph does not fit
+        #: ``moe.keepGraph`` omitted (auto) turns it off in the layers whose kept graph does not fit
         #: the memory budget (they recompute in backward whatever the engine mode says)
         self.keep_graph_fits = True
         self._count = False

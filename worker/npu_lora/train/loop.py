@@ -563,7 +563,7 @@ class Trainer:
             extra["error"] = error
         if ctx.extra.get("compile") is not None:  # the graph cache check (commands.run)
             extra["compile"] = ctx.extra["compile"]
-        if ctx.extra.get("keep_graph") is not None:  # moe.keepGraph: auto (engine.build)
+        if ctx.extra.get("keep_graph") is not None:  # moe.keepGraph omitted: auto (engine.build)
             extra["keep_graph"] = ctx.extra["keep_graph"]
         t = self.spec.training
         extra["schedule"] = {

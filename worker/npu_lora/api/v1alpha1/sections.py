@@ -213,13 +213,15 @@ class MoESpec(_Model):
             "copy columns). Null: the hot set is chosen once."
         ),
     )
-    keep_graph: bool | Literal["auto"] = Field(
-        True,
+    keep_graph: bool | None = Field(
+        None,
         description=(
             "HostMLP keeps the MoE block's autograd graph from forward to backward (no recompute); "
-            "costs the block's saved activations until that layer's backward. `auto`: keep it in "
-            "the most layers that fit the memory limit (the run's estimate, long rows included; "
-            "the others recompute; the choice is logged and in summary.json `keep_graph`)."
+            "costs the block's saved activations until that layer's backward. `true`: every "
+            "layer keeps it; `false`: every layer recomputes. Omitted (auto): keep it in the most "
+            "layers that fit the memory limit (the run's estimate, long rows included; every "
+            "layer without a limit; the others recompute; the choice is logged and in "
+            "summary.json `keep_graph`)."
         ),
     )
     overlap: bool = Field(
@@ -263,6 +265,23 @@ class MoESpec(_Model):
             "overflow it; overflow tokens are computed on the host."
         ),
     )
+
+    @field_validator("keep_graph", mode="before")
+    @classmethod
+    def _keep_graph_bool(cls, v: Any) -> Any:
+        """Only YAML booleans, omitted for auto (Kubernetes' optional-boolean convention: a
+        structural schema cannot take both a boolean and a word)."""
+        if isinstance(v, str):
+            word = v.strip().lower()
+            hint = (
+                "omit the field for auto (keep the graph where it fits the memory limit)"
+                if word == "auto"
+                else f"write keepGraph: {word} without quotes"
+                if word in ("true", "false")
+                else "write keepGraph: true or keepGraph: false, or omit it for auto"
+            )
+            raise ValueError(f"moe.keepGraph is a YAML boolean, not the string {v!r}: {hint}")
+        return v
 
     @field_validator("hot_memory")
     @classmethod
