@@ -218,11 +218,18 @@ def test_recreated_run_starts_fresh_unless_asked_to_resume(tmp_path, capsys, mon
     assert "from the checkpoint at step 3" in err
     recs = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert recs == [1, 2, 3, 4, 5]
-    # another namespace may start from it, into a directory of its own (the source only read)
+    # another run of the namespace may start from it, into a directory of its own (the source
+    # only read); another namespace may not, and no absolute path is accepted
     before = snapshot(out)
-    as_run(monkeypatch, "b", "uid-b")
     own = tmp_path / "b-run"
-    assert run_in_process(cfg, own, "--set", f"resumeFrom={out}", "--steps", "6") == 0
+    as_run(monkeypatch, "b", "uid-b")
+    assert run_in_process(cfg, own, "--set", f"resumeFrom={out}", "--steps", "6") == 2
+    assert "spec.resumeFrom: " in (err := capsys.readouterr().err) and "is absolute" in err
+    assert run_in_process(cfg, own, "--set", "resumeFrom=run", "--steps", "6") == 2
+    assert "of another namespace than this run (b)" in capsys.readouterr().err
+    assert not own.exists()
+    as_run(monkeypatch, "a", "uid-a2")
+    assert run_in_process(cfg, own, "--set", "resumeFrom=run", "--steps", "6") == 0
     assert "starting from the checkpoint of" in capsys.readouterr().err
     assert [json.loads(x)["step"] for x in (own / "metrics.jsonl").read_text().splitlines()] == [
         1,
