@@ -165,3 +165,35 @@ def test_the_package_never_unpickles_or_runs_remote_code():
         if bad.search(line)
     ]
     assert not hits, hits
+
+
+def test_run_refuses_a_planted_pickle_checkpoint_with_exit_2_and_runs_none_of_it(
+    tmp_path, capsys, standin
+):
+    """A run directory whose checkpoint was replaced by a format-1 (pickle) one, with a payload
+    that would write a file when unpickled: the rerun exits 2 naming the file, runs nothing."""
+    from testkit import tiny_manifest
+    from train_helpers import run_in_process
+
+    cfg = tiny_manifest(tmp_path, training={"steps": 2}, moe={"placement": "host-only"})
+    out = tmp_path / "run"
+    assert run_in_process(cfg, out) == 0
+    ckpt = out / "checkpoint"
+    state = json.loads((ckpt / "state.json").read_text())
+    for p in ckpt.iterdir():
+        p.unlink()
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (Path.touch, (marker,))
+
+    for name in ("params.pt", "optimizer.pt", "rng.pt"):
+        torch.save(Payload(), ckpt / name)
+    (ckpt / "state.json").write_text(json.dumps({**state, "format": 1}))
+    capsys.readouterr()
+    assert run_in_process(cfg, out, "--steps", "4") == 2
+    err = capsys.readouterr().err
+    assert f"{ckpt / 'params.pt'}: a checkpoint of format 1" in err and "Traceback" not in err
+    assert not marker.exists()
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 2  # nothing trained
