@@ -197,3 +197,32 @@ def test_run_refuses_a_planted_pickle_checkpoint_with_exit_2_and_runs_none_of_it
     assert f"{ckpt / 'params.pt'}: a checkpoint of format 1" in err and "Traceback" not in err
     assert not marker.exists()
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 2  # nothing trained
+
+
+def test_a_checkpoint_that_does_not_fit_is_named_not_a_traceback(tmp_path):
+    eng, opt = _trained(0)
+    save_checkpoint(tmp_path, 3, eng, opt)
+    ckpt = tmp_path / "checkpoint"
+    save_tree({"state": {}, "param_groups": "not a list"}, ckpt / "optimizer")
+    with pytest.raises(SpecError, match=r"checkpoint: the checkpoint does not fit this run"):
+        load_checkpoint(ckpt, *_trained(1))
+
+
+def test_a_checkpoint_file_that_is_a_link_is_not_read(tmp_path):
+    eng, opt = _trained(0)
+    (tmp_path / "a").mkdir()
+    save_checkpoint(tmp_path / "a", 3, eng, opt)
+    ckpt = tmp_path / "a" / "checkpoint"
+    elsewhere = tmp_path / "elsewhere.safetensors"
+    (ckpt / "rng.safetensors").rename(elsewhere)
+    (ckpt / "rng.safetensors").symlink_to(elsewhere)
+    with pytest.raises(CheckpointReadError, match=r"rng\.safetensors: not a regular file"):
+        load_checkpoint(ckpt, *_trained(1))
+
+
+def test_a_deeply_nested_tree_is_refused(tmp_path):
+    save_tree({"x": 1}, tmp_path / "t")
+    deep = '{"$dict": [["x", ' * 5000 + "1" + "]]}" * 5000
+    (tmp_path / "t.json").write_text('{"format": "npu-lora-tree/1", "tree": ' + deep + "}")
+    with pytest.raises(CheckpointReadError, match=r"t\.json"):
+        load_tree(tmp_path / "t")
