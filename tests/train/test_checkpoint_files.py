@@ -226,3 +226,13 @@ def test_a_deeply_nested_tree_is_refused(tmp_path):
     (tmp_path / "t.json").write_text('{"format": "npu-lora-tree/1", "tree": ' + deep + "}")
     with pytest.raises(CheckpointReadError, match=r"t\.json"):
         load_tree(tmp_path / "t")
+
+
+def test_a_write_error_of_the_tensor_file_is_an_oserror_naming_it(tmp_path):
+    """safetensors reports I/O errors as its own exception: a checkpoint write maps it to an
+    OSError naming the file (so a full disk ends the run with its message, not a traceback)."""
+    import errno
+
+    with pytest.raises(OSError) as e:
+        save_tree({"x": torch.zeros(3)}, tmp_path / "missing" / "t")
+    assert e.value.errno == errno.ENOENT and e.value.filename.endswith("t.safetensors")

@@ -28,6 +28,7 @@ the run directory's ``run.json``, see :mod:`npu_lora.train.identity`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import random
@@ -141,13 +142,21 @@ def _decode(obj: Any, tensors: dict[str, Any], where: str) -> Any:
 def save_tree(obj: Any, path: Path) -> None:
     """Write ``obj`` (nested dicts/lists/tuples of scalars, strings and tensors) as
     ``path.safetensors`` (the tensors) + ``path.json`` (the structure), each fsynced."""
+    import re
+
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     tensors: dict[str, Any] = {}
     tree = _encode(obj, tensors, path.name)
     st = path.with_name(path.name + ".safetensors")
     with _named(st):
-        save_file(tensors, str(st), metadata={"format": TREE_FORMAT})
+        try:
+            save_file(tensors, str(st), metadata={"format": TREE_FORMAT})
+        except SafetensorError as e:  # its I/O errors (disk full, quota) as an OSError
+            m = re.search(r"os error (\d+)", str(e))
+            code = int(m.group(1)) if m else errno.EIO
+            raise OSError(code, os.strerror(code), str(st)) from e
         fd = os.open(st, os.O_RDONLY)
         try:
             os.fsync(fd)
