@@ -67,3 +67,28 @@ def test_run_exits_2_naming_a_model_dir_it_will_not_load(tmp_path, monkeypatch, 
     err = capsys.readouterr().err
     assert needle in err and "Traceback" not in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("how", ["dotdot", "symlink"])
+def test_a_model_path_relative_to_its_volume_stays_on_it(tmp_path, monkeypatch, how):
+    from npu_lora.api.load import load_manifest
+    from npu_lora.train.preflight import check_model
+
+    vol = tmp_path / "vol"
+    vol.mkdir()
+    outside = _model_dir(tmp_path)  # tmp_path/model, outside the volume
+    (outside / "model.safetensors").write_bytes(b"")
+    monkeypatch.setenv("NPU_LORA_MODEL_ROOT", str(vol))
+    if how == "symlink":
+        (vol / "m").symlink_to(outside)
+        path = "m"
+    else:
+        path = "../model"
+    m = load_manifest(
+        {"model": {"path": path, "volume": {"claimName": "models"}}, "data": {"path": "x"}}
+    )
+    with pytest.raises(SpecError, match=r"spec\.model\.path: .* is outside its volume"):
+        check_model(m.spec)
+    (vol / "ok").mkdir()
+    (vol / "ok" / "config.json").write_text("{}")
+    check_model(m.spec.model_copy(update={"model": m.spec.model.model_copy(update={"path": "ok"})}))

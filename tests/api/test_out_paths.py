@@ -47,3 +47,17 @@ def test_bench_out_that_is_a_file_exits_2(tmp_path, capsys):
 def test_rngd_check_json_that_is_a_directory_exits_2(tmp_path, capsys):
     assert main(["rngd-check", "--json", str(tmp_path)]) == 2
     assert f"--json: {tmp_path} is a directory" in capsys.readouterr().err
+
+
+def test_a_file_output_never_overwrites_a_run_directorys_own_files(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoint").mkdir(parents=True)
+    (run / "run.json").write_text("{}")
+    (run / "config.yaml").write_text("x")
+    for target in (run / "config.yaml", run / "metrics.jsonl", run / "run.json"):
+        with pytest.raises(SpecError, match=r"is a file of the run directory"):
+            check_out_file(target, "--out")
+    with pytest.raises(SpecError, match=r"inside checkpoint/ of the run directory"):
+        check_out_file(run / "checkpoint" / "state.json", "--out")
+    check_out_file(run / "predictions" / "p.jsonl", "--out")
+    check_out_file(tmp_path / "config.yaml", "--out")  # not a run directory

@@ -165,3 +165,74 @@ def test_the_package_never_unpickles_or_runs_remote_code():
         if bad.search(line)
     ]
     assert not hits, hits
+
+
+def test_run_refuses_a_planted_pickle_checkpoint_with_exit_2_and_runs_none_of_it(
+    tmp_path, capsys, standin
+):
+    """A run directory whose checkpoint was replaced by a format-1 (pickle) one, with a payload
+    that would write a file when unpickled: the rerun exits 2 naming the file, runs nothing."""
+    from testkit import tiny_manifest
+    from train_helpers import run_in_process
+
+    cfg = tiny_manifest(tmp_path, training={"steps": 2}, moe={"placement": "host-only"})
+    out = tmp_path / "run"
+    assert run_in_process(cfg, out) == 0
+    ckpt = out / "checkpoint"
+    state = json.loads((ckpt / "state.json").read_text())
+    for p in ckpt.iterdir():
+        p.unlink()
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (Path.touch, (marker,))
+
+    for name in ("params.pt", "optimizer.pt", "rng.pt"):
+        torch.save(Payload(), ckpt / name)
+    (ckpt / "state.json").write_text(json.dumps({**state, "format": 1}))
+    capsys.readouterr()
+    assert run_in_process(cfg, out, "--steps", "4") == 2
+    err = capsys.readouterr().err
+    assert f"{ckpt / 'params.pt'}: a checkpoint of format 1" in err and "Traceback" not in err
+    assert not marker.exists()
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 2  # nothing trained
+
+
+def test_a_checkpoint_that_does_not_fit_is_named_not_a_traceback(tmp_path):
+    eng, opt = _trained(0)
+    save_checkpoint(tmp_path, 3, eng, opt)
+    ckpt = tmp_path / "checkpoint"
+    save_tree({"state": {}, "param_groups": "not a list"}, ckpt / "optimizer")
+    with pytest.raises(SpecError, match=r"checkpoint: the checkpoint does not fit this run"):
+        load_checkpoint(ckpt, *_trained(1))
+
+
+def test_a_checkpoint_file_that_is_a_link_is_not_read(tmp_path):
+    eng, opt = _trained(0)
+    (tmp_path / "a").mkdir()
+    save_checkpoint(tmp_path / "a", 3, eng, opt)
+    ckpt = tmp_path / "a" / "checkpoint"
+    elsewhere = tmp_path / "elsewhere.safetensors"
+    (ckpt / "rng.safetensors").rename(elsewhere)
+    (ckpt / "rng.safetensors").symlink_to(elsewhere)
+    with pytest.raises(CheckpointReadError, match=r"rng\.safetensors: not a regular file"):
+        load_checkpoint(ckpt, *_trained(1))
+
+
+def test_a_deeply_nested_tree_is_refused(tmp_path):
+    save_tree({"x": 1}, tmp_path / "t")
+    deep = '{"$dict": [["x", ' * 5000 + "1" + "]]}" * 5000
+    (tmp_path / "t.json").write_text('{"format": "npu-lora-tree/1", "tree": ' + deep + "}")
+    with pytest.raises(CheckpointReadError, match=r"t\.json"):
+        load_tree(tmp_path / "t")
+
+
+def test_a_write_error_of_the_tensor_file_is_an_oserror_naming_it(tmp_path):
+    """safetensors reports I/O errors as its own exception: a checkpoint write maps it to an
+    OSError naming the file (so a full disk ends the run with its message, not a traceback)."""
+    import errno
+
+    with pytest.raises(OSError) as e:
+        save_tree({"x": torch.zeros(3)}, tmp_path / "missing" / "t")
+    assert e.value.errno == errno.ENOENT and e.value.filename.endswith("t.safetensors")

@@ -108,19 +108,20 @@ def test_out_on_a_read_only_filesystem(tmp_path, capsys):
 
 
 def test_disk_full_at_a_checkpoint_keeps_the_previous_one(tmp_path, capsys, monkeypatch, standin):
-    real_save = ckpt._torch_save
+    real_save = ckpt.save_tree
     calls = {"n": 0}
 
     def full_after_first_checkpoint(obj, path):
-        if path.parent.name.startswith("checkpoint.tmp-") and path.name == "optimizer.pt":
+        if path.parent.name.startswith("checkpoint.tmp-") and path.name == "optimizer":
             calls["n"] += 1
             if calls["n"] >= 2:
-                with open(path, "wb") as f:
+                target = path.with_name("optimizer.safetensors")
+                with open(target, "wb") as f:
                     f.write(b"partial")
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(target))
         return real_save(obj, path)
 
-    monkeypatch.setattr(ckpt, "_torch_save", full_after_first_checkpoint)
+    monkeypatch.setattr(ckpt, "save_tree", full_after_first_checkpoint)
     cfg = tiny_manifest(
         tmp_path, training={"steps": 12}, moe={"placement": "host-only"}, checkpoint={}
     )
@@ -130,12 +131,12 @@ def test_disk_full_at_a_checkpoint_keeps_the_previous_one(tmp_path, capsys, monk
     assert code == EXIT_ERROR, err
     assert "Traceback" not in err
     assert f"cannot write the checkpoint of step 10 to {out}/checkpoint.tmp-" in err
-    assert "optimizer.pt: No space left on device" in err
+    assert "optimizer.safetensors: No space left on device" in err
     assert f"the previous checkpoint (step 5) in {out / 'checkpoint'} is intact" in err
     assert json.loads((out / "checkpoint" / "state.json").read_text())["step"] == 5
     assert not list(out.glob("*.tmp*")) and not list(out.glob(".*.tmp*"))
     # and the run resumes from it once there is room again
-    monkeypatch.setattr(ckpt, "_torch_save", real_save)
+    monkeypatch.setattr(ckpt, "save_tree", real_save)
     assert run_in_process(cfg, out) == 0
     assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [
         *range(1, 13)
@@ -218,11 +219,18 @@ def test_recreated_run_starts_fresh_unless_asked_to_resume(tmp_path, capsys, mon
     assert "from the checkpoint at step 3" in err
     recs = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert recs == [1, 2, 3, 4, 5]
-    # another namespace may start from it, into a directory of its own (the source only read)
+    # another run of the namespace may start from it, into a directory of its own (the source
+    # only read); another namespace may not, and no absolute path is accepted
     before = snapshot(out)
-    as_run(monkeypatch, "b", "uid-b")
     own = tmp_path / "b-run"
-    assert run_in_process(cfg, own, "--set", f"resumeFrom={out}", "--steps", "6") == 0
+    as_run(monkeypatch, "b", "uid-b")
+    assert run_in_process(cfg, own, "--set", f"resumeFrom={out}", "--steps", "6") == 2
+    assert "spec.resumeFrom: " in (err := capsys.readouterr().err) and "is absolute" in err
+    assert run_in_process(cfg, own, "--set", "resumeFrom=run", "--steps", "6") == 2
+    assert "of another namespace than this run (b)" in capsys.readouterr().err
+    assert not own.exists()
+    as_run(monkeypatch, "a", "uid-a2")
+    assert run_in_process(cfg, own, "--set", "resumeFrom=run", "--steps", "6") == 0
     assert "starting from the checkpoint of" in capsys.readouterr().err
     assert [json.loads(x)["step"] for x in (own / "metrics.jsonl").read_text().splitlines()] == [
         1,

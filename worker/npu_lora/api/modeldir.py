@@ -9,6 +9,7 @@ weights; npu-lora reads safetensors only. Both are refused up front with :class:
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from npu_lora.api.load import SpecError
@@ -61,4 +62,15 @@ def check_model_dir(path: Path, field: str) -> None:
             f"{field}: {pickled[0]} is a pickle weight file (which can run code when read) and "
             f"{path} has no *.safetensors weights: only safetensors are loaded (convert with "
             "transformers: save_pretrained(..., safe_serialization=True))"
+        )
+
+
+def check_inside(path: Path, root: Path, field: str) -> None:
+    """SpecError when ``path`` (after ``..`` and symbolic links) is not inside ``root``: a path
+    relative to a volume stays on that volume. Checked before anything in it is opened."""
+    real, top = os.path.realpath(path), os.path.realpath(root)
+    if real != top and not real.startswith(top.rstrip(os.sep) + os.sep):
+        raise SpecError(
+            f"{field}: {path} is outside its volume {root} (not read; symbolic links and '..' "
+            "may not leave it)"
         )

@@ -2,7 +2,8 @@
 naming the flag, the path and why.
 
 - a file output (``predict --out``, ``rngd-check --json``) must not be an existing directory
-  (nor below a regular file);
+  (nor below a regular file), nor one of a run directory's own files (``config.yaml``,
+  ``metrics.jsonl``, ``run.json``, ...) or a file inside its ``checkpoint``/``adapter`` trees;
 - a directory output (``bench --out``, ``bench --roofline``) must not be an existing file;
 - a directory that is *replaced* (``export --merged DIR --force``) must be a previous export:
   it holds the marker file :data:`EXPORT_MARKER` that the export wrote, listing its files, and
@@ -24,6 +25,23 @@ EXPORT_KIND = "npu-lora-export"
 #: a file that makes a directory a run directory (npu_lora.train.identity's markers)
 RUN_MARKERS = ("run.json", "config.yaml", "metrics.jsonl", "checkpoint")
 _SCAN_DEPTH = 4
+#: a run directory's own files, never overwritten by another command
+RUN_OWN_FILES = (
+    "run.json",
+    "config.yaml",
+    "metrics.jsonl",
+    "summary.json",
+    "eval.jsonl",
+    "step_times.png",
+    ".lock",
+)
+_RUN_TREES = ("checkpoint", "adapter")
+
+
+def _is_run_dir(d: Path) -> bool:
+    return (d / "run.json").is_file() or (
+        (d / "config.yaml").is_file() and (d / "metrics.jsonl").exists()
+    )
 
 
 def _below_a_file(path: Path) -> Path | None:
@@ -42,6 +60,18 @@ def check_out_file(path: Path, flag: str) -> None:
     blocker = _below_a_file(path)
     if blocker is not None:
         raise SpecError(f"{flag}: {blocker} is a file, so {path} cannot be created")
+    real = _resolved(path)
+    if path.name in RUN_OWN_FILES and _is_run_dir(real.parent):
+        raise SpecError(
+            f"{flag}: {path} is a file of the run directory {path.parent}; a run's own files "
+            "are never overwritten (write elsewhere, e.g. its predictions/ directory)"
+        )
+    for d in real.parents:
+        if d.name.startswith(_RUN_TREES) and _is_run_dir(d.parent):
+            raise SpecError(
+                f"{flag}: {path} is inside {d.name}/ of the run directory {d.parent}; never "
+                "written by another command"
+            )
 
 
 def check_out_dir(path: Path, flag: str) -> None:

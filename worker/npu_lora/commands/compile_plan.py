@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def load_plan(
     file: Path, overrides: list[str], backend: str | None, model_config: Path | None = None
 ):
-    from npu_lora.api.load import load_manifest
+    from npu_lora.api.load import SpecError, load_manifest
     from npu_lora.compile.plan import compile_plan
 
     manifest = load_manifest(file, overrides)
@@ -57,7 +57,17 @@ def load_plan(
     if model_config is not None:
         from npu_lora.api.memory import text_config
 
-        cfg = text_config(json.loads(model_config.read_text()), manifest.spec.model.layers)
+        try:
+            doc = json.loads(model_config.read_text(encoding="utf-8"))
+        except UnicodeDecodeError:
+            raise SpecError(f"--model-config: {model_config} is not UTF-8 JSON") from None
+        except ValueError as e:
+            raise SpecError(f"--model-config: {model_config} is not valid JSON ({e})") from None
+        except OSError as e:
+            raise SpecError(f"--model-config: {model_config}: {e.strerror or e}") from None
+        if not isinstance(doc, dict):
+            raise SpecError(f"--model-config: {model_config} is not a JSON object")
+        cfg = text_config(doc, manifest.spec.model.layers)
     return compile_plan(manifest.spec, backend=backend, cfg=cfg)
 
 

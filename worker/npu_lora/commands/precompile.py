@@ -68,6 +68,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"npu-lora precompile: error: {e}", file=sys.stderr)
         return 2
     root = args.cache or cache.cache_root(manifest.spec)
+    if args.cache is not None:
+        from npu_lora.api.outpaths import check_out_dir
+
+        try:
+            check_out_dir(args.cache, "--cache")
+        except SpecError as e:
+            print(f"npu-lora precompile: error: {e}", file=sys.stderr)
+            return 2
     if root is None:
         print(
             "npu-lora precompile: error: no cache root (--cache or NPU_LORA_COMPILE_CACHE)",

@@ -28,6 +28,7 @@ the run directory's ``run.json``, see :mod:`npu_lora.train.identity`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import random
@@ -141,13 +142,21 @@ def _decode(obj: Any, tensors: dict[str, Any], where: str) -> Any:
 def save_tree(obj: Any, path: Path) -> None:
     """Write ``obj`` (nested dicts/lists/tuples of scalars, strings and tensors) as
     ``path.safetensors`` (the tensors) + ``path.json`` (the structure), each fsynced."""
+    import re
+
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     tensors: dict[str, Any] = {}
     tree = _encode(obj, tensors, path.name)
     st = path.with_name(path.name + ".safetensors")
     with _named(st):
-        save_file(tensors, str(st), metadata={"format": TREE_FORMAT})
+        try:
+            save_file(tensors, str(st), metadata={"format": TREE_FORMAT})
+        except SafetensorError as e:  # its I/O errors (disk full, quota) as an OSError
+            m = re.search(r"os error (\d+)", str(e))
+            code = int(m.group(1)) if m else errno.EIO
+            raise OSError(code, os.strerror(code), str(st)) from e
         fd = os.open(st, os.O_RDONLY)
         try:
             os.fsync(fd)
@@ -158,16 +167,27 @@ def save_tree(obj: Any, path: Path) -> None:
 
 def load_tree(path: Path) -> Any:
     """What :func:`save_tree` wrote at ``path``; tensors on the CPU. Never unpickles."""
+    import stat
+
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     js = path.with_name(path.name + ".json")
     st = path.with_name(path.name + ".safetensors")
+    for f in (js, st):
+        try:
+            mode = os.lstat(f).st_mode
+        except OSError as e:
+            raise CheckpointReadError(
+                f"{f}: cannot read the checkpoint file: {e.strerror}"
+            ) from None
+        if not stat.S_ISREG(mode):
+            raise CheckpointReadError(f"{f}: not a regular file (a link?): not read")
     try:
         if js.stat().st_size > _MAX_TREE_JSON:
             raise CheckpointReadError(f"{js}: larger than {_MAX_TREE_JSON >> 20} MiB")
         doc = json.loads(js.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
         if isinstance(e, CheckpointReadError):
             raise
         raise CheckpointReadError(f"{js}: cannot read the checkpoint file: {e}") from None
@@ -177,7 +197,10 @@ def load_tree(path: Path) -> Any:
         tensors = load_file(str(st), device="cpu")
     except (OSError, SafetensorError, ValueError) as e:
         raise CheckpointReadError(f"{st}: cannot read the checkpoint tensors: {e}") from None
-    return _decode(doc["tree"], tensors, str(js))
+    try:
+        return _decode(doc["tree"], tensors, str(js))
+    except RecursionError:
+        raise CheckpointReadError(f"{js}: nested too deeply (not written by npu-lora)") from None
 
 
 def pickle_files(ckpt: Path) -> list[Path]:
@@ -360,9 +383,8 @@ def _publish(tmp: Path, run_dir: Path) -> Path:
 
 
 def load_checkpoint(path: Path, engine: Any, optimizer: Any) -> dict[str, Any]:
-    """Restore parameters, optimizer, RNG, routing counts and hot set; returns state.json."""
-    import torch
-
+    """Restore parameters, optimizer, RNG, routing counts and hot set; returns state.json.
+    SpecError (exit 2) naming the checkpoint for anything that is not what npu-lora wrote."""
     state = _state_of(path)
     if state is None:
         raise SpecError(f"{path}: not a complete checkpoint (state.json missing or invalid)")
@@ -370,6 +392,37 @@ def load_checkpoint(path: Path, engine: Any, optimizer: Any) -> dict[str, Any]:
     opt_state = load_tree(path / "optimizer")
     rng = load_tree(path / "rng")
     counts = load_tree(path / "routing") if (path / "routing.json").exists() else None
+    try:
+        _restore(path, engine, optimizer, saved, opt_state, rng, counts)
+    except SpecError:
+        raise
+    except (
+        OSError,
+        ValueError,
+        TypeError,
+        KeyError,
+        IndexError,
+        AttributeError,
+        RuntimeError,
+    ) as e:
+        # a checkpoint edited or planted by hand: named, never a traceback
+        raise SpecError(
+            f"{path}: the checkpoint does not fit this run ({type(e).__name__}: {str(e)[:200]})"
+        ) from None
+    return state
+
+
+def _restore(
+    path: Path,
+    engine: Any,
+    optimizer: Any,
+    saved: Any,
+    opt_state: Any,
+    rng: Any,
+    counts: Any,
+) -> None:
+    import torch
+
     if (
         not isinstance(saved, dict)
         or not isinstance(saved.get("tensors"), list)
@@ -399,4 +452,3 @@ def load_checkpoint(path: Path, engine: Any, optimizer: Any) -> dict[str, Any]:
     if hot is not None:
         engine.load_hot_state(hot)
     set_rng_state(rng)
-    return state

@@ -17,6 +17,13 @@ Decision, made before anything is written (:func:`plan_run`):
 - it belongs to another run (another namespace or name): refused (exit 2) naming both runs.
   ``spec.resumeFrom`` may name such a directory only as a *source*: its checkpoint (and the
   metrics up to it) are copied into this run's own directory; the source is only read.
+
+``spec.resumeFrom`` (:func:`resolve_resume_from`) stays inside the run's own storage: a relative
+path (no absolute path, no ``~``, no ``..``) below the output root (the output volume's mount
+when the run directory is on it, else the run directory's parent), walked one component at a
+time with ``openat(O_NOFOLLOW | O_DIRECTORY)`` from the root, so no symbolic link is followed;
+the source must hold a ``run.json`` of a run of the *same namespace*, and its checkpoint only
+regular files.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import yaml
 from npu_lora.api.load import SpecError
 from npu_lora.api.timefmt import rfc3339
 from npu_lora.api.v1alpha1 import ENV_NAMESPACE, ENV_UID
+from npu_lora.api.volumes import volume_root
 from npu_lora.train.checkpoint import NAME as CHECKPOINT
 from npu_lora.train.checkpoint import find_checkpoint, fsync_dir
 
@@ -125,9 +133,103 @@ class RunPlan:
     notes: list[str] = field(default_factory=list)
 
 
+def output_root(run_dir: Path) -> Path:
+    """What ``spec.resumeFrom`` is relative to: the output volume's mount (``NPU_LORA_OUTPUT_ROOT``,
+    default ``/mnt/output``) when ``run_dir`` lies below it, else ``run_dir``'s parent."""
+    vol = volume_root("output")
+    try:
+        rd, vr = run_dir.resolve(), vol.resolve()
+    except OSError:
+        return run_dir.parent
+    return vr if vr in rd.parents else run_dir.parent
+
+
+def _walk_beneath(root: Path, parts: list[str], value: str) -> None:
+    """Open each component of ``parts`` below ``root`` with ``openat(O_NOFOLLOW|O_DIRECTORY)``:
+    SpecError when one is a symbolic link or not a directory. A missing component ends the walk
+    (the caller reports the missing directory)."""
+    import errno
+
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as e:
+        raise SpecError(f"spec.resumeFrom: the output root {root}: {e.strerror}") from None
+    try:
+        for i, part in enumerate(parts):
+            try:
+                nfd = os.open(part, flags, dir_fd=fd)
+            except FileNotFoundError:
+                return
+            except OSError as e:
+                here = "/".join(parts[: i + 1])
+                if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+                    link = os.path.islink(root.joinpath(*parts[: i + 1]))
+                    what = "a symbolic link" if link else "not a directory"
+                    raise SpecError(
+                        f"spec.resumeFrom: {here!r} (of {value[:64]!r}) is {what} below the output "
+                        f"root {root}; resumeFrom never follows links (it must stay in the run's "
+                        "own storage)"
+                    ) from None
+                raise SpecError(f"spec.resumeFrom: {here!r}: {e.strerror}") from None
+            os.close(fd)
+            fd = nfd
+    finally:
+        os.close(fd)
+
+
 def resolve_resume_from(value: str, run_dir: Path) -> Path:
-    p = Path(value).expanduser()
-    return p if p.is_absolute() else run_dir.parent / p
+    """``spec.resumeFrom`` as a path below :func:`output_root` (SpecError naming what is wrong:
+    absolute, ``~``, ``..``, the root itself, a symbolic link or a file on the way)."""
+    shown = repr(value[:64])
+    if value.startswith(("/", "~")):
+        raise SpecError(
+            f"spec.resumeFrom: {shown} is absolute; it is relative to the output root (the "
+            "output volume in a cluster, the run directory's parent locally), e.g. the other "
+            "run's output.path"
+        )
+    raw = value.split("/")
+    if ".." in raw:
+        raise SpecError(f"spec.resumeFrom: {shown} contains '..'; it may not leave the output root")
+    parts = [p for p in raw if p not in ("", ".")]
+    if not parts:
+        raise SpecError(f"spec.resumeFrom: {shown} names the output root, not a run directory")
+    root = output_root(run_dir)
+    _walk_beneath(root, parts, value)
+    return root.joinpath(*parts)
+
+
+def _check_source(source: Path, cur: RunIdentity) -> None:
+    """The resumeFrom source holds a ``run.json`` of a run of ``cur``'s namespace, and its
+    checkpoint and metrics are regular files (no links out of it)."""
+    try:
+        d = json.loads((source / RUN_FILE).read_text(encoding="utf-8"))
+        other = RunIdentity.from_dict(d) if isinstance(d, dict) else None
+    except (OSError, ValueError):
+        other = None
+    if other is None:
+        raise SpecError(
+            f"spec.resumeFrom: {source} has no readable {RUN_FILE} (the identity of the run that "
+            "wrote it): not read"
+        )
+    if other.namespace != cur.namespace:
+        raise SpecError(
+            f"spec.resumeFrom: {source} belongs to {other.describe()}, of another namespace "
+            f"than this run ({cur.namespace}); a run starts only from a run of its own namespace"
+        )
+    for p in (source / RUN_FILE, source / "metrics.jsonl"):
+        if p.is_symlink():
+            raise SpecError(f"spec.resumeFrom: {p} is a symbolic link: not read")
+
+
+def _check_checkpoint_files(ckpt: Path) -> None:
+    import stat
+
+    for e in os.scandir(ckpt):
+        if not stat.S_ISREG(e.stat(follow_symlinks=False).st_mode):
+            raise SpecError(
+                f"spec.resumeFrom: {ckpt / e.name} is not a regular file (a link?): not read"
+            )
 
 
 def _aside(run_dir: Path, old: RunIdentity) -> Path:
@@ -211,7 +313,7 @@ def plan_run(run_dir: Path, manifest: MoEFinetune) -> RunPlan:
             cur = RunIdentity(cur.name, cur.namespace, None, saved.run_id)  # keep the local id
         plan = RunPlan(cur, plan_resume(run_dir, manifest))
         if plan.resume.checkpoint is None and source is not None and not is_self:
-            _plan_copy(plan, source, manifest, run_dir)
+            _plan_copy(plan, source, manifest, run_dir, cur)
         return plan
 
     if saved.namespace == cur.namespace and saved.name == cur.name:
@@ -225,7 +327,7 @@ def plan_run(run_dir: Path, manifest: MoEFinetune) -> RunPlan:
             f"move to {plan.move_aside} (set spec.resumeFrom: {run_dir.name} to continue it)"
         )
         if source is not None:
-            _plan_copy(plan, source, manifest, run_dir)
+            _plan_copy(plan, source, manifest, run_dir, cur)
         return plan
 
     raise SpecError(
@@ -243,14 +345,18 @@ def _same_path(a: Path, b: Path) -> bool:
         return False
 
 
-def _plan_copy(plan: RunPlan, source: Path, manifest: MoEFinetune, run_dir: Path) -> None:
+def _plan_copy(
+    plan: RunPlan, source: Path, manifest: MoEFinetune, run_dir: Path, cur: RunIdentity
+) -> None:
     from npu_lora.train.rundir import plan_resume
 
     if not source.is_dir():
         raise SpecError(f"spec.resumeFrom: no such run directory: {source}")
+    _check_source(source, cur)
     src = plan_resume(source, manifest)  # its config must match ours; read only
     if src.checkpoint is None:
         raise SpecError(f"spec.resumeFrom: {source} has no complete checkpoint")
+    _check_checkpoint_files(src.checkpoint)
     plan.copy_from = src.checkpoint
     plan.resume.checkpoint = run_dir / CHECKPOINT
     plan.resume.checkpoint_step = src.checkpoint_step
@@ -275,7 +381,7 @@ def apply_plan(plan: RunPlan, run_dir: Path) -> None:
         tmp = run_dir / f"{CHECKPOINT}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         try:
-            shutil.copytree(plan.copy_from, tmp)
+            shutil.copytree(plan.copy_from, tmp, symlinks=True)  # a link is never followed
             metrics = plan.copy_from.parent / "metrics.jsonl"
             if metrics.is_file() and not (run_dir / "metrics.jsonl").exists():
                 shutil.copyfile(metrics, run_dir / "metrics.jsonl")

@@ -35,7 +35,7 @@ from npu_lora.api.memory import (  # model_widths: re-exported (it moved to api.
     model_widths,
     recommended_limit,
 )
-from npu_lora.api.modeldir import check_model_dir
+from npu_lora.api.modeldir import check_inside, check_model_dir
 from npu_lora.api.volumes import volume_root
 
 _SUFFIX = {"": 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
@@ -80,6 +80,11 @@ def check_out_writable(run_dir: Path) -> None:
 
 def check_model(spec: Any) -> None:
     """``spec.model.path`` is a model directory; the requested device backend is usable."""
+    m = spec.model
+    if m.volume is not None:  # a path relative to the model volume stays on it
+        for field, value in (("spec.model.path", m.path), ("spec.model.tokenizer", m.tokenizer)):
+            if value and not Path(value).expanduser().is_absolute():
+                check_inside(volume_root("model") / value, volume_root("model"), field)
     if spec.model.path:
         p = Path(spec.model.path).expanduser()
         if spec.model.volume is not None and not p.is_absolute():

@@ -132,8 +132,9 @@ class MoEFinetuneSpec(_Model):
         max_length=MAX_PATH,
         description=(
             "Start from the last checkpoint of this run directory although another run wrote it "
-            "(a deleted and re-created run, or a run of another namespace). Relative to the "
-            "output root (the output volume in a cluster, the run directory's parent locally). "
+            "(a deleted and re-created run, or another run of the same namespace: its run.json "
+            "says so). Relative to the output root (the output volume in a cluster, the run "
+            "directory's parent locally): no absolute path, no `..`, no symbolic link on the way. "
             "The training configuration must match; another run's directory is only read. "
             "Without it a run never resumes another run's checkpoint (see Run identity)."
         ),
