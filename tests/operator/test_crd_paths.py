@@ -170,3 +170,20 @@ def test_kubectl_apply_of_an_absolute_resume_from_fails_naming_it_and_stores_not
     assert r.returncode != 0 and "spec.resumeFrom" in r.stderr
     stored = emulator.get(api.API_VERSION, api.KIND, "steal", namespace="default")
     assert stored["spec"]["resumeFrom"] == "runs/older"
+
+
+def test_every_path_field_the_cel_rules_read_is_bounded() -> None:
+    """A CEL ``matches`` on an unbounded string is costed at the request size: every path field
+    has a maxLength (eval.path had none)."""
+    props = openapi_schema()["properties"]["spec"]["properties"]
+    for section, field in (
+        ("model", "path"),
+        ("model", "tokenizer"),
+        ("data", "path"),
+        ("eval", "path"),
+        ("output", "path"),
+    ):
+        assert props[section]["properties"][field].get("maxLength") == 4096, (section, field)
+    assert props["resumeFrom"].get("maxLength") == 4096
+    with pytest.raises(ValueError, match="eval"):
+        api.MoEFinetuneSpec.model_validate(_set(BASE, "eval.path", "e" * 4097))
