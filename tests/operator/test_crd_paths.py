@@ -46,6 +46,8 @@ BAD = [
     ("eval.path", "/var/run/secrets/x", "spec.eval.path"),
     ("eval.path", "x/../../y", "spec.eval.path"),
     ("output.path", "/abs/dir", "spec.output.path"),
+    ("data.path", "example:../../etc/passwd", "spec.data.path"),
+    ("data.path", "example:", "spec.data.path"),
 ]
 #: a path without its volume is a path in the pod's filesystem
 NO_VOLUME = [

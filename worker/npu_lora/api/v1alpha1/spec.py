@@ -255,7 +255,8 @@ def path_rules() -> list[dict[str, Any]]:
             field_path=".model.tokenizer",
         ),
         cel(
-            f"{d}.path.startsWith('example:') || (has({d}.volume) && {_relative(d + '.path')})",
+            f"{d}.path.startsWith('example:') ? {d}.path.matches('^example:[a-z0-9][-a-z0-9]*$') "
+            f": (has({d}.volume) && {_relative(d + '.path')})",
             "data.path must be relative to data.volume (set the volume; no leading '/', no "
             "'..') or name a packaged example (example:<name>)",
             field_path=".data.path",
