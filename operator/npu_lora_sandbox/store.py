@@ -63,7 +63,9 @@ def _check_identity_unchanged(
         raise _immutable(rt, name, "metadata", "metadata must be an object")
     fields = ["uid", "name"] + (["namespace"] if rt.namespaced else [])
     for f in fields:
-        if pmeta.get(f) != cmeta.get(f):
+        # left out or emptied: the stored value is kept (an update without a uid gets the
+        # existing one, as on a cluster); another value is refused
+        if pmeta.get(f) not in (None, "", cmeta.get(f)):
             raise _immutable(rt, name, f"metadata.{f}", "field is immutable")
     for f in ("kind", "apiVersion"):
         if f in patched and patched[f] != current.get(f):
