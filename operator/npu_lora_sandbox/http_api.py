@@ -18,7 +18,7 @@ from .resources import (
     _ParsedPath,
     log,
 )
-from .selectors import _truthy, check_list_query
+from .selectors import FIELD_LABELS, _truthy, check_field_labels, check_list_query
 
 #: YAML bodies: at most this many nodes once aliases are expanded (an apiserver refuses alias
 #: bombs too), and this many aliases
@@ -287,6 +287,7 @@ class HttpApi:
         dry_run = q.get("dryRun") == "All"
         if method == "GET":
             check_list_query(q)  # 400 before a list or a watch stream starts
+            check_field_labels(q.get("fieldSelector"), self._field_labels(rt), rt.plural)
             if pp.watch_prefix or _truthy(q.get("watch")):
                 accept = raw.headers.get("Accept", "")
                 return await self._serve_watch(raw, rt, pp.namespace, q, accept)
@@ -318,6 +319,21 @@ class HttpApi:
                     )
             return self._json(self._list_body(rt, deleted))
         raise _method_not_allowed()
+
+    def _field_labels(self, rt: ResourceType) -> frozenset[str] | None:
+        """The fields ``rt`` may select on beyond metadata.name/namespace: a built-in's (None:
+        not known here, any), a custom resource's ``selectableFields``."""
+        if rt.crd_name is None:
+            return FIELD_LABELS.get(rt.storage_key)
+        crd = self._store[("apiextensions.k8s.io", "customresourcedefinitions")].get(
+            ("", rt.crd_name)
+        )
+        fields = set()
+        for v in ((crd or {}).get("spec") or {}).get("versions") or []:
+            if v.get("name") == rt.version:
+                for f in v.get("selectableFields") or []:
+                    fields.add(str(f.get("jsonPath", "")).lstrip("."))
+        return frozenset(fields)
 
     async def _get_object(
         self, raw: aiohttp.web.BaseRequest, q: Any, pp: _ParsedPath, rt: ResourceType

@@ -176,6 +176,70 @@ def parse_field_selector(text: str | None) -> Callable[[dict[str, Any]], bool]:
     return lambda obj: all(r(obj) for r in reqs)
 
 
+#: the fields a list/watch may select on, per built-in resource, beyond ``metadata.name`` and
+#: ``metadata.namespace`` (the API server's field label conversion functions); resources not
+#: listed here accept any field
+FIELD_LABELS: dict[tuple[str, str], frozenset[str]] = {
+    ("", "pods"): frozenset(
+        {
+            "spec.nodeName",
+            "spec.restartPolicy",
+            "spec.schedulerName",
+            "spec.serviceAccountName",
+            "spec.hostNetwork",
+            "status.phase",
+            "status.podIP",
+            "status.podIPs",
+            "status.nominatedNodeName",
+        }
+    ),
+    ("", "events"): frozenset(
+        {
+            "involvedObject.kind",
+            "involvedObject.namespace",
+            "involvedObject.name",
+            "involvedObject.uid",
+            "involvedObject.apiVersion",
+            "involvedObject.resourceVersion",
+            "involvedObject.fieldPath",
+            "reason",
+            "reportingComponent",
+            "source",
+            "type",
+        }
+    ),
+    ("", "secrets"): frozenset({"type"}),
+    ("", "configmaps"): frozenset(),
+    ("", "serviceaccounts"): frozenset(),
+    ("", "persistentvolumeclaims"): frozenset(),
+    ("", "namespaces"): frozenset({"status.phase"}),
+    ("", "nodes"): frozenset({"spec.unschedulable"}),
+    ("batch", "jobs"): frozenset({"status.successful"}),
+    ("rbac.authorization.k8s.io", "roles"): frozenset(),
+    ("rbac.authorization.k8s.io", "rolebindings"): frozenset(),
+    ("rbac.authorization.k8s.io", "clusterroles"): frozenset(),
+    ("rbac.authorization.k8s.io", "clusterrolebindings"): frozenset(),
+}
+_META_FIELDS = frozenset({"metadata.name", "metadata.namespace"})
+
+
+def check_field_labels(text: str | None, allowed: frozenset[str] | None, kind: str) -> None:
+    """400 for a field selector on a field the resource cannot select on (``allowed``: its
+    fields beyond metadata.name/namespace; None: any)."""
+    if not text or allowed is None:
+        return
+    for part in _split_unescaped(text, ","):
+        m = re.fullmatch(r"\s*([^=!\s]*)\s*(!=|==|=)(.*)", part)
+        field = m.group(1) if m else part
+        if field not in _META_FIELDS and field not in allowed:
+            raise ApiError(
+                400,
+                "BadRequest",
+                f'field label not supported: "{field[:128]}" (for {kind}: '
+                f"{', '.join(sorted(_META_FIELDS | allowed))})",
+            )
+
+
 def _int_param(q: Any, name: str, *, minimum: int | None = None) -> None:
     value = q.get(name)
     if value is None or value == "":

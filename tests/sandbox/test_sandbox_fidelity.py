@@ -238,6 +238,30 @@ GOOD_QUERIES = [
 ]
 
 
+@pytest.mark.parametrize(
+    ("path", "selector", "code"),
+    [
+        (CM, "data.a=1", 400),
+        (CM, "spec.x=1", 400),
+        (CM, "metadata.name=a,metadata.namespace=default", 200),
+        ("/api/v1/namespaces/default/secrets", "type=Opaque", 200),
+        ("/api/v1/namespaces/default/secrets", "data.token=x", 400),
+        ("/api/v1/namespaces/default/events", "involvedObject.name=w,type=Warning", 200),
+        ("/api/v1/namespaces/default/pods", "spec.nodeName=n,status.phase!=Failed", 200),
+        ("/api/v1/namespaces/default/pods", "spec.containers=x", 400),
+        ("/apis/batch/v1/namespaces/default/jobs", "status.successful=1", 200),
+    ],
+)
+def test_field_selectors_name_fields_the_resource_can_select_on(
+    emulator: ApiEmulator, path: str, selector: str, code: int
+) -> None:
+    assert _raw(emulator, path, [("fieldSelector", selector)]) == code
+    assert (
+        _raw(emulator, path, [("fieldSelector", selector), ("watch", "1"), ("timeoutSeconds", "1")])
+        == code
+    )
+
+
 @pytest.mark.parametrize("query", BAD_QUERIES, ids=[str(q) for q in BAD_QUERIES])
 def test_malformed_selectors_and_watch_parameters_are_400(
     emulator: ApiEmulator, query: list
