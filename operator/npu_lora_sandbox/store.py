@@ -580,6 +580,10 @@ class ObjectStore:
             self._check_job_immutables(rt, old, new)
         self._default_builtin(rt, new, old)
         self._check_meta(rt, new)
+        if rt.plural in ("rolebindings", "clusterrolebindings") and new.get("roleRef") != old.get(
+            "roleRef"
+        ):
+            raise _immutable(rt, ometa["name"], "roleRef", "cannot change roleRef")
         self._check_escalation(rt, new)
         self._check_custom(rt, new, old, field_validation, warnings)
         for k in ("labels", "annotations", "finalizers", "ownerReferences"):

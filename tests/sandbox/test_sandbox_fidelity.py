@@ -150,6 +150,13 @@ def test_binding_a_role_not_held_needs_bind(emulator: ApiEmulator, dev: Any) -> 
     _create(emulator, _binding("dev-bind", "Role", "dev-bind"))
     r = dev("apply", "-f", "-", input=yaml.safe_dump(grab))
     assert r.returncode == 0, r.stderr
+    # a binding's roleRef never changes (422), for anyone
+    patch = {"roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "cm-get"}}
+    r = dev("patch", "rolebinding", "grab", "--type=merge", "-p", json.dumps(patch))
+    assert r.returncode != 0 and "roleRef" in r.stderr, r.stderr
+    assert (
+        emulator.get(RBAC, "RoleBinding", "grab", namespace="default")["roleRef"]["name"] == "power"
+    )
 
 
 # --- server-side apply ------------------------------------------------------------------------
