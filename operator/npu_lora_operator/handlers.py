@@ -2,7 +2,9 @@
 
 - create/resume of a MoEFinetune: build the children (:mod:`.builders`), check them against the
   admission policy (:mod:`.policy`: a violation fails the run, reason ``PolicyViolation``,
-  before any child exists) and create them
+  before any child exists; the same check, on the spec as it is now, precedes every spec
+  change and every un-suspend, and a refused spec suspends the run's Jobs: :func:`admit`, no
+  waiver for a run whose Job exists) and create them
   idempotently — a 409 means the object exists: it is adopted when it is ours (same owner uid)
   or an orphan, and the handler retries later when another owner still holds the name (e.g. the
   garbage collector has not yet removed the Job of a deleted run of the same name). So an

@@ -28,9 +28,11 @@ client really used and which it was denied.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +47,8 @@ DECISIONS_KEPT = 100_000
 
 #: ``(user, groups)``; ``None`` is the sandbox admin, whose requests RBAC does not check
 Identity = tuple[str, list[str]] | None
+#: who is writing (the store's RBAC escalation check reads it; None: the admin, in-process calls)
+_ACTOR: contextvars.ContextVar[Identity] = contextvars.ContextVar("sandbox_actor", default=None)
 
 ANONYMOUS = "system:anonymous"
 UNAUTHENTICATED = "system:unauthenticated"
@@ -215,6 +219,62 @@ def _rule_matches(
         return False
     names = rule.get("resourceNames") or []
     return not names or attrs.get("name", "") in names
+
+
+def _simple_rules(rule: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """A rule broken into single (group, resource, verb, name) or (url, verb) rules."""
+    verbs = rule.get("verbs") or []
+    for url in rule.get("nonResourceURLs") or []:
+        for verb in verbs:
+            yield {"nonResourceURLs": [url], "verbs": [verb]}
+    for group in rule.get("apiGroups") or ([""] if rule.get("resources") else []):
+        for res in rule.get("resources") or []:
+            for verb in verbs:
+                for rname in rule.get("resourceNames") or [None]:
+                    out = {"apiGroups": [group], "resources": [res], "verbs": [verb]}
+                    if rname is not None:
+                        out["resourceNames"] = [rname]
+                    yield out
+
+
+def _covers(held: dict[str, Any], want: dict[str, Any]) -> bool:
+    verbs = held.get("verbs") or []
+    if want["verbs"][0] not in verbs and "*" not in verbs:
+        return False
+    if "nonResourceURLs" in want:
+        url = want["nonResourceURLs"][0]
+        return any(
+            u == url or u == "*" or (u.endswith("*") and url.startswith(u[:-1]))
+            for u in held.get("nonResourceURLs") or []
+        )
+    groups, resources = held.get("apiGroups") or [], held.get("resources") or []
+    group, res = want["apiGroups"][0], want["resources"][0]
+    if group not in groups and "*" not in groups:
+        return False
+    sub = res.split("/", 1)[1] if "/" in res else ""
+    if res not in resources and "*" not in resources and not (sub and f"*/{sub}" in resources):
+        return False
+    names = held.get("resourceNames") or []
+    return not names or (want.get("resourceNames") or [None])[0] in names
+
+
+def _not_covered(wanted: list[dict[str, Any]], held: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The single rules of ``wanted`` that no rule of ``held`` covers."""
+    return [
+        w
+        for rule in wanted
+        if isinstance(rule, dict)
+        for w in _simple_rules(rule)
+        if not any(_covers(h, w) for h in held if isinstance(h, dict))
+    ]
+
+
+def _rule_text(rule: dict[str, Any]) -> str:
+    parts = []
+    for key in ("apiGroups", "resources", "resourceNames", "nonResourceURLs", "verbs"):
+        if rule.get(key):
+            parts.append(f"{key[0].upper()}{key[1:]}:{rule[key]}")
+    return "{" + ", ".join(parts) + "}"
 
 
 class Authorizer:
@@ -430,6 +490,78 @@ class Authorizer:
         for name, bns, binding in bindings:
             if any(_subject_matches(s, bns, user, groups) for s in binding.get("subjects") or []):
                 yield name, bns, self._role_rules(binding.get("roleRef") or {}, bns)
+
+    @contextlib.contextmanager
+    def acting_as(self, identity: Identity) -> Iterator[None]:
+        """Writes to the store within are ``identity``'s (for :meth:`_check_escalation`)."""
+        token = _ACTOR.set(identity)
+        try:
+            yield
+        finally:
+            _ACTOR.reset(token)
+
+    def _held_rules(self, user: str, groups: list[str], namespace: str) -> list[dict[str, Any]]:
+        """The rules ``user`` holds in ``namespace`` (cluster-wide ones only for "")."""
+        groups = _all_groups(user, groups)
+        rules = [r for _n, _b, rs in self._bound_rules(user, groups, "") for r in rs]
+        if namespace:
+            rules += [r for _n, _b, rs in self._bound_rules(user, groups, namespace) for r in rs]
+        return rules
+
+    def _check_escalation(self, rt: ResourceType, obj: dict[str, Any]) -> None:
+        """RBAC escalation prevention, as the API server applies it to a non-admin writer:
+        a Role/ClusterRole only with rules the writer holds (in the Role's namespace; cluster-
+        wide for a ClusterRole) or with the ``escalate`` verb on it; a RoleBinding/
+        ClusterRoleBinding only with the ``bind`` verb on the referenced role or holding all of
+        its rules. 403 Forbidden naming the rules not held."""
+        actor = _ACTOR.get()
+        if actor is None or rt.group != RBAC:
+            return
+        user, groups = actor
+        meta = obj.get("metadata") or {}
+        ns, name = meta.get("namespace") or "", meta.get("name") or ""
+        if rt.plural in ("roles", "clusterroles"):
+            verb, target, wanted = "escalate", (rt.plural, name), obj.get("rules") or []
+        elif rt.plural in ("rolebindings", "clusterrolebindings"):
+            ref = obj.get("roleRef") or {}
+            plural = "clusterroles" if ref.get("kind") == "ClusterRole" else "roles"
+            verb, target = "bind", (plural, str(ref.get("name") or ""))
+            role = self._store[(RBAC, plural)].get(
+                ("" if plural == "clusterroles" else ns, target[1])
+            )
+            wanted = None if role is None else list(role.get("rules") or [])
+        else:
+            return
+        attrs = {
+            "verb": verb,
+            "group": RBAC,
+            "resource": target[0],
+            "subresource": "",
+            "name": target[1],
+            "namespace": ns,
+        }
+        if self.authorize(user, groups, attrs)[0]:
+            return
+        if wanted is None:
+            raise ApiError(
+                403,
+                "Forbidden",
+                f'{rt.qualified} "{name}" is forbidden: user "{user}" cannot bind '
+                f'{target[0]} "{target[1]}": it does not exist and the user has no "bind" on it',
+                {"name": name, "group": rt.group, "kind": rt.plural},
+            )
+        missing = _not_covered(wanted, self._held_rules(user, groups, ns))
+        if not missing:
+            return
+        lines = "\n".join(_rule_text(r) for r in missing[:20])
+        more = f"\n... and {len(missing) - 20} more" if len(missing) > 20 else ""
+        raise ApiError(
+            403,
+            "Forbidden",
+            f'{rt.qualified} "{name}" is forbidden: user "{user}" (groups={_all_groups(user, groups)}) '
+            f"is attempting to grant RBAC permissions not currently held:\n{lines}{more}",
+            {"name": name, "group": rt.group, "kind": rt.plural},
+        )
 
     def _role_rules(self, ref: dict[str, Any], ns: str) -> list[dict[str, Any]]:
         if ref.get("kind") == "ClusterRole":

@@ -18,7 +18,7 @@ from .resources import (
     _ParsedPath,
     log,
 )
-from .selectors import _truthy
+from .selectors import FIELD_LABELS, _truthy, check_field_labels, check_list_query
 
 #: YAML bodies: at most this many nodes once aliases are expanded (an apiserver refuses alias
 #: bombs too), and this many aliases
@@ -26,10 +26,20 @@ MAX_YAML_NODES = 100_000
 MAX_YAML_ALIASES = 100
 
 
-def _load_yaml(text: str, strict: bool = False) -> Any:
+def _load_yaml(
+    text: str, field_validation: str | None = None, warnings: list[str] | None = None
+) -> Any:
     """``yaml.safe_load`` after a scan of the event stream that bounds alias expansion, the
-    node count and the depth (no alias bomb, no RecursionError)."""
-    from npu_lora.api.limits import ManifestLimitError, check_yaml_events
+    node count and the depth (no alias bomb, no RecursionError). A key twice in one mapping is
+    handled as for a JSON body: an error under ``fieldValidation=Strict`` (and for a
+    server-side apply, ``"Apply"``, whose parser refuses it whatever the mode), a warning
+    under ``Warn`` (the default), the last value under ``Ignore``."""
+    from npu_lora.api.limits import (
+        DuplicateKeyError,
+        ManifestLimitError,
+        _UniqueKeyLoader,
+        check_yaml_events,
+    )
 
     try:
         check_yaml_events(
@@ -37,13 +47,14 @@ def _load_yaml(text: str, strict: bool = False) -> Any:
         )
     except ManifestLimitError as e:
         raise yaml.YAMLError(str(e)) from None
-    if strict:  # fieldValidation=Strict: a key twice in one mapping is an error, as for JSON
-        from npu_lora.api.limits import DuplicateKeyError, _UniqueKeyLoader
-
-        try:
-            return yaml.load(text, Loader=_UniqueKeyLoader)
-        except DuplicateKeyError as e:
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)
+    except DuplicateKeyError as e:
+        mode = field_validation or "Warn"
+        if mode in ("Strict", "Apply"):
             raise ApiError(400, "BadRequest", f"strict decoding error: yaml: {e}") from None
+        if mode == "Warn" and warnings is not None:
+            warnings.append("duplicate field: yaml: " + str(e)[:160].replace('"', "'"))
     return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
@@ -224,6 +235,18 @@ class HttpApi:
         identity = self._identity(raw)
         if identity is not None:
             self._enforce(identity, rt, method, q, pp)
+        with self.acting_as(identity):  # the store's RBAC escalation check reads it
+            return await self._resource_request_as(raw, method, q, body, pp, rt)
+
+    async def _resource_request_as(
+        self,
+        raw: aiohttp.web.BaseRequest,
+        method: str,
+        q: Any,
+        body: bytes,
+        pp: _ParsedPath,
+        rt: ResourceType,
+    ) -> aiohttp.web.StreamResponse:
         if pp.subresource is not None and pp.subresource not in rt.subresources:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         if pp.name is None:
@@ -263,6 +286,8 @@ class HttpApi:
         """list / watch / create / deletecollection (and the access reviews' create)."""
         dry_run = q.get("dryRun") == "All"
         if method == "GET":
+            check_list_query(q)  # 400 before a list or a watch stream starts
+            check_field_labels(q.get("fieldSelector"), self._field_labels(rt), rt.plural)
             if pp.watch_prefix or _truthy(q.get("watch")):
                 accept = raw.headers.get("Accept", "")
                 return await self._serve_watch(raw, rt, pp.namespace, q, accept)
@@ -295,6 +320,21 @@ class HttpApi:
             return self._json(self._list_body(rt, deleted))
         raise _method_not_allowed()
 
+    def _field_labels(self, rt: ResourceType) -> frozenset[str] | None:
+        """The fields ``rt`` may select on beyond metadata.name/namespace: a built-in's (None:
+        not known here, any), a custom resource's ``selectableFields``."""
+        if rt.crd_name is None:
+            return FIELD_LABELS.get(rt.storage_key)
+        crd = self._store[("apiextensions.k8s.io", "customresourcedefinitions")].get(
+            ("", rt.crd_name)
+        )
+        fields = set()
+        for v in ((crd or {}).get("spec") or {}).get("versions") or []:
+            if v.get("name") == rt.version:
+                for f in v.get("selectableFields") or []:
+                    fields.add(str(f.get("jsonPath", "")).lstrip("."))
+        return frozenset(fields)
+
     async def _get_object(
         self, raw: aiohttp.web.BaseRequest, q: Any, pp: _ParsedPath, rt: ResourceType
     ) -> aiohttp.web.StreamResponse:
@@ -302,6 +342,7 @@ class HttpApi:
         assert pp.name is not None
         accept = raw.headers.get("Accept", "")
         if _truthy(q.get("watch")) or pp.watch_prefix:
+            check_list_query(q)
             one = {**q, "fieldSelector": f"metadata.name={pp.name}"}
             return await self._serve_watch(raw, rt, pp.namespace, one, accept)
         obj = self._store[rt.storage_key].get(self._key(rt, pp.namespace, pp.name))
@@ -340,7 +381,7 @@ class HttpApi:
         warnings: list[str] = []
         if patch_type == "apply":
             try:
-                data = _load_yaml(body.decode() or "{}", q.get("fieldValidation") == "Strict")
+                data = _load_yaml(body.decode() or "{}", "Apply")
             except (yaml.YAMLError, UnicodeDecodeError) as exc:
                 raise ApiError(400, "BadRequest", f"error decoding YAML: {exc}") from exc
         else:
@@ -357,6 +398,7 @@ class HttpApi:
             field_validation=q.get("fieldValidation"),
             warnings=warnings,
             field_manager=q.get("fieldManager"),
+            force=_truthy(q.get("force")),
         )
         return self._json(obj, 200 if existed else 201, self._warning_headers(warnings))
 
@@ -411,7 +453,7 @@ class HttpApi:
             raise ApiError(400, "BadRequest", "the JSON body is nested too deeply") from exc
         except ValueError:
             try:
-                return _load_yaml(body.decode(), field_validation == "Strict")
+                return _load_yaml(body.decode(), field_validation, warnings)
             except (yaml.YAMLError, UnicodeDecodeError) as exc:
                 raise ApiError(
                     400, "BadRequest", f"the body of the request was in an unknown format: {exc}"

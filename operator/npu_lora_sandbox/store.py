@@ -52,6 +52,51 @@ def _apply_paths(body: Any, prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]
     return out
 
 
+def _check_identity_unchanged(
+    rt: ResourceType, current: dict[str, Any], patched: dict[str, Any], name: str
+) -> None:
+    """A patch may not change what identifies the object: ``metadata.uid``, ``.name``,
+    ``.namespace``, ``kind``, ``apiVersion`` (422, the field named: the API server refuses
+    such a patch instead of ignoring it)."""
+    cmeta, pmeta = current.get("metadata") or {}, patched.get("metadata")
+    if not isinstance(pmeta, dict):
+        raise _immutable(rt, name, "metadata", "metadata must be an object")
+    fields = ["uid", "name"] + (["namespace"] if rt.namespaced else [])
+    for f in fields:
+        # left out or emptied: the stored value is kept (an update without a uid gets the
+        # existing one, as on a cluster); another value is refused
+        if pmeta.get(f) not in (None, "", cmeta.get(f)):
+            raise _immutable(rt, name, f"metadata.{f}", "field is immutable")
+    for f in ("kind", "apiVersion"):
+        if f in patched and patched[f] != current.get(f):
+            raise _immutable(rt, name, f, "field is immutable")
+
+
+def _immutable(rt: ResourceType, name: str, field: str, why: str) -> ApiError:
+    return ApiError(
+        422,
+        "Invalid",
+        f'{rt.kind} "{name}" is invalid: {field}: Invalid value: {why}',
+        {
+            "name": name,
+            "group": rt.group,
+            "kind": rt.kind,
+            "causes": [{"reason": "FieldValueInvalid", "message": why, "field": field}],
+        },
+    )
+
+
+_MISSING = object()
+
+
+def _value_at(obj: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        if not isinstance(obj, dict) or key not in obj:
+            return _MISSING
+        obj = obj[key]
+    return obj
+
+
 def _remove_path(obj: dict[str, Any], path: tuple[str, ...]) -> None:
     node: Any = obj
     for key in path[:-1]:
@@ -362,6 +407,7 @@ class ObjectStore:
         meta["creationTimestamp"] = now_iso()
         self._default_builtin(rt, obj, None)
         self._check_meta(rt, obj)
+        self._check_escalation(rt, obj)
         self._check_workload(rt, obj)
         self._check_builtin(rt, obj)
         self._check_custom(rt, obj, None, field_validation, warnings)
@@ -536,6 +582,11 @@ class ObjectStore:
         self._default_builtin(rt, new, old)
         self._check_meta(rt, new)
         self._check_builtin(rt, new)
+        if rt.plural in ("rolebindings", "clusterrolebindings") and new.get("roleRef") != old.get(
+            "roleRef"
+        ):
+            raise _immutable(rt, ometa["name"], "roleRef", "cannot change roleRef")
+        self._check_escalation(rt, new)
         self._check_custom(rt, new, old, field_validation, warnings)
         for k in ("labels", "annotations", "finalizers", "ownerReferences"):
             if k in meta and not meta[k]:
@@ -575,6 +626,7 @@ class ObjectStore:
         field_validation: str | None = None,
         warnings: list[str] | None = None,
         field_manager: str | None = None,
+        force: bool = False,
     ) -> dict[str, Any]:
         key = self._key(rt, namespace, name)
         old = self._store[rt.storage_key].get(key)
@@ -590,7 +642,11 @@ class ObjectStore:
                 return created
             raise self._not_found(rt, name)
         owner = (old["metadata"]["uid"], manager, subresource or "")
-        patched = self._patched(rt, self._out(rt, old), patch, patch_type, owner, applied_paths)
+        current = self._out(rt, old)
+        if patch_type == "apply":
+            self._apply_conflicts(rt, name, owner, current, patch, applied_paths, force)
+        patched = self._patched(rt, current, patch, patch_type, owner, applied_paths)
+        _check_identity_unchanged(rt, current, patched, name)
         pmeta = patched.get("metadata") or {}
         if patch_type != "json":
             prv = (
@@ -615,6 +671,61 @@ class ObjectStore:
             dry_run=dry_run,
             field_validation=field_validation,
             warnings=warnings,
+        )
+
+    def _apply_conflicts(
+        self,
+        rt: ResourceType,
+        name: str,
+        owner: tuple[str, str, str],
+        current: dict[str, Any],
+        patch: Any,
+        applied_paths: set[tuple[str, ...]],
+        force: bool,
+    ) -> None:
+        """Server-side apply's conflicts: a field another manager applied, which this apply
+        sets to a different value, is a 409 Conflict naming the manager and the field, unless
+        ``force=true``; then the field changes hands (the other manager no longer owns it)."""
+        uid, manager, sub = owner
+        conflicts: list[tuple[str, tuple[str, ...]]] = []
+        taken: dict[tuple[str, str, str], set[tuple[str, ...]]] = {}
+        for other, paths in self._applied.items():
+            if other[0] != uid or other[2] != sub or other[1] == manager:
+                continue
+            for path in applied_paths - {("metadata",)}:
+                for theirs in paths - {("metadata",)}:
+                    n = min(len(path), len(theirs))
+                    if path[:n] != theirs[:n]:
+                        continue
+                    if _value_at(patch, path) == _value_at(current, path):
+                        continue  # the same value: shared ownership, no conflict
+                    conflicts.append((other[1], path))
+                    taken.setdefault(other, set()).add(theirs)
+        if not conflicts:
+            return
+        if force:
+            for other, paths in taken.items():
+                self._applied[other] = self._applied[other] - paths
+            return
+        fields = sorted({(m, "." + ".".join(p)) for m, p in conflicts})
+        text = "\n".join(f'conflict with "{m}": {f}' for m, f in fields[:20])
+        raise ApiError(
+            409,
+            "Conflict",
+            f"Apply failed with {len(fields)} conflict{'s' if len(fields) > 1 else ''}: {text}",
+            {
+                "name": name,
+                "group": rt.group,
+                "kind": rt.kind,
+                "causes": [
+                    {
+                        "reason": "FieldManagerConflict",
+                        "message": f'conflict with "{m}"',
+                        "field": f,
+                    }
+                    for m, f in fields[:20]
+                ],
+            },
         )
 
     def _apply_create(

@@ -451,6 +451,8 @@ def test_schedule_and_eval_rules_agree_with_pydantic(training, moe, eval_, ok) -
     obj["spec"]["moe"] = {"placement": "host-only", **moe}
     if eval_ is not None:
         obj["spec"]["eval"] = eval_
+        if "path" in eval_:  # a cluster's eval file is on the data volume (issue 38)
+            obj["spec"]["data"] = {"path": "train.tsv", "volume": {"claimName": "data"}}
     obj["spec"].pop("benchmark", None)
     _, errors = _admit(obj)
     assert (errors == []) is ok, errors

@@ -10,6 +10,11 @@ from npu_lora.api.load import load_manifest
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "examples").glob("*.y*ml"))
+#: examples for `npu-lora run` only: their paths are the laptop's (../shared/data), which a
+#: cluster's CRD refuses (every path there is relative to its volume)
+LOCAL_ONLY = {
+    "tiny-nsmc-eval.yaml": ["spec.data.path", "spec.eval.path", "spec.model.tokenizer"],
+}
 
 
 def test_there_are_examples():
@@ -86,4 +91,8 @@ def test_example_passes_the_crd_schema_like_an_apiserver(path):
     assert pruned == [], f"fields the apiserver would drop: {pruned}"
     schema_mod.apply_defaults(obj, schema)
     causes = schema_mod.validate(obj, schema)
+    if path.name in LOCAL_ONLY:  # laptop paths: a cluster refuses them, naming each (issue 38)
+        fields = sorted(str(getattr(c, "field", "")) for c in causes)
+        assert fields == LOCAL_ONLY[path.name], [str(c) for c in causes]
+        return
     assert causes == [], [str(c) for c in causes]

@@ -36,20 +36,20 @@ Chart name and version, for the helm.sh/chart label.
 Selector labels: stable across upgrades (a Deployment's selector is immutable).
 */}}
 {{- define "npu-lora-operator.selectorLabels" -}}
-app.kubernetes.io/name: {{ include "npu-lora-operator.name" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/name: {{ include "npu-lora-operator.name" . | quote }}
+app.kubernetes.io/instance: {{ .Release.Name | quote }}
 {{- end }}
 
 {{/*
 Standard labels (Kubernetes recommended labels + helm.sh/chart).
 */}}
 {{- define "npu-lora-operator.labels" -}}
-helm.sh/chart: {{ include "npu-lora-operator.chart" . }}
+helm.sh/chart: {{ include "npu-lora-operator.chart" . | quote }}
 {{ include "npu-lora-operator.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/component: operator
 app.kubernetes.io/part-of: npu-lora
-app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/managed-by: {{ .Release.Service | quote }}
 {{- end }}
 
 {{/*

@@ -22,12 +22,14 @@ are the cluster's (CRD and operator), not the pydantic models'.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from npu_lora_operator.policy.config import Violation
 
 #: the packaged datasets (``data.path: example:<name>``) are read from the worker's package
 EXAMPLE_PREFIX = "example:"
+EXAMPLE_RE = re.compile(r"example:[a-z0-9][-a-z0-9]*")
 
 
 def path_problem(path: str, *, root_ok: bool = True) -> str | None:
@@ -68,7 +70,10 @@ def check_paths(spec: Any) -> list[Violation]:
     no_model_vol = None if model.volume is not None else "spec.model.volume"
     need("spec.model.path", model.path, no_model_vol)
     need("spec.model.tokenizer", model.tokenizer, no_model_vol)
-    if not str(data.path).startswith(EXAMPLE_PREFIX):
+    if str(data.path).startswith(EXAMPLE_PREFIX):
+        if not EXAMPLE_RE.fullmatch(data.path):
+            out.append(Violation("spec.data.path", "example:<name> names a packaged dataset"))
+    else:
         need("spec.data.path", data.path, None if data.volume is not None else "spec.data.volume")
     ev = getattr(spec, "eval", None)
     if ev is not None:

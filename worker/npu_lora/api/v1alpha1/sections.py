@@ -420,6 +420,7 @@ class EvalSpec(_Model):
     path: str | None = Field(
         None,
         min_length=1,
+        max_length=MAX_PATH,
         description=(
             "Evaluation data file, read like `data.path`: same format, template and reader, on "
             "the data volume when `data.volume` is set. Exclusive with `fraction`."

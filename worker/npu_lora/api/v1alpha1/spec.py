@@ -273,6 +273,59 @@ def _spec_schema_extra(schema: dict[str, Any]) -> None:
             "distributed: more than one rank is not supported with benchmark",
             field_path=".distributed",
         ),
+        *path_rules(),
         immutable_rule(),
         managed_by_rule(),
+    ]
+
+
+def _relative(expr: str) -> str:
+    """CEL: the string ``expr`` is a relative path that never climbs (no leading ``/``, no
+    ``..`` component)."""
+    return f"!{expr}.startsWith('/') && !{expr}.matches('(^|/)[.][.](/|$)')"
+
+
+def path_rules() -> list[dict[str, Any]]:
+    """CEL rules of a cluster run's path fields (issue 38): each is relative to its section's
+    volume, never absolute, never climbing (the operator's policy checks the same, see
+    ``npu_lora_operator.policy.paths``). Local ``npu-lora run`` manifests keep their local
+    paths: pydantic does not apply these."""
+    m, d = "self.model", "self.data"
+    return [
+        cel(
+            f"!has({m}.path) || (has({m}.volume) && {_relative(m + '.path')})",
+            "model.path must be relative to model.volume (set the volume; no leading '/', no '..')",
+            field_path=".model.path",
+        ),
+        cel(
+            f"!has({m}.tokenizer) || (has({m}.volume) && {_relative(m + '.tokenizer')})",
+            "model.tokenizer must be relative to model.volume (set the volume; no leading "
+            "'/', no '..')",
+            field_path=".model.tokenizer",
+        ),
+        cel(
+            f"{d}.path.startsWith('example:') ? {d}.path.matches('^example:[a-z0-9][-a-z0-9]*$') "
+            f": (has({d}.volume) && {_relative(d + '.path')})",
+            "data.path must be relative to data.volume (set the volume; no leading '/', no "
+            "'..') or name a packaged example (example:<name>)",
+            field_path=".data.path",
+        ),
+        cel(
+            f"!has(self.eval) || !has(self.eval.path) || (has({d}.volume) && "
+            f"{_relative('self.eval.path')})",
+            "eval.path must be relative to data.volume (set the volume; no leading '/', no '..')",
+            field_path=".eval.path",
+        ),
+        cel(
+            "!has(self.output.path) || !self.output.path.startsWith('/')",
+            "output.path must be relative to the output volume (no leading '/')",
+            field_path=".output.path",
+        ),
+        cel(
+            f"!has(self.resumeFrom) || ({_relative('self.resumeFrom')} && "
+            "self.resumeFrom.matches('[^./]'))",
+            "resumeFrom must be a run directory relative to the output volume (no leading "
+            "'/', no '..', not the volume root)",
+            field_path=".resumeFrom",
+        ),
     ]
