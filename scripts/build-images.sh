@@ -165,6 +165,7 @@ build() {
 # from .images/wheels/, which must exist, empty or not).
 rm -rf .images/wheels
 mkdir -p .images/wheels
+touch -d 2000-01-01T00:00:00Z .images/wheels
 CPU_ARGS=()
 if wants worker-cpu; then
   TORCH_CPU_VERSION=$(sed -n 's/^ARG TORCH_CPU_VERSION=//p' Dockerfile | head -1)
@@ -173,6 +174,9 @@ if wants worker-cpu; then
       >"$LOG_DIR/cpu-wheel.log" 2>&1 && ls .images/wheels/torch-*.whl >/dev/null 2>&1; then
     say "worker-cpu: torch from the local wheel $(basename .images/wheels/torch-*.whl)"
     CPU_ARGS=(--build-arg "TORCH_CPU_INDEX=")
+    # buildah's layer cache keys the steps after a COPY on the copied files' times too: fixed
+    # times keep the torch and dependency layers cached from one run of this script to the next
+    touch -d 2000-01-01T00:00:00Z .images/wheels/* .images/wheels
   else
     rm -f .images/wheels/*
     say "worker-cpu: no local torch ${TORCH_CPU_VERSION}+cpu wheel ($(tail -1 "$LOG_DIR/cpu-wheel.log")): the build asks download.pytorch.org/whl/cpu"
@@ -209,5 +213,6 @@ print("worker image: torch", torch.__version__, "furiosa.torch", getattr(furiosa
 fi
 rm -rf .images/wheels
 mkdir -p .images/wheels
+touch -d 2000-01-01T00:00:00Z .images/wheels
 say "done in $(elapsed "$T_ALL") s (images only); summary in $SUMMARY"
 cat "$SUMMARY"

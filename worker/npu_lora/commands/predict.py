@@ -192,9 +192,9 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def _rate(metrics: dict[str, Any]) -> float | None:
+def _rate(metrics: dict[str, Any]) -> str | None:
     secs, rows = metrics.get("seconds"), metrics.get("examples")
-    return round(rows / secs, 1) if secs and rows else None
+    return f"{rows / secs:.1f}" if secs and rows else None
 
 
 def _table(summary: dict[str, dict]) -> str:
