@@ -101,6 +101,9 @@ def write_checkpoint(d: Path, layout: str, block: int = 32) -> Path:
             "ignore": ["lm_head", "re:.*mlp.gate$"],
         }
     (d / "config.json").write_text(json.dumps(cfg), encoding="utf-8")
+    from npu_lora.data.tokenizer import byte_level_tokenizer
+
+    byte_level_tokenizer().save_pretrained(str(d))  # what the preset runs with
     return d
 
 
@@ -163,13 +166,13 @@ def test_run_from_fp8_checkpoint_trains_and_resumes(tmp_path, layout):
         tmp_path,
         model={"path": str(ck), "preset": None},
         moe={"placement": "hot", "warmupSteps": 2, "hostDtype": "float8_e4m3fn"},
-        training={"steps": 4},
+        training={"steps": 5},
         checkpoint={"everySteps": 2},
     )
     out = tmp_path / "run"
-    assert run_in_process(cfg, out, "--steps", "2") == 0
-    assert run_in_process(cfg, out) == 0
-    assert [r["step"] for r in records(out)] == [1, 2, 3, 4]
+    assert run_in_process(cfg, out, "--steps", "3") == 0
+    assert run_in_process(cfg, out) == 0  # resumes
+    assert [r["step"] for r in records(out)] == [1, 2, 3, 4, 5]
     host = json.loads((out / "summary.json").read_text())["machine"]["host"]
     assert "bytes kept" in host["layout"]
 
