@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from npu_lora.moe import kernels, quant, stream
+from npu_lora.models import quant
+from npu_lora.moe import kernels, stream
 from npu_lora.moe.routing import build_routing
 from npu_lora.moe.stream_q8 import _torch_backward, _torch_forward, stream_q8_experts
 

@@ -59,7 +59,10 @@ from npu_lora.api.sizing import attention_impl, head_chunk_rows
 from npu_lora.api.volumes import volume_root
 
 GiB = 1 << 30
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1, "float8_e4m3fn": 1}
+#: 8-bit host experts (``moe.hostDtype``): fp32 scales per (BR x BC) block, BC 0 = a whole row;
+#: the router keeps a wide dtype (sized as float32)
+Q8_SCALE_BLOCKS = {"int8": (1, 0), "float8_e4m3fn": (128, 128)}
 #: what ``moe.hostDtype: auto`` is sized as without the worker's CPU: its widest choice
 AUTO_HOST_DTYPE = "float32"
 #: the allowance for the interpreter, torch, transformers and peft themselves
@@ -177,7 +180,7 @@ def estimate(
     attn_dims["o_proj"] = (nh * hd, H)
     attention = L * sum(a * b for a, b in attn_dims.values())
     embed_head = V * H * (1 if cfg.get("tie_word_embeddings") else 2)
-    weights = experts * DTYPE_BYTES[host]
+    weights = _expert_weight_bytes(host, L, E, H, I_moe)
     if on_host_all:
         weights += (attention + embed_head + 2 * L * H) * DTYPE_BYTES[spec.device.dtype]
 
@@ -235,6 +238,20 @@ def kept_graph_layers(
         if est is not None and int(est.total * HEADROOM) + RUNTIME_BYTES <= limit:
             return n
     return 0
+
+
+def _expert_weight_bytes(host: str, L: int, E: int, H: int, inter: int) -> int:
+    """The MoE blocks' weights on the host: experts + router in ``host``; 8-bit experts add
+    their fp32 scales and keep the router in float32."""
+    if host not in Q8_SCALE_BLOCKS:
+        return L * (3 * E * inter * H + E * H) * DTYPE_BYTES[host]
+    br, bc = Q8_SCALE_BLOCKS[host]
+
+    def scales(r: int, c: int) -> int:
+        return -(-r // br) * -(-c // (bc or c))
+
+    per_expert = 3 * inter * H + 4 * (scales(2 * inter, H) + scales(H, inter))
+    return L * (E * per_expert + 4 * E * H)
 
 
 def preset_estimate(spec: Any) -> MemoryEstimate | None:

@@ -46,6 +46,10 @@ def build_engine(
     from npu_lora.moe.host_dtype import resolve_host_dtype
 
     host_choice = resolve_host_dtype(spec.moe.host_dtype, experts_implementation)
+    from npu_lora.moe.host_dtype import Q8_DTYPES
+
+    # 8-bit experts: the block is built in the compute dtype, then its experts are quantised
+    q8_wide = host_choice.compute_dtype if host_choice.dtype in Q8_DTYPES else None
     if device_dtype is None:
         device_dtype = to_dtype(spec.device.dtype)
     if spec.moe.host_threads:
@@ -56,11 +60,19 @@ def build_engine(
         spec.lora,
         seed=spec.training.seed,
         vocab_size=vocab_size,
-        host_dtype=to_dtype(host_choice.dtype),
+        host_dtype=to_dtype(q8_wide or host_choice.dtype),
         experts_implementation=experts_implementation,
         model_root=model_root,
         device_dtype=device_dtype,
+        quantize=host_choice.dtype if q8_wide else None,
     )
+    if q8_wide:  # status.host / summary.json: which 8-bit layout runs and where it came from
+        from dataclasses import replace
+
+        from npu_lora.models.build import moe_blocks
+        from npu_lora.models.quant import layout_of
+
+        host_choice = replace(host_choice, layout=layout_of(moe_blocks(model)))
     from npu_lora.models.build import moe_blocks
     from npu_lora.models.fingerprint import base_fingerprint
     from npu_lora.moe.pages import place_experts

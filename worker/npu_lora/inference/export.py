@@ -6,7 +6,10 @@ folds each LoRA pair into its base weight (``W + scaling · B A``), the model is
 dtype and saved with ``save_pretrained`` (safetensors; transformers 5.x writes the fused expert
 parameters in the layout its loader reads back), with the tokenizer (its chat template, the
 ChatML fallback for the byte-level tokenizer) and a generation config. Written to a temporary
-directory next to ``out`` and renamed: ``out`` is either complete or untouched.
+directory next to ``out`` and renamed: ``out`` is either complete or untouched. A run with 8-bit
+host experts (``moe.hostDtype: int8 | float8_e4m3fn``) is written dequantised (``q · scale``) in
+the export dtype (``--dtype``; ``auto``: the model directory's dtype, float32 for a preset), so
+any transformers stack loads it.
 """
 
 from __future__ import annotations
@@ -53,6 +56,11 @@ def plain_model(loaded: Any, dtype: torch.dtype) -> Any:
     (weights shared, not copied), on the CPU, every weight in ``dtype`` (the engine keeps the
     MoE blocks in the host dtype and the rest in the device dtype)."""
     model = loaded.engine.unwrap_moe()
+    from npu_lora.models.build import moe_blocks
+    from npu_lora.models.quant import dequantize_experts
+
+    for block in moe_blocks(model):  # 8-bit host experts: written dequantised, in ``dtype``
+        dequantize_experts(block.experts, dtype)
     model.to("cpu", dtype)
     return model
 

@@ -63,6 +63,7 @@ def load_base_model(
     dtype: torch.dtype = torch.float32,
     experts_implementation: str = "grouped_mm",
     model_root: str | Path | None = None,
+    quantize: str | None = None,
 ) -> nn.Module:
     """The base ``*ForCausalLM`` (no LoRA), eager attention, on the CPU.
 
@@ -86,9 +87,28 @@ def load_base_model(
             raise FileNotFoundError(f"model.path {path}: no config.json")
         cfg = _config_from_dir(path, model_spec.layers, vocab_size)
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_pretrained(
-            str(path), config=cfg, dtype=dtype, use_safetensors=True, **kw
-        )
+        from npu_lora.models.q8_load import checkpoint_layout, load_quantized
+
+        layout, _ = checkpoint_layout(path)  # refuses quantization_configs it cannot read
+        if quantize is not None:  # 8-bit experts, streamed expert by expert (models/q8_load.py)
+            model = load_quantized(
+                path,
+                cfg,
+                fmt_name=quantize,
+                dtype=dtype,
+                experts_implementation=experts_implementation,
+            )
+        elif layout is not None:
+            from npu_lora.api.load import SpecError
+
+            raise SpecError(
+                f"model.path {path}: a {layout}; set moe.hostDtype: float8_e4m3fn (keeps its "
+                f"bytes) or int8 to train on it"
+            )
+        else:
+            model = AutoModelForCausalLM.from_pretrained(
+                str(path), config=cfg, dtype=dtype, use_safetensors=True, **kw
+            )
         if vocab_size is not None and vocab_size > model.config.vocab_size:
             model.resize_token_embeddings(vocab_size)
     model.config.use_cache = False
@@ -120,8 +140,8 @@ def cast_split(model: nn.Module, *, host_dtype: torch.dtype, device_dtype: torch
     with torch.no_grad():
         for mod in model.modules():
             for p in mod._parameters.values():
-                if p is None or not p.is_floating_point():
-                    continue
+                if p is None or not p.is_floating_point() or p.dtype == torch.float8_e4m3fn:
+                    continue  # (8-bit experts stay as they are)
                 want = host_dtype if id(p) in host else device_dtype
                 if p.dtype != want:
                     p.data = p.data.to(want)
@@ -145,6 +165,7 @@ def build_model(
     experts_implementation: str = "grouped_mm",
     model_root: str | Path | None = None,
     device_dtype: torch.dtype = torch.float32,
+    quantize: str | None = None,
 ) -> tuple[nn.Module, PretrainedConfig]:
     """``(peft_model, hf_config)``: base model + LoRA (peft, on ``lora_spec.target_modules``).
 
@@ -154,6 +175,9 @@ def build_model(
     weights (up to rounding); local directories are read directly in ``host_dtype`` (e.g. a
     bf16 checkpoint is never materialised in fp32 as a whole) and the non-MoE part upcast.
     With ``lora_spec.train_experts`` the experts' ``gate_up_proj``/``down_proj`` train too.
+    ``quantize`` (``int8`` / ``float8_e4m3fn``, :mod:`npu_lora.models.quant`): the frozen experts
+    are then held in 8 bits + scales, quantised layer by layer right after the load (the router
+    stays in ``host_dtype``).
     """
     hd = to_dtype(host_dtype)
     model = load_base_model(
@@ -163,7 +187,13 @@ def build_model(
         dtype=torch.float32 if model_spec.preset is not None else hd,
         experts_implementation=experts_implementation,
         model_root=model_root,
+        quantize=quantize,
     )
     cast_split(model, host_dtype=hd, device_dtype=device_dtype)
+    if quantize is not None and model_spec.preset is not None:
+        from npu_lora.models.quant import quantize_experts
+
+        for block in moe_blocks(model):
+            quantize_experts(block.experts, quantize)
     peft_model = inject_lora(model, lora_spec)
     return peft_model, peft_model.config

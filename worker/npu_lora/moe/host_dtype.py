@@ -30,6 +30,10 @@ log = logging.getLogger(__name__)
 STREAM = "npu_lora_stream"
 
 
+#: 8-bit host dtypes (frozen experts in 8 bits + scales; npu_lora.models.quant)
+Q8_DTYPES = ("int8", "float8_e4m3fn")
+
+
 @dataclass(frozen=True)
 class HostChoice:
     """The resolved host dtype, why, and the warning for a known-slow explicit choice."""
@@ -43,6 +47,9 @@ class HostChoice:
     #: dtype of the block's activations and router on the host (the experts' weights stay in
     #: ``dtype``): float32 where ``dtype`` is bfloat16 and the CPU has no native bf16
     compute_dtype: str | None = None
+
+    #: 8-bit host dtypes: the experts' layout and its source (set once the model is loaded)
+    layout: str | None = None
 
     def __post_init__(self) -> None:
         if self.compute_dtype is None:
@@ -58,6 +65,8 @@ class HostChoice:
             out["kernelBackend"] = self.kernel_backend
         if self.warning:
             out["warning"] = self.warning
+        if self.layout:
+            out["layout"] = self.layout
         return out
 
 
@@ -86,6 +95,20 @@ def resolve_host_dtype(
         bf16_ok = native
         why = f"{kernel} computes in torch; CPU native bf16: {native} (isa {caps.get('isa')})"
     warning = None
+    if requested in Q8_DTYPES:
+        if kernel != STREAM:
+            raise ValueError(f"moe.hostDtype {requested} needs moe.expertsKernel {STREAM}")
+        # the experts in 8 bits; the router and the activations keep the dtype bf16 would get
+        compute = "bfloat16" if (bf16_ok and native) else "float32"
+        how = "dequantised in registers" if bf16_ok else "dequantised per expert (torch fallback)"
+        reason = (
+            f"explicit: 8-bit frozen experts, {kernel} ({backend}) {how}; router and "
+            f"activations in {compute}"
+        )
+        choice = HostChoice(requested, requested, kernel, backend, reason, None, compute)
+        if log_it:
+            log.info("host dtype %s (%s)", requested, reason)
+        return choice
     if requested == "auto":
         dtype = "bfloat16" if bf16_ok else "float32"
         reason = f"auto: {why}"

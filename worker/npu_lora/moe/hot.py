@@ -209,6 +209,18 @@ def _device_weights(
     """The experts ``ids``' weights on the device as ``[n, 2I, D]``, ``[n, D, I]`` in ``dtype``
     (counted host→device traffic of ``layer``)."""
     idx = torch.tensor(ids, dtype=torch.int64)
+    from npu_lora.models import quant
+
+    if quant.is_quantized(experts_module):  # 8-bit host experts: the bytes and scales move,
+        out = []  # dequantised to ``dtype`` on the device (traffic counted as 8-bit reads)
+        with torch.no_grad():
+            for name in quant.EXPERT_PARAMS:
+                q = getattr(experts_module, name).detach().index_select(0, idx)
+                s = getattr(experts_module, f"{name}_scale").index_select(0, idx)
+                q_d = backend.to_device(q, layer=layer)
+                s_d = backend.to_device(s, layer=layer)
+                out.append(quant.dequantize(q_d, s_d, quant.block_of(experts_module), dtype))
+        return out[0], out[1]
     with torch.no_grad():
         w_gu = backend.to_device(
             experts_module.gate_up_proj.detach().index_select(0, idx), layer=layer, dtype=dtype
@@ -222,6 +234,10 @@ def _device_weights(
 def device_expert_bytes(experts_module: nn.Module, dtype: torch.dtype) -> int:
     """One expert's weights in the device dtype (what a move sends): ``expert_bytes`` rescaled."""
     w = experts_module.gate_up_proj
+    from npu_lora.models import quant
+
+    if quant.is_quantized(experts_module):  # the 8-bit bytes and the scales move
+        return quant.expert_nbytes(experts_module)
     return expert_bytes(w, experts_module.down_proj) // w.element_size() * dtype.itemsize
 
 

@@ -1,5 +1,5 @@
 """The streaming experts kernel on 8-bit frozen weights (``moe.hostDtype: int8 | float8_e4m3fn``;
-formats in :mod:`npu_lora.moe.quant`).
+formats in :mod:`npu_lora.models.quant`).
 
 Same routing, task lists and autograd contract as :class:`npu_lora.moe.stream.StreamExpertsFunction`
 (forward: one pass over each hit expert's ``gate_up_proj`` and ``down_proj`` bytes; backward: dX
@@ -19,8 +19,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from npu_lora.models.quant import block_of, dequantize
 from npu_lora.moe import kernels
-from npu_lora.moe.quant import block_of, dequantize
 from npu_lora.moe.routing import Routing
 from npu_lora.moe.threads import kernel_threads
 

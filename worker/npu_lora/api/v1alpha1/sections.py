@@ -233,14 +233,18 @@ class MoESpec(_Model):
             "sequential path to rounding, not bit for bit."
         ),
     )
-    host_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+    host_dtype: Literal["auto", "float32", "bfloat16", "int8", "float8_e4m3fn"] = Field(
         "auto",
         description=(
             "dtype of the expert weights on the host. `auto` picks per CPU (recorded in "
             "summary.json `machine.host`): bfloat16 with `npu_lora_stream` (bf16 operands widened "
             "to fp32 in registers, fp32 accumulation) or on CPUs with native bf16, else float32. "
             "An explicit bfloat16 known to "
-            "be slow on the CPU logs a warning and sets `status.host.warning`."
+            "be slow on the CPU logs a warning and sets `status.host.warning`. "
+            "`int8` (symmetric, per output channel) and `float8_e4m3fn` (FP8 e4m3, 128x128 block "
+            "scales; an FP8 checkpoint's own scales) hold the frozen experts in 8 bits + fp32 "
+            "scales (half the bf16 bytes; `npu_lora_stream` only, dequantised in registers; "
+            "router, LoRA and activations keep their dtype; not with `lora.trainExperts`)."
         ),
     )
     experts_kernel: Literal["grouped_mm", "eager", "npu_lora_sorted", "npu_lora_stream"] = Field(

@@ -161,6 +161,20 @@ class MoEFinetuneSpec(_Model):
             )
         if self.lora.train_experts and self.moe.placement == "hot":
             raise ValueError("lora.trainExperts requires moe.placement: host-only or auto")
+        if self.lora.train_experts and self.moe.host_dtype in ("int8", "float8_e4m3fn"):
+            raise ValueError(
+                f"lora.trainExperts cannot train 8-bit experts (moe.hostDtype "
+                f"{self.moe.host_dtype}): the expert weights are frozen and quantised on the host "
+                f"(no gradient, nowhere to keep full-precision updates); use hostDtype bfloat16 "
+                f"or float32 to train them"
+            )
+        if self.moe.host_dtype in ("int8", "float8_e4m3fn") and (
+            self.moe.experts_kernel != "npu_lora_stream"
+        ):
+            raise ValueError(
+                f"moe.hostDtype {self.moe.host_dtype} needs moe.expertsKernel npu_lora_stream "
+                f"(the only kernel that computes on 8-bit experts), not {self.moe.experts_kernel}"
+            )
         d = self.distributed
         if (
             d is not None

@@ -148,6 +148,14 @@ class HostStatus(_Model):
     warning: str | None = Field(
         None, description="Set when an explicit choice is known to be slow on this CPU."
     )
+    layout: str | None = Field(
+        None,
+        description=(
+            "8-bit host dtypes: the experts' layout and where it came from (e.g. `int8 per "
+            "output channel, quantised at load`, `float8_e4m3fn 128x128 blocks, read from a "
+            "fine-grained FP8 checkpoint`)."
+        ),
+    )
 
 
 class CheckpointStatus(_Model):

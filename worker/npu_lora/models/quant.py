@@ -167,6 +167,33 @@ def quantize_experts(experts: nn.Module, fmt: Format | str) -> None:
             del w
 
 
+def dequantize_experts(experts: nn.Module, dtype: torch.dtype) -> None:
+    """Undo :func:`quantize_experts` in place (export: a plain transformers model cannot compute
+    on 8-bit experts): ``q * s`` in ``dtype``, the scale buffers dropped; a no-op unless
+    quantised."""
+    if not is_quantized(experts):
+        return
+    with torch.no_grad():
+        for name in EXPERT_PARAMS:
+            w = dequantized(experts, name, None, dtype)
+            experts._parameters[name] = nn.Parameter(w, requires_grad=False)
+            experts._buffers.pop(f"{name}_scale", None)
+    for attr in ("quant_block", "quant_source"):
+        experts.__dict__.pop(attr, None)
+
+
+def layout_of(blocks: list[nn.Module]) -> str | None:
+    """``status.host.layout``: the 8-bit format of the MoE blocks' experts and its source."""
+    if not blocks or not is_quantized(blocks[0].experts):
+        return None
+    ex = blocks[0].experts
+    dtype = str(ex.gate_up_proj.dtype).removeprefix("torch.")
+    br, bc = block_of(ex)
+    shape = "per output channel" if (br <= 1 and bc <= 0) else f"{br}x{bc} blocks"
+    source = getattr(ex, "quant_source", None) or "quantised at load"
+    return f"{dtype} {shape}, {source}"
+
+
 def expert_nbytes(experts: nn.Module) -> int:
     """Bytes of one expert as the host holds it (8-bit: the bytes plus its scales)."""
     gu, dn = experts.gate_up_proj, experts.down_proj
