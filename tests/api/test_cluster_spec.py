@@ -101,7 +101,7 @@ def test_managed_by_defaults_to_ours_and_is_immutable_in_the_schema() -> None:
 
 def test_hugepages_are_limits_equal_to_requests_in_whole_pages() -> None:
     ok = spec(resources={"limits": {"hugepages-2Mi": "58Gi", "memory": "32Gi"}})
-    assert memory.hugepages_requested(ok) == 58 << 30
+    assert ok.resources.hugepages_bytes() == 58 << 30
     spec(resources={"requests": {"hugepages-2Mi": "2Gi"}, "limits": {"hugepages-2Mi": "2048Mi"}})
     with pytest.raises(ValidationError, match=r"spec.resources.limits.hugepages-2Mi must be set"):
         spec(resources={"requests": {"hugepages-2Mi": "2Gi"}})

@@ -30,7 +30,8 @@ def auto_memory(spec: Any, policy: PodPolicy) -> tuple[str, str]:
     tmpfs = memory_volume_bytes(pt.to_api()) if pt is not None else 0
     plus = f" + {gib(tmpfs)} of medium Memory emptyDir" if tmpfs else ""
     est = preset_estimate(spec)
-    hp = memory.hugepages_requested(spec)
+    res = getattr(spec, "resources", None)
+    hp = res.hugepages_bytes(memory.HUGEPAGES_RESOURCE) if res is not None else 0
     if est is not None and hp:  # experts on the pod's hugepages-2Mi are not charged to memory
         cfg = memory.text_config(memory.preset_config(spec.model.preset) or {}, spec.model.layers)
         moved = memory.hugepage_expert_bytes(spec, cfg, hp, est.host_dtype)

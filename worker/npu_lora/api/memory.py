@@ -211,17 +211,6 @@ HUGEPAGES_RESOURCE = "hugepages-2Mi"
 HUGE_PAGE = 2 << 20
 
 
-def hugepages_requested(spec: Any) -> int:
-    """Bytes of ``hugepages-2Mi`` the spec's worker asks for (its limit, else its request)."""
-    from npu_lora.api.v1alpha1.base import quantity_bytes
-
-    res = getattr(spec, "resources", None)
-    for part in (getattr(res, "limits", None), getattr(res, "requests", None)):
-        if part and HUGEPAGES_RESOURCE in part:
-            return quantity_bytes(str(part[HUGEPAGES_RESOURCE]))
-    return 0
-
-
 def hugepage_expert_bytes(
     spec: Any, cfg: dict[str, Any], budget: int, host_dtype: str | None = None
 ) -> int:

@@ -20,6 +20,7 @@ from npu_lora.api.v1alpha1.base import (
     VolumeRef,
     _Model,
     cel,
+    quantity_bytes,
 )
 
 
@@ -336,10 +337,15 @@ class ResourceRequirements(_Model):
         description="Resource limits, e.g. {memory: 96Gi, hugepages-2Mi: 60Gi}.",
     )
 
+    def hugepages_bytes(self, name: str = "hugepages-2Mi") -> int:
+        """Bytes of huge pages ``name`` asked for (its limit, else its request); 0 if none."""
+        for part in (self.limits, self.requests):
+            if part and name in part:
+                return quantity_bytes(str(part[name]))
+        return 0
+
     @model_validator(mode="after")
     def _hugepages(self) -> ResourceRequirements:
-        from npu_lora.api.v1alpha1.base import quantity_bytes
-
         req, lim = self.requests or {}, self.limits or {}
         for name in sorted({*req, *lim}):
             if not name.startswith("hugepages-"):
