@@ -122,3 +122,42 @@ def test_hugepage_expert_bytes_counts_whole_tensors_in_layer_order() -> None:
     gate_up = 128 * 2 * 768 * 2048 * 2
     assert memory.hugepage_expert_bytes(s, cfg, 2 << 30) == layer + gate_up
     assert memory.hugepage_expert_bytes(s, cfg, 1 << 20) == 0
+
+
+def test_the_server_refuses_what_the_models_refuse() -> None:
+    """The CRD's CEL (run by the sandbox's apiserver schema code): product/partition need a
+    backend with node facts; managedBy never changes."""
+    from npu_lora_sandbox.schema import apply_defaults, validate
+
+    schema = openapi_schema()
+
+    def obj(device: dict[str, Any], **spec_over: Any) -> dict[str, Any]:
+        o = {
+            "metadata": {"name": "r"},
+            "spec": {
+                "model": {"preset": "tiny-qwen3-moe"},
+                "data": {"path": "x"},
+                "device": device,
+                **spec_over,
+            },
+        }
+        apply_defaults(o, schema)
+        return o
+
+    def errors(new: dict[str, Any], old: dict[str, Any] | None = None) -> str:
+        causes = validate(new, schema, old=old, has_old=old is not None)
+        return "\n".join(str(c) for c in causes)
+
+    assert errors(obj({"backend": "furiosa", "product": "rngd-max"})) == ""
+    assert errors(obj({"backend": "auto", "cards": 1, "partition": "1core.6gb"})) == ""
+    assert "product needs backend furiosa" in errors(obj({"backend": "cpu", "product": "rngd"}))
+    assert "partition needs backend furiosa" in errors(
+        obj({"backend": "auto", "cards": 0, "partition": "2core.12gb"})
+    )
+    old = obj({})
+    assert old["spec"]["managedBy"] == MANAGED_BY  # defaulted by the server
+    assert errors(obj({}, managedBy=MULTIKUEUE), old).count("managedBy is immutable") == 1
+    assert errors(obj({}), old) == ""
+
+
+MULTIKUEUE = "kueue.x-k8s.io/multikueue"
