@@ -97,3 +97,67 @@ def test_managed_by_defaults_to_ours_and_is_immutable_in_the_schema() -> None:
         "message": "managedBy is immutable",
         "fieldPath": ".managedBy",
     } in spec_schema["x-kubernetes-validations"]
+
+
+def test_hugepages_are_limits_equal_to_requests_in_whole_pages() -> None:
+    ok = spec(resources={"limits": {"hugepages-2Mi": "58Gi", "memory": "32Gi"}})
+    assert ok.resources.hugepages_bytes() == 58 << 30
+    spec(resources={"requests": {"hugepages-2Mi": "2Gi"}, "limits": {"hugepages-2Mi": "2048Mi"}})
+    with pytest.raises(ValidationError, match=r"spec.resources.limits.hugepages-2Mi must be set"):
+        spec(resources={"requests": {"hugepages-2Mi": "2Gi"}})
+    with pytest.raises(ValidationError, match=r"requests.hugepages-2Mi must equal"):
+        spec(resources={"requests": {"hugepages-2Mi": "2Gi"}, "limits": {"hugepages-2Mi": "4Gi"}})
+    with pytest.raises(ValidationError, match="whole number of 2 MiB pages"):
+        spec(resources={"limits": {"hugepages-2Mi": "3Mi"}})
+
+
+def test_hugepage_expert_bytes_counts_whole_tensors_in_layer_order() -> None:
+    """Qwen3-30B-A3B bf16: per layer gate_up 805 MB + down 403 MB; 58Gi holds all 48 layers,
+    2Gi the first layer's two tensors and the second's gate_up (then nothing fits: greedy, as
+    npu_lora.moe.pages.place_experts places them)."""
+    s = spec(model={"preset": "qwen3-30b-a3b"}, moe={"hostDtype": "bfloat16"})
+    cfg = memory.text_config(memory.preset_config("qwen3-30b-a3b"))
+    layer = 128 * 3 * 768 * 2048 * 2
+    assert memory.hugepage_expert_bytes(s, cfg, 58 << 30) == 48 * layer
+    gate_up = 128 * 2 * 768 * 2048 * 2
+    assert memory.hugepage_expert_bytes(s, cfg, 2 << 30) == layer + gate_up
+    assert memory.hugepage_expert_bytes(s, cfg, 1 << 20) == 0
+
+
+def test_the_server_refuses_what_the_models_refuse() -> None:
+    """The CRD's CEL (run by the sandbox's apiserver schema code): product/partition need a
+    backend with node facts; managedBy never changes."""
+    from npu_lora_sandbox.schema import apply_defaults, validate
+
+    schema = openapi_schema()
+
+    def obj(device: dict[str, Any], **spec_over: Any) -> dict[str, Any]:
+        o = {
+            "metadata": {"name": "r"},
+            "spec": {
+                "model": {"preset": "tiny-qwen3-moe"},
+                "data": {"path": "x"},
+                "device": device,
+                **spec_over,
+            },
+        }
+        apply_defaults(o, schema)
+        return o
+
+    def errors(new: dict[str, Any], old: dict[str, Any] | None = None) -> str:
+        causes = validate(new, schema, old=old, has_old=old is not None)
+        return "\n".join(str(c) for c in causes)
+
+    assert errors(obj({"backend": "furiosa", "product": "rngd-max"})) == ""
+    assert errors(obj({"backend": "auto", "cards": 1, "partition": "1core.6gb"})) == ""
+    assert "product needs backend furiosa" in errors(obj({"backend": "cpu", "product": "rngd"}))
+    assert "partition needs backend furiosa" in errors(
+        obj({"backend": "auto", "cards": 0, "partition": "2core.12gb"})
+    )
+    old = obj({})
+    assert old["spec"]["managedBy"] == MANAGED_BY  # defaulted by the server
+    assert errors(obj({}, managedBy=MULTIKUEUE), old).count("managedBy is immutable") == 1
+    assert errors(obj({}), old) == ""
+
+
+MULTIKUEUE = "kueue.x-k8s.io/multikueue"

@@ -65,18 +65,30 @@ def test_product_partition_progress_and_a_run_managed_elsewhere(
     for kind in ("configmap/foreign-config", "serviceaccount/foreign-worker"):
         assert cluster.kubectl("get", kind, check=False).returncode != 0, kind
     r = cluster.kubectl(
-        "patch", "mft", "foreign", "--type=merge", "-p", '{"spec":{"managedBy":"npu-lora.io/operator"}}',
+        "patch",
+        "mft",
+        "foreign",
+        "--type=merge",
+        "-p",
+        '{"spec":{"managedBy":"npu-lora.io/operator"}}',
         check=False,
-    )  # fmt: skip
+    )
     assert r.returncode != 0 and "managedBy is immutable" in r.stderr, r.stderr
     mirrored = {"phase": "Running", "message": "mirrored from worker1 by MultiKueue"}
     cluster.kubectl(
-        "patch", "mft", "foreign", "--subresource=status", "--type=merge",
-        "-p", json.dumps({"status": mirrored}),
-    )  # fmt: skip
+        "patch",
+        "mft",
+        "foreign",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": mirrored}),
+    )
 
     # the node labelled rngd-max (as feature discovery would): the run is scheduled and runs
-    cluster.kubectl("label", "node", cluster.kubelet.node_name, f"{NODE.product_label}=rngd-max", "--overwrite")  # fmt: skip
+    cluster.kubectl(
+        "label", "node", cluster.kubelet.node_name, f"{NODE.product_label}=rngd-max", "--overwrite"
+    )
     operator.wait(
         lambda: cluster.status("maxrun").get("phase") in ("Succeeded", "Failed"), 240, "the end"
     )

@@ -92,9 +92,10 @@ def test_sandbox_runs_the_example(tmp_path: Path) -> None:
         table = k("get", "mft").stdout
         assert phase == "Succeeded", table
         header, row = table.splitlines()[:2]
-        assert header.split()[:9] == [
+        assert header.split()[:10] == [
             "NAME",
             "PHASE",
+            "PROGRESS",
             "STEP",
             "LOSS",
             "S/STEP",
@@ -103,7 +104,8 @@ def test_sandbox_runs_the_example(tmp_path: Path) -> None:
             "HOST-BWD",
             "HOT",
         ]
-        assert row.split()[1:3] == ["Succeeded", "12"]
+        # PROGRESS: Kubeflow Trainer's trainerStatus.progressPercentage
+        assert row.split()[1:4] == ["Succeeded", "100", "12"]
         run_dir = tmp_path / "root" / "pvc" / "default" / "runs" / "tiny-sandbox"
         assert (run_dir / "summary.json").exists() and (run_dir / "adapter").is_dir()
         # the operator ran as its own ServiceAccount (the chart's ClusterRole), not as the admin

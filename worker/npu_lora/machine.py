@@ -107,6 +107,64 @@ def huge_page_bytes(root: str = _THP) -> int:
     return 2 << 20
 
 
+#: ``NPU_LORA_HUGEPAGES``: ``0`` the host experts stay in the allocator's pages, ``thp`` only
+#: transparent huge pages, unset/``auto``/``hugetlb`` reserved 2 MiB pages first
+#: (:mod:`npu_lora.moe.pages`)
+HUGEPAGES_ENV = "NPU_LORA_HUGEPAGES"
+_CGROUP = "/sys/fs/cgroup"
+
+
+def _meminfo(path: str = "/proc/meminfo") -> dict[str, int]:
+    out: dict[str, int] = {}
+    with contextlib.suppress(OSError), open(path, encoding="utf-8") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            parts = rest.split()
+            if parts and parts[0].isdigit():
+                out[key] = int(parts[0]) * (1024 if parts[1:2] == ["kB"] else 1)
+    return out
+
+
+def _read_int(path: str) -> int | None:
+    """An integer file (``max``: None, unlimited); None when absent."""
+    with contextlib.suppress(OSError, ValueError):
+        text = open(path, encoding="utf-8").read().strip()  # noqa: SIM115
+        return None if text == "max" else int(text)
+    return None
+
+
+def _cgroup_hugetlb_room(huge: int, root: str = _CGROUP) -> int | None:
+    """Bytes of ``huge``-sized hugetlb pages the process's cgroup may still charge (its limit,
+    what a pod's ``hugepages-2Mi`` sets, less its usage); None when no limit applies."""
+    tag = f"{huge >> 20}MB" if huge < 1 << 30 else f"{huge >> 30}GB"
+    for limit, usage in (
+        (f"{root}/hugetlb.{tag}.max", f"{root}/hugetlb.{tag}.current"),  # cgroup v2
+        (
+            f"{root}/hugetlb/hugetlb.{tag}.limit_in_bytes",  # cgroup v1
+            f"{root}/hugetlb/hugetlb.{tag}.usage_in_bytes",
+        ),
+    ):
+        lim = _read_int(limit)
+        if lim is not None and lim < 1 << 62:  # v1 spells "unlimited" as a huge number
+            return max(0, lim - (_read_int(usage) or 0))
+    return None
+
+
+def hugetlb_budget(
+    huge: int | None = None, *, meminfo: str = "/proc/meminfo", cgroup: str = _CGROUP
+) -> int:
+    """Bytes of reserved huge pages this process may still map: the pool's free pages less the
+    reservations (``meminfo``, when its default page size is ``huge``), capped by the cgroup's
+    hugetlb room (a pod's ``hugepages-2Mi`` limit less its usage); 0 when there are none."""
+    huge = huge or huge_page_bytes()
+    info = _meminfo(meminfo)
+    if info.get("Hugepagesize") != huge:
+        return 0
+    pool = max(0, info.get("HugePages_Free", 0) - info.get("HugePages_Rsvd", 0)) * huge
+    room = _cgroup_hugetlb_room(huge, cgroup)
+    return pool if room is None else min(pool, room)
+
+
 def cpu_capabilities() -> dict[str, Any]:
     """The host capability probe (one place): instruction sets, cores, NUMA nodes, caches.
 

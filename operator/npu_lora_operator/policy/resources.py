@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,11 +24,20 @@ def auto_memory(spec: Any, policy: PodPolicy) -> tuple[str, str]:
     model given by path (its config is on a volume the operator does not mount: the worker's
     pre-flight checks it against this limit before loading and names the field to set). The
     podTemplate's ``medium: Memory`` emptyDir volumes are added (tmpfs is charged to the pod's
-    memory)."""
+    memory); the expert tensors a ``hugepages-2Mi`` resource holds are taken off (hugetlb pages
+    are charged to the pod's hugetlb limit: :func:`npu_lora.api.memory.hugepage_expert_bytes`)."""
     pt = getattr(spec, "pod_template", None)
     tmpfs = memory_volume_bytes(pt.to_api()) if pt is not None else 0
     plus = f" + {gib(tmpfs)} of medium Memory emptyDir" if tmpfs else ""
     est = preset_estimate(spec)
+    res = getattr(spec, "resources", None)
+    hp = res.hugepages_bytes(memory.HUGEPAGES_RESOURCE) if res is not None else 0
+    if est is not None and hp:  # experts on the pod's hugepages-2Mi are not charged to memory
+        cfg = memory.text_config(memory.preset_config(spec.model.preset) or {}, spec.model.layers)
+        moved = memory.hugepage_expert_bytes(spec, cfg, hp, est.host_dtype)
+        if moved:
+            est = dataclasses.replace(est, weights=est.weights - moved)
+            plus += f" - {gib(moved)} of experts on {memory.HUGEPAGES_RESOURCE}"
     if est is None:
         unknown = policy.memory_when_unknown
         if tmpfs:

@@ -289,3 +289,32 @@ def device_weight_bytes(spec: Any, cfg: dict[str, Any]) -> int | None:
         hot = min(E, max(1, math.ceil(spec.moe.hot_fraction * E - 1e-9))) if E else 0
         params += L * hot * 3 * I_moe * H
     return params * DTYPE_BYTES[spec.device.dtype]
+
+
+#: the pod resource that backs the host experts with reserved 2 MiB pages (npu_lora.moe.pages)
+HUGEPAGES_RESOURCE = "hugepages-2Mi"
+HUGE_PAGE = 2 << 20
+
+
+def hugepage_expert_bytes(
+    spec: Any, cfg: dict[str, Any], budget: int, host_dtype: str | None = None
+) -> int:
+    """Bytes of host expert weights that ``budget`` bytes of 2 MiB pages take off the pod's
+    memory: :func:`npu_lora.moe.pages.place_experts` puts each expert tensor (per layer
+    ``gate_up_proj`` then ``down_proj``, in layer order) that fits the remaining budget (rounded
+    up to whole pages) on them; hugetlb pages are charged to the pod's ``hugepages-2Mi``, not
+    to its memory limit."""
+    H, L = _int(cfg, "hidden_size"), _int(cfg, "num_hidden_layers")
+    E = _int(cfg, "num_experts", 0) or 0
+    I_moe = _int(cfg, "moe_intermediate_size", 0) or 0
+    if not H or not L or not E or budget < HUGE_PAGE:
+        return 0
+    width = DTYPE_BYTES[host_dtype or assumed_host_dtype(spec)]
+    moved = 0
+    for _ in range(L):
+        for n in (E * 2 * I_moe * H * width, E * H * I_moe * width):  # gate_up, down
+            pages = -(-n // HUGE_PAGE) * HUGE_PAGE
+            if n >= HUGE_PAGE and pages <= budget:
+                budget -= pages
+                moved += n
+    return moved

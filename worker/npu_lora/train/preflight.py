@@ -17,11 +17,13 @@ and models given by path alike. Too small: :class:`SpecError` (exit 2) naming
 The limit: ``NPU_LORA_MEMORY_LIMIT`` (bytes, or with a ``Ki``/``Mi``/``Gi`` suffix; ``none``
 turns the check off), else the cgroup's memory limit (:func:`cgroup_memory_limit`: ``memory.max``
 of cgroup v2, or v1's ``memory.limit_in_bytes``, the smallest on this process's cgroup and its
-ancestors) when one is set, else ``MemAvailable`` of ``/proc/meminfo``.
+ancestors) when one is set, else ``MemAvailable`` of ``/proc/meminfo``. The expert tensors this
+process's reserved huge pages will hold (a pod's ``hugepages-2Mi``) are not charged to it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -32,11 +34,13 @@ from npu_lora.api.memory import (  # model_widths: re-exported (it moved to api.
     GiB,
     MemoryEstimate,
     estimate,
+    hugepage_expert_bytes,
     model_widths,
     recommended_limit,
 )
 from npu_lora.api.modeldir import check_inside, check_model_dir
 from npu_lora.api.volumes import volume_root
+from npu_lora.machine import HUGEPAGES_ENV, hugetlb_budget
 
 _SUFFIX = {"": 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
 
@@ -202,6 +206,18 @@ def memory_limit() -> tuple[int | None, str]:
     return None, "unknown"
 
 
+def _on_hugepages(
+    spec: Any, cfg: dict[str, Any], est: MemoryEstimate | None
+) -> MemoryEstimate | None:
+    """``est`` less the expert bytes this process's reserved huge pages will hold (the pod's
+    ``hugepages-2Mi``, :func:`npu_lora.machine.hugetlb_budget`): they are not charged to its
+    memory limit (:mod:`npu_lora.moe.pages` puts them there first)."""
+    if est is None or os.environ.get(HUGEPAGES_ENV, "auto") in ("0", "thp"):
+        return est
+    moved = hugepage_expert_bytes(spec, cfg, hugetlb_budget(), est.host_dtype)
+    return dataclasses.replace(est, weights=est.weights - moved) if moved else est
+
+
 def check_memory(spec: Any, examples: int = 0) -> MemoryEstimate | None:
     """Raise SpecError (exit 2, naming ``spec.resources.limits.memory``) when the estimate
     exceeds this process's memory limit."""
@@ -211,14 +227,15 @@ def check_memory(spec: Any, examples: int = 0) -> MemoryEstimate | None:
         return None
     # moe.hostDtype auto: bounded by its two choices first, so a run that fits either way or
     # cannot fit either way is decided without torch (resolving auto loads the host kernel)
-    widest = estimate(spec, cfg, examples)
+    widest = _on_hugepages(spec, cfg, estimate(spec, cfg, examples))
     if widest is None or limit is None or widest.total <= limit:
         return widest
     auto = spec.moe.host_dtype == "auto"
-    bf16 = estimate(spec, cfg, examples, "bfloat16") if auto else None
+    bf16 = _on_hugepages(spec, cfg, estimate(spec, cfg, examples, "bfloat16") if auto else None)
     est = widest
     if bf16 is not None and bf16.total <= limit:
-        est = estimate_memory(spec, cfg, examples)  # fits only with bf16: which does auto pick?
+        # fits only with bf16: which does auto pick?
+        est = _on_hugepages(spec, cfg, estimate_memory(spec, cfg, examples))
         if est is None or est.total <= limit:
             return est
     t = spec.training

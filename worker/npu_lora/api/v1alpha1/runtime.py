@@ -20,6 +20,7 @@ from npu_lora.api.v1alpha1.base import (
     VolumeRef,
     _Model,
     cel,
+    quantity_bytes,
 )
 
 #: ``device.precompile: true`` without a cache to compile into (CEL and pydantic)
@@ -354,11 +355,46 @@ ResourceQuantity = (
 
 
 class ResourceRequirements(_Model):
-    """core/v1 ResourceRequirements of the worker container (the RNGD request is added)."""
+    """core/v1 ResourceRequirements of the worker container (the RNGD request is added).
+    ``hugepages-2Mi`` (its limit; a request must equal it, as Kubernetes requires) puts the host
+    expert weights on reserved 2 MiB pages, and ``memory: auto`` leaves the bytes they hold out
+    of the memory limit (hugetlb pages are charged to the pod's hugetlb limit)."""
 
     requests: dict[str, ResourceQuantity] | None = Field(
         None, max_length=16, description="Resource requests, e.g. {cpu: '8', memory: 64Gi}."
     )
     limits: dict[str, ResourceQuantity] | None = Field(
-        None, max_length=16, description="Resource limits, e.g. {memory: 96Gi}."
+        None,
+        max_length=16,
+        description="Resource limits, e.g. {memory: 96Gi, hugepages-2Mi: 60Gi}.",
     )
+
+    def hugepages_bytes(self, name: str = "hugepages-2Mi") -> int:
+        """Bytes of huge pages ``name`` asked for (its limit, else its request); 0 if none."""
+        for part in (self.limits, self.requests):
+            if part and name in part:
+                return quantity_bytes(str(part[name]))
+        return 0
+
+    @model_validator(mode="after")
+    def _hugepages(self) -> ResourceRequirements:
+        req, lim = self.requests or {}, self.limits or {}
+        for name in sorted({*req, *lim}):
+            if not name.startswith("hugepages-"):
+                continue
+            where = f"spec.resources.limits.{name}"
+            if name not in lim:
+                raise ValueError(f"{where} must be set: huge pages are requested as limits")
+            try:
+                size = quantity_bytes(str(lim[name]))
+            except ValueError as e:
+                raise ValueError(f"{where}: {e}") from None
+            if name in req and quantity_bytes(str(req[name])) != size:
+                raise ValueError(
+                    f"spec.resources.requests.{name} must equal {where} (Kubernetes does not "
+                    "overcommit huge pages)"
+                )
+            page = quantity_bytes(name.removeprefix("hugepages-"))
+            if size % page:
+                raise ValueError(f"{where} must be a whole number of {page >> 20} MiB pages")
+        return self
