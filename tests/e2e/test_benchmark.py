@@ -75,6 +75,7 @@ def test_tiny_benchmark_resource(cluster: Cluster, operator: OperatorProcess) ->
     # the headline in kubectl get (wide)
     row = cluster.row(name, "-o", "wide")
     assert row["PHASE"] == "Succeeded" and row["STEP"] == str(total)
+    assert row["PROGRESS"] == "100" and st["trainerStatus"]["progressPercentage"] == 100
     assert row["VARIANTS"] == "4" and row["ROUNDS"] == str(total) and row["BEST"] == best
     assert float(row["RATIO"]) == pytest.approx(bench["bestRatio"])
     # the whole table in -o yaml

@@ -155,9 +155,19 @@ class BenchmarkReporter:
         }
         if done:
             progress["etaSeconds"] = round(elapsed / done * (total - done), 1)
-        body: dict[str, Any] = {"status": {"benchmark": bench, "progress": progress}}
-        if bench.get("bestStepSeconds") is not None:
-            body["status"]["stepSecondsMedian"] = bench["bestStepSeconds"]
+        from npu_lora.report.status import trainer_status
+
+        best = bench.get("bestStepSeconds")
+        # Kubeflow Trainer's view (PROGRESS): rounds for steps, the best variant's median s/step
+        body: dict[str, Any] = {
+            "status": {
+                "benchmark": bench,
+                "progress": progress,
+                "trainerStatus": trainer_status(progress, None, None, best),
+            }
+        }
+        if best is not None:
+            body["status"]["stepSecondsMedian"] = best
         try:
             self.patch(body)
         except Exception as e:  # reporting never stops the benchmark
