@@ -61,3 +61,12 @@ def test_a_file_output_never_overwrites_a_run_directorys_own_files(tmp_path):
         check_out_file(run / "checkpoint" / "state.json", "--out")
     check_out_file(run / "predictions" / "p.jsonl", "--out")
     check_out_file(tmp_path / "config.yaml", "--out")  # not a run directory
+
+
+def test_a_marker_without_a_file_list_does_not_make_a_directory_replaceable(tmp_path):
+    out = tmp_path / "m"
+    out.mkdir()
+    (out / "a").write_text("mine")
+    (out / EXPORT_MARKER).write_text('{"kind": "npu-lora-export", "files": "a"}')
+    with pytest.raises(SpecError, match=r"lists no files"):
+        check_replaceable(out, "--merged", True)

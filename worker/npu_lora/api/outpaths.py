@@ -150,7 +150,10 @@ def check_replaceable(out: Path, flag: str, force: bool, protected: Path | None 
             f"{flag}: {out} is not empty and was not written by `npu-lora export` (no "
             f"{EXPORT_MARKER}); --force replaces only a previous export"
         )
-    listed = set(doc.get("files") or []) | {EXPORT_MARKER}
+    files = doc.get("files")
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        raise SpecError(f"{flag}: {marker} lists no files; --force replaces only a previous export")
+    listed = set(files) | {EXPORT_MARKER}
     others = sorted(
         e.name
         for e in os.scandir(out)
