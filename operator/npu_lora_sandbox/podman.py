@@ -442,6 +442,9 @@ class PodmanRuntime:
                 stdin=asyncio.subprocess.DEVNULL,
                 env=self.env,
                 start_new_session=True,
+                # conmon writes an `oom` marker into its working directory when the container
+                # is OOM-killed: the pod's directory, never the caller's (a checkout's root)
+                cwd=str(launch.log_path.parent),
             )
         return PodmanContainer(self, name, proc)
 

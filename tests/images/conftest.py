@@ -123,7 +123,8 @@ def _untracked() -> set[str]:
         capture_output=True,
         text=True,
     )
-    return set(res.stdout.splitlines()) if res.returncode == 0 else set()
+    lines = res.stdout.splitlines() if res.returncode == 0 else []
+    return {line[3:] for line in lines if line.startswith("?? ")}
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -246,7 +246,9 @@ def test_sandbox_runtime_podman_reconciles_tiny_sandbox(images, tmp_path, wait_f
         logs = kubectl("logs", "job/tiny-sandbox", check=False).stdout
         assert got == "Succeeded", logs[-3000:]
 
-        running = [r for r in seen if r.get("PHASE") == "Running" and r.get("STEP")]
+        running = [
+            r for r in seen if r.get("PHASE") == "Running" and r.get("STEP") not in ("", "0")
+        ]
         assert running, f"no Running row with STEP filled among {len(seen)} polls: {seen[-3:]}"
         assert all(r["LOSS"] for r in running), running[-1]
         (final,) = parse_table(kubectl("get", "mft", "tiny-sandbox", "-o", "wide").stdout)
