@@ -136,7 +136,7 @@ def test_the_server_refuses_what_the_models_refuse() -> None:
             "metadata": {"name": "r"},
             "spec": {
                 "model": {"preset": "tiny-qwen3-moe"},
-                "data": {"path": "x"},
+                "data": {"path": "x", "volume": {"claimName": "data"}},
                 "device": device,
                 **spec_over,
             },

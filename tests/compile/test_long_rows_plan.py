@@ -68,5 +68,5 @@ def test_qwen3_chat_4k_memory_is_the_estimate():
 
 def test_tiny_4k_example_is_long_rows_on_the_cpu():
     s = load_manifest(TINY_4K).spec
-    assert s.training.seq_len == 4096 and s.data.packing and s.moe.keep_graph == "auto"
+    assert s.training.seq_len == 4096 and s.data.packing and s.moe.keep_graph is None
     assert s.device.backend == "cpu" and s.model.preset == "tiny-qwen3-moe"
