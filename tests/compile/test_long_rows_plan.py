@@ -1,5 +1,5 @@
 """The 4K-token examples: the compile plan lists the long-row graphs with their forms and keys,
-and the Qwen3 example's memory is what `api.memory` (and so `keepGraph: auto`) says."""
+and the Qwen3 example's memory is what `api.memory` (and so `keepGraph` omitted (auto)) says."""
 
 from __future__ import annotations
 
