@@ -11,7 +11,8 @@ POLICY = pol.PodPolicy(default_resources=(), allowed_host_paths=("/srv/models",)
 
 
 @pytest.mark.parametrize(
-    "path", ["/srv/models/x/..", "/srv/models/x/../y", "/srv/models/..", "/srv/models/../srv/models"]
+    "path",
+    ["/srv/models/x/..", "/srv/models/x/../y", "/srv/models/..", "/srv/models/../srv/models"],
 )
 def test_a_host_path_with_a_backstep_is_refused_even_when_it_normalises_inside(path):
     """``/srv/models/x/..`` normalises to an allowed prefix, but on the node ``x`` may be a link
