@@ -88,3 +88,35 @@ def test_the_known_options_still_work(emulator):
     assert _send(emulator, "GET", CM + "/c4", [], None) == 404
     assert _send(emulator, "POST", CM, [("fieldValidation", "Strict")], _cm("c4")) == 201
     assert _send(emulator, "DELETE", CM + "/c4", [("propagationPolicy", "Background")], None) == 200
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [
+        {"labels": {"npu-lora.io/run": "x\ny"}},
+        {"labels": {"a b": "c"}},
+        {"labels": {"app": "x,y!=z"}},
+        {"labels": {"app": "a" * 64}},
+        {"labels": {"app": 5}},
+        {"labels": {"Bad_Prefix.io/app": "x"}},
+        {"labels": ["app"]},
+        {"annotations": {"a\nb": "c"}},
+        {"annotations": {"ok": 5}},
+    ],
+)
+def test_invalid_labels_and_annotations_are_refused_never_stored(emulator, meta):
+    """A label with a newline or a selector operator would be matched by no selector (or by the
+    wrong one): the API server refuses it with 422, so does the sandbox."""
+    body = {**_cm("c5"), "metadata": {"name": "c5", **meta}}
+    assert _send(emulator, "POST", CM, [], body) == 422
+    assert _send(emulator, "GET", CM + "/c5", [], None) == 404
+    emulator.create({**_cm("c6"), "metadata": {"name": "c6", "namespace": "default"}})
+    assert _send(emulator, "PATCH", CM + "/c6", [], {"metadata": meta}) == 422
+
+
+def test_valid_labels_and_annotations_pass(emulator):
+    meta = {
+        "labels": {"npu-lora.io/run": "r1", "app": "", "a.b-c_d": "X.y-z_1"},
+        "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{\n}"},
+    }
+    assert _send(emulator, "POST", CM, [], {**_cm("c7"), "metadata": {"name": "c7", **meta}}) == 201
