@@ -120,3 +120,18 @@ def test_valid_labels_and_annotations_pass(emulator):
         "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{\n}"},
     }
     assert _send(emulator, "POST", CM, [], {**_cm("c7"), "metadata": {"name": "c7", **meta}}) == 201
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "c8"}, "data": {}},
+        {"apiVersion": "batch/v1", "kind": "ConfigMap", "metadata": {"name": "c8"}},
+    ],
+)
+def test_a_body_of_another_type_is_refused_not_stored_as_this_one(emulator, body):
+    assert _send(emulator, "POST", CM, [], body) == 400
+    assert _send(emulator, "GET", CM + "/c8", [], None) == 404
+    emulator.create({**_cm("c9"), "metadata": {"name": "c9", "namespace": "default"}})
+    assert _send(emulator, "PUT", CM + "/c9", [], {**body, "metadata": {"name": "c9"}}) == 400
+    assert emulator.get("v1", "ConfigMap", "c9", namespace="default")["data"] == {"k": "1"}
