@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 from . import schema
@@ -241,8 +242,10 @@ class Admission:
             raise self._invalid(rt, obj["metadata"].get("name", ""), causes)
 
     def _check_meta(self, rt: ResourceType, obj: dict[str, Any]) -> None:
-        """ownerReferences need apiVersion, kind, name and uid (as in the apiserver)."""
-        causes = []
+        """ownerReferences need apiVersion, kind, name and uid; label keys are qualified names
+        and values label values, annotation keys qualified names and values strings (as in the
+        apiserver: a newline or a selector operator in a label never gets stored)."""
+        causes = _label_causes(obj["metadata"])
         for i, ref in enumerate(obj["metadata"].get("ownerReferences") or []):
             for key in ("apiVersion", "kind", "name", "uid"):
                 if not (ref or {}).get(key):
@@ -371,3 +374,52 @@ class Admission:
             else ("metadata", "apiVersion", "kind")
         )
         return {k: v for k, v in obj.items() if k not in drop}
+
+
+_NAME_PART = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+_DNS_PREFIX = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def _qualified_name(key: Any) -> bool:
+    if not isinstance(key, str):
+        return False
+    prefix, slash, name = key.rpartition("/")
+    if slash and (not prefix or len(prefix) > 253 or not _DNS_PREFIX.fullmatch(prefix)):
+        return False
+    return 0 < len(name) <= 63 and _NAME_PART.fullmatch(name) is not None
+
+
+def _label_causes(meta: dict[str, Any]) -> list[schema.Cause]:
+    causes: list[schema.Cause] = []
+    for what in ("labels", "annotations"):
+        items = meta.get(what)
+        if items is None:
+            continue
+        if not isinstance(items, dict):
+            causes.append(schema._invalid(f"metadata.{what}", items, "must be a map of strings"))
+            continue
+        for k, v in items.items():
+            where = f"metadata.{what}"
+            if not _qualified_name(k):
+                causes.append(
+                    schema._invalid(
+                        where,
+                        k,
+                        "name part must consist of alphanumeric characters, '-', '_' or '.', "
+                        "and must start and end with an alphanumeric character (at most 63), "
+                        "with an optional DNS subdomain prefix and '/'",
+                    )
+                )
+            elif not isinstance(v, str):
+                causes.append(schema._invalid(f"{where}[{k}]", v, "must be a string"))
+            elif what == "labels" and (len(v) > 63 or (v and not _NAME_PART.fullmatch(v))):
+                causes.append(
+                    schema._invalid(
+                        f"{where}[{k}]",
+                        v,
+                        "a valid label must be an empty string or consist of alphanumeric "
+                        "characters, '-', '_' or '.', and must start and end with an "
+                        "alphanumeric character (at most 63)",
+                    )
+                )
+    return causes

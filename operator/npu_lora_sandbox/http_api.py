@@ -18,7 +18,13 @@ from .resources import (
     _ParsedPath,
     log,
 )
-from .selectors import FIELD_LABELS, _truthy, check_field_labels, check_list_query
+from .selectors import (
+    FIELD_LABELS,
+    _truthy,
+    check_field_labels,
+    check_list_query,
+    check_write_query,
+)
 
 #: YAML bodies: at most this many nodes once aliases are expanded (an apiserver refuses alias
 #: bombs too), and this many aliases
@@ -249,6 +255,8 @@ class HttpApi:
     ) -> aiohttp.web.StreamResponse:
         if pp.subresource is not None and pp.subresource not in rt.subresources:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        if method in ("POST", "PUT", "PATCH", "DELETE"):
+            check_write_query(q, method)  # before anything is written
         if pp.name is None:
             return await self._collection_request(raw, method, q, body, pp, rt)
         if pp.subresource == "log":

@@ -274,5 +274,40 @@ def check_list_query(q: Any) -> None:
     parse_field_selector(q.get("fieldSelector"))
 
 
+#: the values the API server accepts for a write's options (anything else: 422 Invalid)
+_WRITE_OPTIONS = {
+    "dryRun": ("All",),
+    "fieldValidation": ("Ignore", "Warn", "Strict"),
+    "propagationPolicy": ("Orphan", "Background", "Foreground"),
+}
+
+
+def check_write_query(q: Any, method: str) -> None:
+    """The options of a create, update, patch or delete, checked before anything changes: an
+    unknown ``dryRun`` (a typo must never write for real), ``fieldValidation`` or
+    ``propagationPolicy`` value is a 422 as the API server's options validation gives, a
+    non-integer ``gracePeriodSeconds`` a 400."""
+    kind = {"POST": "CreateOptions", "PUT": "UpdateOptions", "PATCH": "PatchOptions"}.get(
+        method, "DeleteOptions"
+    )
+    for name, allowed in _WRITE_OPTIONS.items():
+        if name == "propagationPolicy" and method != "DELETE":
+            continue
+        if name == "fieldValidation" and method == "DELETE":
+            continue
+        values = q.getall(name, []) if hasattr(q, "getall") else [q.get(name)]
+        for v in values:
+            if not v or v in allowed:
+                continue
+            raise ApiError(
+                422,
+                "Invalid",
+                f'{kind}.meta.k8s.io "" is invalid: {name}: Unsupported value: {v[:64]!r}: '
+                f"supported values: {', '.join(repr(a) for a in allowed)}",
+            )
+    if method == "DELETE":
+        _int_param(q, "gracePeriodSeconds")
+
+
 def _truthy(value: str | None) -> bool:
     return (value or "").lower() in ("true", "1", "yes")

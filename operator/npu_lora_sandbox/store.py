@@ -72,6 +72,19 @@ def _check_identity_unchanged(
             raise _immutable(rt, name, f, "field is immutable")
 
 
+def _check_body_type(rt: ResourceType, body: dict[str, Any]) -> None:
+    """A body whose ``kind``/``apiVersion`` (when given) is another type's is a 400, as the API
+    server's decoder answers (a Secret posted to the configmaps URL is never stored as one)."""
+    kind, version = body.get("kind"), body.get("apiVersion")
+    if (kind and kind != rt.kind) or (version and version != rt.api_version):
+        raise ApiError(
+            400,
+            "BadRequest",
+            f"{str(kind)[:64]} in version {str(version)[:64]!r} cannot be handled as a "
+            f"{rt.kind}: the body's kind and apiVersion must be {rt.kind} {rt.api_version}",
+        )
+
+
 def _immutable(rt: ResourceType, name: str, field: str, why: str) -> ApiError:
     return ApiError(
         422,
@@ -376,6 +389,7 @@ class ObjectStore:
     ) -> dict[str, Any]:
         if not isinstance(body, dict):
             raise ApiError(400, "BadRequest", "the body of the request was in an unknown format")
+        _check_body_type(rt, body)
         obj = copy.deepcopy(body)
         obj["apiVersion"] = rt.api_version
         obj["kind"] = rt.kind
@@ -509,6 +523,7 @@ class ObjectStore:
     ) -> dict[str, Any]:
         if not isinstance(body, dict):
             raise ApiError(400, "BadRequest", "the body of the request was in an unknown format")
+        _check_body_type(rt, body)
         key = self._key(rt, namespace, name)
         old = self._store[rt.storage_key].get(key)
         if old is None:

@@ -92,3 +92,26 @@ def test_a_model_path_relative_to_its_volume_stays_on_it(tmp_path, monkeypatch, 
     (vol / "ok").mkdir()
     (vol / "ok" / "config.json").write_text("{}")
     check_model(m.spec.model_copy(update={"model": m.spec.model.model_copy(update={"path": "ok"})}))
+
+
+@pytest.mark.parametrize(
+    "shard", ["../other/model.safetensors", "/etc/passwd", "a/../../x.safetensors", 5, ""]
+)
+def test_an_index_naming_a_shard_outside_the_directory_is_refused(tmp_path, shard):
+    """Red-team pass (issue 38): transformers joins ``weight_map`` values to the directory."""
+    d = _model_dir(tmp_path)
+    (d / "model-00001-of-00001.safetensors").write_bytes(b"")
+    (d / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": {"lm_head.weight": shard}})
+    )
+    with pytest.raises(SpecError, match=r"index\.json: weight_map must name shard files inside"):
+        check_model_dir(d, "spec.model.path")
+
+
+def test_an_index_of_plain_shard_names_passes(tmp_path):
+    d = _model_dir(tmp_path)
+    (d / "model-00001-of-00001.safetensors").write_bytes(b"")
+    (d / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"lm_head.weight": "model-00001-of-00001.safetensors"}})
+    )
+    check_model_dir(d, "spec.model.path")

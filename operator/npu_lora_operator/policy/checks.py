@@ -47,7 +47,11 @@ def check_spec(
             )
         )
     for fld, path in host_paths(spec):
-        if not under(path, policy.allowed_host_paths):
+        if ".." in path.split("/"):
+            # `x/..` normalises into an allowed prefix, but the node resolves it after following
+            # `x` (a link anywhere); the API server refuses backsteps in a hostPath as well
+            out.append(Violation(fld, "a hostPath must not contain '..'"))
+        elif not under(path, policy.allowed_host_paths):
             allowed = allowed_text(policy.allowed_host_paths, "hostPath volume")
             out.append(Violation(fld, f"hostPath {quote(path)} is not allowed ({allowed})"))
     for fld, ref in volume_refs(spec):

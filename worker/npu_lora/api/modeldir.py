@@ -45,6 +45,36 @@ def check_no_custom_code(path: Path, field: str) -> None:
             )
 
 
+INDEX = "model.safetensors.index.json"
+
+
+def check_shard_names(path: Path, field: str) -> None:
+    """SpecError when ``path``'s safetensors index names a shard outside the directory
+    (``weight_map`` values are joined to it: ``../other/x.safetensors`` or an absolute name would
+    read another model, another namespace's included)."""
+    f = path / INDEX
+    if not f.is_file():
+        return
+    try:
+        if f.stat().st_size > _MAX_CONFIG:
+            raise SpecError(f"{field}: {f}: larger than {_MAX_CONFIG >> 20} MiB")
+        doc = json.loads(f.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise SpecError(f"{field}: {f}: not valid JSON ({e})") from None
+    except OSError as e:
+        raise SpecError(f"{field}: {f}: cannot read it: {e.strerror or e}") from None
+    wm = doc.get("weight_map") if isinstance(doc, dict) else None
+    names = list(wm.values()) if isinstance(wm, dict) else None
+    if names is None or not all(
+        isinstance(n, str) and n not in ("", ".", "..") and not any(c in n for c in "/\\\x00")
+        for n in names
+    ):
+        raise SpecError(
+            f"{field}: {f}: weight_map must name shard files inside {path} (plain names, no '/' "
+            "or '..'): not read"
+        )
+
+
 def pickle_weights(path: Path) -> list[Path]:
     """The pickle weight files directly in ``path`` (sorted)."""
     return sorted(p for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES and p.is_file())
@@ -54,6 +84,7 @@ def check_model_dir(path: Path, field: str) -> None:
     """``path`` may be loaded as a model: no custom code, and when it holds weights, some are
     safetensors (a directory with only pickle weights is refused naming one)."""
     check_no_custom_code(path, field)
+    check_shard_names(path, field)
     if any(path.glob("*.safetensors")):
         return
     pickled = pickle_weights(path)

@@ -143,16 +143,19 @@ def check_replaceable(out: Path, flag: str, force: bool, protected: Path | None 
     marker = out / EXPORT_MARKER
     try:
         doc = json.loads(marker.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
         doc = None
-    if not isinstance(doc, dict) or doc.get("kind") != EXPORT_KIND:
+    files = doc.get("files") if isinstance(doc, dict) else None
+    if (
+        not isinstance(doc, dict)
+        or doc.get("kind") != EXPORT_KIND
+        or not isinstance(files, list)
+        or not all(isinstance(f, str) for f in files)
+    ):
         raise SpecError(
             f"{flag}: {out} is not empty and was not written by `npu-lora export` (no "
-            f"{EXPORT_MARKER}); --force replaces only a previous export"
+            f"{EXPORT_MARKER} listing its files); --force replaces only a previous export"
         )
-    files = doc.get("files")
-    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
-        raise SpecError(f"{flag}: {marker} lists no files; --force replaces only a previous export")
     listed = set(files) | {EXPORT_MARKER}
     others = sorted(
         e.name

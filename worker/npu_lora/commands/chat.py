@@ -132,7 +132,8 @@ def _streamer(tok: Any, writer: ReplyWriter) -> Any:
 def run(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 1:
         return fail("chat", "--max-new-tokens: must be at least 1", EXIT_CONFIG_ERROR)
-    if args.temperature < 0 or not 0 < args.top_p <= 1:
+    # `not (x >= 0)`: a NaN compares false both ways and would sample from garbage
+    if not args.temperature >= 0 or not 0 < args.top_p <= 1 or args.temperature == float("inf"):
         return fail("chat", "--temperature must be >= 0 and --top-p in (0, 1]", EXIT_CONFIG_ERROR)
     if args.max_input_bytes < 1:
         return fail("chat", "--max-input-bytes: must be at least 1", EXIT_CONFIG_ERROR)

@@ -122,16 +122,26 @@ def recorded_fingerprint(run_dir: Path, adapter_dir: Path) -> dict[str, Any] | N
     for p in (adapter_dir / FILE, run_dir / "adapter" / FILE):
         try:
             d = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             continue
-        if isinstance(d, dict) and d.get("digest"):
+        if _is_fingerprint(d):
             return d
     try:
         d = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
         fp = d.get("base_fingerprint") if isinstance(d, dict) else None
-        return fp if isinstance(fp, dict) and fp.get("digest") else None
-    except (OSError, ValueError):
+        return fp if _is_fingerprint(fp) else None
+    except (OSError, ValueError, RecursionError):
         return None
+
+
+def _is_fingerprint(d: Any) -> bool:
+    """A fingerprint record as the run writes it (a file edited by hand counts as none)."""
+    return (
+        isinstance(d, dict)
+        and isinstance(d.get("digest"), str)
+        and bool(d["digest"])
+        and isinstance(d.get("algorithm"), str)
+    )
 
 
 def verify_base(recorded: dict[str, Any] | None, now: dict[str, Any], source: str) -> str:
@@ -186,14 +196,23 @@ def load_trained_weights(engine: Any, adapter_dir: Path) -> None:
 
     experts = adapter_dir / EXPERTS_FILE
     if experts.is_file():
-        from safetensors.torch import load_file
+        from safetensors import SafetensorError
 
-        tensors = load_file(str(experts))
-        with torch.no_grad():
-            for key, t in tensors.items():
-                i, name = int(key.split(".")[2]), key.rsplit(".", 1)[1]
-                p = getattr(engine.mlps[i].experts, name)
-                p.copy_(t.to(p.device, p.dtype))
+        try:
+            tensors = load_file(str(experts))
+            with torch.no_grad():
+                for key, t in tensors.items():
+                    i, name = int(key.split(".")[2]), key.rsplit(".", 1)[1]
+                    p = getattr(engine.mlps[i].experts, name)
+                    if not isinstance(p, torch.Tensor) or tuple(p.shape) != tuple(t.shape):
+                        raise ValueError(f"{key}: not an expert weight of this model's shape")
+                    p.copy_(t.to(p.device, p.dtype))
+        except (OSError, SafetensorError, ValueError, IndexError, AttributeError) as e:
+            # a file edited or planted by hand: named, never a traceback
+            raise RunDirError(
+                f"--adapter: {experts} does not fit the run's model ({type(e).__name__}: "
+                f"{str(e)[:200]})"
+            ) from None
 
 
 def load_run(

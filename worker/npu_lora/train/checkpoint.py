@@ -267,6 +267,11 @@ def find_checkpoint(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
     cands: list[tuple[int, int, Path, dict[str, Any]]] = []
     for prio, pattern in ((1, NAME), (0, f"{NAME}.old-*")):
         for p in sorted(run_dir.glob(pattern)):
+            if p.is_symlink():  # planted: it would read (and later replace) another directory
+                raise CheckpointReadError(
+                    f"{p}: the checkpoint is a symbolic link, not a directory of the run: not "
+                    "read (remove the link)"
+                )
             st = _state_of(p) if p.is_dir() else None
             if st is not None:
                 cands.append((st["step"], prio, p, st))

@@ -182,6 +182,8 @@ def resolve_resume_from(value: str, run_dir: Path) -> Path:
     """``spec.resumeFrom`` as a path below :func:`output_root` (SpecError naming what is wrong:
     absolute, ``~``, ``..``, the root itself, a symbolic link or a file on the way)."""
     shown = repr(value[:64])
+    if "\x00" in value:
+        raise SpecError(f"spec.resumeFrom: {shown} contains a NUL byte; not a path")
     if value.startswith(("/", "~")):
         raise SpecError(
             f"spec.resumeFrom: {shown} is absolute; it is relative to the output root (the "
@@ -225,6 +227,11 @@ def _check_source(source: Path, cur: RunIdentity) -> None:
 def _check_checkpoint_files(ckpt: Path) -> None:
     import stat
 
+    if not stat.S_ISDIR(os.lstat(ckpt).st_mode):  # a link to another run's checkpoint
+        raise SpecError(
+            f"spec.resumeFrom: {ckpt} is not a directory of its own (a symbolic link?): not read; "
+            "resumeFrom never follows links"
+        )
     for e in os.scandir(ckpt):
         if not stat.S_ISREG(e.stat(follow_symlinks=False).st_mode):
             raise SpecError(
