@@ -68,5 +68,5 @@ def test_a_marker_without_a_file_list_does_not_make_a_directory_replaceable(tmp_
     out.mkdir()
     (out / "a").write_text("mine")
     (out / EXPORT_MARKER).write_text('{"kind": "npu-lora-export", "files": "a"}')
-    with pytest.raises(SpecError, match=r"lists no files"):
+    with pytest.raises(SpecError, match=r"listing its files"):
         check_replaceable(out, "--merged", True)
