@@ -38,7 +38,7 @@ def test_suspended_run_edited_while_the_operator_is_down_is_refused_on_restart(
     patch = {
         "spec": {
             "image": EVIL_IMAGE,
-            "device": {"precompile": "true", "compileCache": {"hostPath": "/etc"}},
+            "device": {"precompile": True, "compileCache": {"hostPath": "/etc"}},
             "podTemplate": {"priorityClassName": "system-node-critical"},
         }
     }

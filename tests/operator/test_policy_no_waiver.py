@@ -61,8 +61,8 @@ GOOD_PATCHES: list[dict[str, Any]] = [
     {"activeDeadlineSeconds": 3600},
     {"ttlSecondsAfterFinished": 60},
     {"checkpoint": {"everySteps": 3}},
-    {"device": {"precompile": "true", "compileCache": {"claimName": "graphs", "hostPath": None}}},
-    {"device": {"precompile": "false"}},
+    {"device": {"precompile": True, "compileCache": {"claimName": "graphs", "hostPath": None}}},
+    {"device": {"precompile": False}},
     {"device": {"compileCache": {"claimName": None, "hostPath": "/srv/cache/graphs"}}},
     {"podTemplate": {"priorityClassName": "team-batch"}},
     {"podTemplate": None},
@@ -73,7 +73,7 @@ BAD_PATCHES: list[dict[str, Any]] = [
     {"image": "evil.example.com/miner:1"},
     {
         "device": {
-            "precompile": "true",
+            "precompile": True,
             "compileCache": {"claimName": None, "hostPath": "/etc"},
         }
     },
@@ -358,7 +358,7 @@ def test_suspended_run_edited_while_the_operator_is_down_is_refused_on_restart(
     h._patch_spec(
         {
             "image": "evil.example.com/miner:1",
-            "device": {"precompile": "true", "compileCache": {"hostPath": "/etc"}},
+            "device": {"precompile": True, "compileCache": {"hostPath": "/etc"}},
             "podTemplate": {"priorityClassName": "system-node-critical"},
         }
     )
@@ -406,7 +406,7 @@ def test_a_precompiled_run_edited_before_its_compile_finished_gets_no_training_j
     emulator: Any, client: Any
 ) -> None:
     spec = copy.deepcopy(BASE)
-    spec["device"] = {**spec["device"], "precompile": "true", "compileCache": {"claimName": "g"}}
+    spec["device"] = {**spec["device"], "precompile": True, "compileCache": {"claimName": "g"}}
     h = Harness(emulator, client, "pc", spec)
     assert set(h.children()) >= {("Job", "pc-compile")}
     h.apply("stop", None)
