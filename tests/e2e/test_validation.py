@@ -68,7 +68,8 @@ def test_immutable_fields_and_mutable_ones(cluster: Cluster) -> None:
     before = cluster.mft("edit")
     assert before is not None
     # defaults were applied by the server
-    assert before["spec"]["lora"]["alpha"] == 32 and before["spec"]["moe"]["keepGraph"] is True
+    assert before["spec"]["lora"]["alpha"] == 32 and before["spec"]["moe"]["hotFraction"] == 0.25
+    assert "keepGraph" not in before["spec"]["moe"]  # an optional boolean: omitted means auto
     for path, value in [
         ("training.steps", 99),
         ("lora.r", 8),
