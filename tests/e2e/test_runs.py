@@ -195,7 +195,8 @@ def test_suspend_and_resume(cluster: Cluster, operator: OperatorProcess) -> None
     assert cluster.row(name)["PHASE"] == "Suspended"
     suspended_at = _step(cluster, name)
     # mutable fields while suspended: the Job's deadline follows, the worker config is rewritten,
-    # an image change is refused with a Warning event
+    # a change the existing Job cannot take (backoffLimit) gets a Warning event (a disallowed
+    # image would fail the run: the policy has no waiver, tests/e2e/test_policy_restart.py)
     cluster.kubectl(
         "patch",
         "mft",
@@ -203,7 +204,7 @@ def test_suspend_and_resume(cluster: Cluster, operator: OperatorProcess) -> None
         "--type",
         "merge",
         "-p",
-        '{"spec":{"activeDeadlineSeconds":3600,"reporting":{"everySteps":2},"image":"other:2"}}',
+        '{"spec":{"activeDeadlineSeconds":3600,"reporting":{"everySteps":2},"backoffLimit":1}}',
     )
     _wait(
         lambda: cluster.jobs(name)[0]["spec"].get("activeDeadlineSeconds") == 3600,
@@ -226,10 +227,10 @@ def test_suspend_and_resume(cluster: Cluster, operator: OperatorProcess) -> None
     _wait(
         lambda: (
             "ChangeNotApplied" in (ev := cluster.kubectl("get", "events").stdout)
-            and "spec.image" in ev
+            and "spec.backoffLimit" in ev
         ),
         30,
-        "a ChangeNotApplied event naming spec.image",
+        "a ChangeNotApplied event naming spec.backoffLimit",
         operator,
     )
     time.sleep(1.0)
