@@ -345,6 +345,11 @@ class _Est:
     path: str | None = None
     lit_size: int | None = None  # a literal's size (runes of a string, items of a list)
     unbounded: list[str] = field(default_factory=list)
+    text: bool = False  # a string (literal or computed)
+
+    @property
+    def is_string(self) -> bool:
+        return self.text or (self.schema or {}).get("type") == "string"
 
 
 def _with_object_meta(schema: dict[str, Any]) -> dict[str, Any]:
@@ -380,7 +385,7 @@ class _Estimator:
         if kind == "lit":
             v = node[1]
             size = len(v) if isinstance(v, str) else 1
-            return _Est(CONST_COST, lit_size=size)
+            return _Est(CONST_COST, lit_size=size, text=isinstance(v, str))
         if kind == "ident":
             name = node[1]
             if name in _TYPE_NAMES:  # a type literal (``type(self) == bool``): a constant
@@ -434,11 +439,18 @@ class _Estimator:
                 lit_size=max(z.n for z in sizes),
                 unbounded=unb + [u for z in sizes for u in z.unbounded],
             )
+        if fn == "_+_" and any(x.is_string for x in a):
+            # string concatenation: the result's size × 0.1 (cel-go AddString)
+            sizes = [self.size(x) for x in a]
+            n = sum(z.n for z in sizes)
+            unb = unb + [u for z in sizes for u in z.unbounded]
+            cost = _factor(n, STRING_TRAVERSAL_COST_FACTOR)
+            return _Est(cost + base, lit_size=n, unbounded=unb, text=True)
+        if fn == "_+_" and any((x.schema or {}).get("type") == "array" for x in a):
+            raise UnsupportedRule("list concatenation has no cost formula here")
         if fn in ("!_", "-_", "_+_", "_-_", "_<_", "_<=_", "_>_", "_>=_"):
             # O(1) for numbers and booleans; string ordering walks the shorter string
-            if fn in ("_<_", "_<=_", "_>_", "_>=_") and any(
-                (x.schema or {}).get("type") == "string" for x in a
-            ):
+            if fn in ("_<_", "_<=_", "_>_", "_>=_") and any(x.is_string for x in a):
                 return self._compare(a, base, unb)
             return _Est(1 + base, lit_size=1, unbounded=unb)
         if fn in ("_==_", "_!=_"):

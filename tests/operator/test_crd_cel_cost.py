@@ -210,3 +210,21 @@ def test_status_lists_hold_what_the_worker_writes() -> None:
     status = openapi_schema()["properties"]["status"]["properties"]
     ranks = status["distributed"]["properties"]["rankComputeSeconds"]
     assert ranks["maxItems"] == le("workers") * le("ranks_per_worker")
+
+
+def test_string_concatenation_and_ordering_walk_the_strings() -> None:
+    """cel-go AddString: (size(a) + size(b)) × 0.1; string ``<``: min size × 0.1."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "a": {"type": "string", "maxLength": 10},
+            "b": {"type": "string", "maxLength": 20},
+        },
+        "x-kubernetes-validations": [
+            {"rule": "self.a + self.b == 'xy'"},
+            {"rule": "self.a < self.b"},
+        ],
+    }
+    concat, order = rule_costs(schema, conservative=False)
+    assert concat.cost == 12 + 2 + 2 + 1  # ceil(120 × 0.1) + selects + ceil(min(120, 2) × 0.1)
+    assert order.cost == 4 + 2 + 2  # ceil(min(40, 80) × 0.1) + selects

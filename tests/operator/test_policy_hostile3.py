@@ -337,9 +337,13 @@ def test_a_name_equal_to_another_runs_shortened_job_name_is_a_conflict_not_a_loo
 
 
 def test_unicode_and_overlong_names_are_refused_by_the_crd() -> None:
-    # Custom resources' names are only path segments to the API server; the CRD's root CEL
-    # rule narrows them to DNS-1123 labels (a Job, a label value and a Service derive from it)
+    # The API server holds a custom resource's name to a DNS-1123 subdomain
+    # (apiextensions-apiserver customresource/validator.go: NameIsDNSSubdomain, as the
+    # sandbox's store does); the CRD's root CEL rule narrows it to a DNS-1123 label (a Job, a
+    # label value and a Service derive from it)
     schema = pytest.importorskip("npu_lora_sandbox.schema")
+    from npu_lora_sandbox.resources import DNS_SUBDOMAIN
+
     root = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     (rule,) = [r for r in root["x-kubernetes-validations"] if "metadata.name" in r["rule"]]
     for name, ok in (
@@ -353,7 +357,8 @@ def test_unicode_and_overlong_names_are_refused_by_the_crd() -> None:
         ("r.1", False),
     ):
         obj = schema.to_cel({"metadata": {"name": name}}, None)
-        assert bool(schema._cel_eval(rule["rule"], {"self": obj})) is ok, name
+        subdomain = len(name) <= 253 and DNS_SUBDOMAIN.match(name) is not None
+        assert (subdomain and bool(schema._cel_eval(rule["rule"], {"self": obj}))) is ok, name
 
 
 # --- the built pod ------------------------------------------------------------------------------

@@ -148,3 +148,10 @@ def test_operator_precompile_pods_and_the_training_pod_plan_the_same_keys(tmp_pa
     assert compile_plan(worker_spec).keys == compile_plan(run.spec).keys
     assert len(compile_plan(worker_spec).keys) == plan_size(run)
     assert yaml.safe_load(f.read_text())["spec"]["device"]["precompile"] is True
+
+
+def test_a_stored_run_in_the_old_string_form_fails_naming_the_new_form():
+    """An object stored before the field became a boolean: the operator's parse refuses it
+    (the run fails InvalidSpec with this message) instead of guessing."""
+    with pytest.raises(ValueError, match="write precompile: true without quotes"):
+        run_of(backend="furiosa", compileCache=CACHE, precompile="true")

@@ -217,3 +217,44 @@ def test_an_apply_of_a_bad_precompile_is_refused_naming_the_field(
     assert e.value.code == 422 and needle in e.value.message, e.value.message
     assert e.value.message.startswith('MoEFinetune.npu-lora.io "pc" is invalid: spec.device')
     assert emulator.get("npu-lora.io/v1alpha1", "MoEFinetune", "pc", "default") is None
+
+
+SCHEMA_FILES = {
+    ("batch", "Job"): "job-batch-v1.json",
+    ("", "Pod"): "pod-v1.json",
+    ("", "Service"): "service-v1.json",
+    ("rbac.authorization.k8s.io", "Role"): "role-rbac-v1.json",
+    ("rbac.authorization.k8s.io", "ClusterRole"): "clusterrole-rbac-v1.json",
+    ("rbac.authorization.k8s.io", "RoleBinding"): "rolebinding-rbac-v1.json",
+    ("rbac.authorization.k8s.io", "ClusterRoleBinding"): "clusterrolebinding-rbac-v1.json",
+}
+
+
+@pytest.mark.parametrize("minor", range(30, 38))
+def test_every_required_field_is_required_by_the_published_schema(minor: int) -> None:
+    """Each entry of the emulator's table is in the ``required`` list of its object in
+    Kubernetes' published OpenAPI schema (kubernetes-validate's copy) for every minor the
+    chart supports: the emulator refuses nothing a cluster accepts."""
+    from pathlib import Path
+
+    from npu_lora_sandbox.admission import REQUIRED_FIELDS
+
+    kv = pytest.importorskip("kubernetes_validate")
+    root = Path(kv.__file__).parent / "kubernetes-json-schema" / f"v1.{minor}.0-local-strict"
+    defs = json.loads((root / "_definitions.json").read_text())["$defs"]
+
+    def resolve(node: dict[str, Any]) -> dict[str, Any]:
+        while "$ref" in node:
+            node = defs[node["$ref"].rsplit("/", 1)[-1]]
+        return node
+
+    assert set(REQUIRED_FIELDS) == set(SCHEMA_FILES)
+    for key, patterns in REQUIRED_FIELDS.items():
+        top = json.loads((root / SCHEMA_FILES[key]).read_text())
+        for pattern in patterns:
+            node, *parts = [resolve(top), *pattern.split(".")]
+            for part in parts[:-1]:
+                node = resolve(node["properties"][part.removesuffix("[]")])
+                if part.endswith("[]"):
+                    node = resolve(node["items"])
+            assert parts[-1] in (node.get("required") or []), (minor, key, pattern)
