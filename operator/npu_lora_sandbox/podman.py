@@ -442,8 +442,8 @@ class PodmanRuntime:
                 stdin=asyncio.subprocess.DEVNULL,
                 env=self.env,
                 start_new_session=True,
-                # conmon writes an `oom` marker into its working directory when the container
-                # is OOM-killed: the pod's directory, never the caller's (a checkout's root)
+                # an OOM kill left an empty `oom` file in the caller's working directory (a
+                # checkout's root; conmon's marker, it seems): run it in the pod's directory
                 cwd=str(launch.log_path.parent),
             )
         return PodmanContainer(self, name, proc)
