@@ -185,6 +185,14 @@ class PodEnvironment:
                 {i["key"]: i.get("path", i["key"]) for i in items} if items else {k: k for k in src}
             )
             for key, rel in files.items():
+                # a key or an item path names a file inside the volume (the API server refuses
+                # others; checked again here: `../x` or `/x` would write outside the pod)
+                parts = str(rel).split("/")
+                if not rel or str(rel).startswith("/") or ".." in parts or "\x00" in str(rel):
+                    raise _StartError(
+                        f"sandbox kubelet: volume {vm.get('name')!r}: {str(rel)[:64]!r} is not a "
+                        "relative file name inside the volume"
+                    )
                 if key in src:
                     dest = target / rel
                     dest.parent.mkdir(parents=True, exist_ok=True)
