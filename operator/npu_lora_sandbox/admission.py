@@ -426,6 +426,7 @@ def _label_causes(meta: dict[str, Any]) -> list[schema.Cause]:
 
 
 _CONFIG_KEY = re.compile(r"[-._a-zA-Z0-9]+")
+_VOLUME_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 
 def _data_key_causes(rt: ResourceType, obj: dict[str, Any]) -> list[schema.Cause]:
@@ -471,6 +472,19 @@ def _item_path_causes(rt: ResourceType, obj: dict[str, Any]) -> list[schema.Caus
     else:
         return []
     causes: list[schema.Cause] = []
+    names = [
+        (f"{prefix}.volumes[{i}].name", (v or {}).get("name"))
+        for i, v in enumerate(spec.get("volumes") or [])
+    ]
+    for kind in ("containers", "initContainers"):
+        for ci, c in enumerate(spec.get(kind) or []):
+            for mi, m in enumerate((c or {}).get("volumeMounts") or []):
+                names.append(
+                    (f"{prefix}.{kind}[{ci}].volumeMounts[{mi}].name", (m or {}).get("name"))
+                )
+    for where, name in names:  # a DNS-1123 label: the kubelet makes a directory of it
+        if not isinstance(name, str) or len(name) > 63 or not _VOLUME_NAME.fullmatch(name):
+            causes.append(schema._invalid(where, name, "must be a DNS-1123 label"))
     for i, vol in enumerate(spec.get("volumes") or []):
         for src in ("configMap", "secret"):
             for j, item in enumerate(((vol or {}).get(src) or {}).get("items") or []):

@@ -203,3 +203,22 @@ def test_the_kubelet_never_writes_an_item_outside_the_pod(emulator, tmp_path, pa
         kl._materialise(pod, pod["spec"]["containers"][0], pdir, lambda v: v)
     assert not list(tmp_path.rglob("escaped*"))
     assert not __import__("pathlib").Path("/tmp/escaped-abs").exists()
+
+
+@pytest.mark.parametrize("name", ["../../../escaped-vol", "a/b", "UPPER", "x" * 64])
+def test_a_volume_name_that_is_no_dns_label_is_refused(emulator, tmp_path, name):
+    """The kubelet makes a directory of a volume's name: ``../x`` made (and, with a configMap,
+    filled) a directory outside the pod."""
+    from npu_lora_sandbox.kubelet import LocalKubelet
+    from npu_lora_sandbox.podenv import _StartError
+
+    pod = _pod_with_item("a")
+    pod["spec"]["volumes"] = [{"name": name, "emptyDir": {}}]
+    pod["spec"]["containers"][0]["volumeMounts"] = [{"name": name, "mountPath": "/x"}]
+    assert _send(emulator, "POST", "/api/v1/namespaces/default/pods", [], pod) == 422
+    kl = LocalKubelet(emulator, root=tmp_path / "sandbox")
+    pdir = tmp_path / "sandbox" / "pods" / "p1"
+    pdir.mkdir(parents=True)
+    with pytest.raises(_StartError, match="not a DNS-1123 label"):
+        kl._mounts(pod, pod["spec"]["containers"][0], pdir)
+    assert not list(tmp_path.rglob("escaped*"))
