@@ -309,7 +309,7 @@ class Admission:
         """What the apiserver refuses of a built-in kind before storing it: a required field
         without a default (:data:`REQUIRED_FIELDS`), a CRD whose CEL rules exceed the cost
         budget (:func:`.celcost.crd_cost_errors`, the apiserver's static estimate)."""
-        causes: list[schema.Cause] = []
+        causes: list[schema.Cause] = _data_key_causes(rt, obj) + _item_path_causes(rt, obj)
         for pattern in REQUIRED_FIELDS.get((rt.group, rt.kind), ()):
             causes += [
                 schema.Cause(path, "FieldValueRequired", "Required value")
@@ -421,4 +421,81 @@ def _label_causes(meta: dict[str, Any]) -> list[schema.Cause]:
                         "alphanumeric character (at most 63)",
                     )
                 )
+    return causes
+
+
+_CONFIG_KEY = re.compile(r"[-._a-zA-Z0-9]+")
+_VOLUME_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+def _data_key_causes(rt: ResourceType, obj: dict[str, Any]) -> list[schema.Cause]:
+    """ConfigMap/Secret keys are file names (``[-._a-zA-Z0-9]+``, not ``.``/``..``, at most
+    253) and ConfigMap ``data`` values strings, as the API server checks: a key is written as a
+    file into every pod that mounts it."""
+    if rt.group != "" or rt.kind not in ("ConfigMap", "Secret"):
+        return []
+    causes: list[schema.Cause] = []
+    for field in ("data", "binaryData", "stringData"):
+        items = obj.get(field)
+        if items is None:
+            continue
+        if not isinstance(items, dict):
+            causes.append(schema._invalid(field, items, "must be a map"))
+            continue
+        for k, v in items.items():
+            if not (isinstance(k, str) and len(k) <= 253 and _CONFIG_KEY.fullmatch(k)) or k in (
+                ".",
+                "..",
+            ):
+                causes.append(
+                    schema._invalid(
+                        field,
+                        k,
+                        "a valid config key must consist of alphanumeric characters, '-', '_' "
+                        "or '.' (not '.' or '..')",
+                    )
+                )
+            elif not isinstance(v, str):
+                causes.append(schema._invalid(f"{field}[{k}]", v, "must be a string"))
+    return causes
+
+
+def _item_path_causes(rt: ResourceType, obj: dict[str, Any]) -> list[schema.Cause]:
+    """A Pod's (or a Job template's) configMap/secret volume ``items[].path`` is relative,
+    without ``..`` (the API server's ``validateLocalDescendingPath``)."""
+    if (rt.group, rt.kind) == ("", "Pod"):
+        spec, prefix = obj.get("spec") or {}, "spec"
+    elif (rt.group, rt.kind) == ("batch", "Job"):
+        spec = ((obj.get("spec") or {}).get("template") or {}).get("spec") or {}
+        prefix = "spec.template.spec"
+    else:
+        return []
+    causes: list[schema.Cause] = []
+    names = [
+        (f"{prefix}.volumes[{i}].name", (v or {}).get("name"))
+        for i, v in enumerate(spec.get("volumes") or [])
+    ]
+    for kind in ("containers", "initContainers"):
+        for ci, c in enumerate(spec.get(kind) or []):
+            for mi, m in enumerate((c or {}).get("volumeMounts") or []):
+                names.append(
+                    (f"{prefix}.{kind}[{ci}].volumeMounts[{mi}].name", (m or {}).get("name"))
+                )
+    for where, name in names:  # a DNS-1123 label: the kubelet makes a directory of it
+        if not isinstance(name, str) or len(name) > 63 or not _VOLUME_NAME.fullmatch(name):
+            causes.append(schema._invalid(where, name, "must be a DNS-1123 label"))
+    for i, vol in enumerate(spec.get("volumes") or []):
+        for src in ("configMap", "secret"):
+            for j, item in enumerate(((vol or {}).get(src) or {}).get("items") or []):
+                path = (item or {}).get("path")
+                if not isinstance(path, str) or (
+                    path.startswith("/") or ".." in path.split("/") or not path
+                ):
+                    causes.append(
+                        schema._invalid(
+                            f"{prefix}.volumes[{i}].{src}.items[{j}].path",
+                            path,
+                            "must be a relative path without '..'",
+                        )
+                    )
     return causes

@@ -30,6 +30,20 @@ class _StartError(Exception):
     pass
 
 
+_VOLUME_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+def _volume_dir(pdir: Path, vm: dict[str, Any]) -> Path:
+    """The pod's own directory of the volume a mount names: the name is a DNS-1123 label (the
+    API server refuses others; checked again here, as ``../x`` would leave the pod)."""
+    name = vm.get("name")
+    if not isinstance(name, str) or len(name) > 63 or not _VOLUME_NAME.fullmatch(name):
+        raise _StartError(
+            f"sandbox kubelet: volume name {str(name)[:64]!r} is not a DNS-1123 label"
+        )
+    return pdir / "volumes" / name
+
+
 def _expand(text: str, env: Mapping[str, str]) -> str:
     """Kubernetes ``$(VAR)`` expansion, as the kubelet does it: ``$$`` is a literal ``$`` (before
     anything), ``$(NAME)`` the variable's value (unknown: left as written), any other ``$`` kept."""
@@ -125,7 +139,7 @@ class PodEnvironment:
                 local = Path(vol["hostPath"].get("path", "/"))
                 self._check_host_path(local, vm)
             else:
-                local = pdir / "volumes" / str(vm.get("name"))
+                local = _volume_dir(pdir, vm)
             sub = vm.get("subPath")
             if sub:
                 # the kubelet refuses a subPath that is absolute or climbs out of its volume
@@ -179,12 +193,20 @@ class PodEnvironment:
                 items = vol["secret"].get("items")
             else:
                 continue
-            target = pdir / "volumes" / str(vm.get("name"))
+            target = _volume_dir(pdir, vm)
             target.mkdir(parents=True, exist_ok=True)
             files = (
                 {i["key"]: i.get("path", i["key"]) for i in items} if items else {k: k for k in src}
             )
             for key, rel in files.items():
+                # a key or an item path names a file inside the volume (the API server refuses
+                # others; checked again here: `../x` or `/x` would write outside the pod)
+                parts = str(rel).split("/")
+                if not rel or str(rel).startswith("/") or ".." in parts or "\x00" in str(rel):
+                    raise _StartError(
+                        f"sandbox kubelet: volume {vm.get('name')!r}: {str(rel)[:64]!r} is not a "
+                        "relative file name inside the volume"
+                    )
                 if key in src:
                     dest = target / rel
                     dest.parent.mkdir(parents=True, exist_ok=True)

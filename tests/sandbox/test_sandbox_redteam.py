@@ -135,3 +135,90 @@ def test_a_body_of_another_type_is_refused_not_stored_as_this_one(emulator, body
     emulator.create({**_cm("c9"), "metadata": {"name": "c9", "namespace": "default"}})
     assert _send(emulator, "PUT", CM + "/c9", [], {**body, "metadata": {"name": "c9"}}) == 400
     assert emulator.get("v1", "ConfigMap", "c9", namespace="default")["data"] == {"k": "1"}
+
+
+# --- ConfigMap/Secret keys and volume item paths are file names inside the volume -----------
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"kind": "ConfigMap", "data": {"../../../escaped": "x"}},
+        {"kind": "ConfigMap", "data": {"/etc/x": "x"}},
+        {"kind": "ConfigMap", "data": {"..": "x"}},
+        {"kind": "ConfigMap", "data": {"a": 5}},
+        {"kind": "ConfigMap", "binaryData": {"a/b": "eA=="}},
+        {"kind": "Secret", "stringData": {"../x": "y"}},
+    ],
+)
+def test_config_keys_that_are_no_file_names_are_refused(emulator, body):
+    kind = body.pop("kind")
+    plural = "configmaps" if kind == "ConfigMap" else "secrets"
+    obj = {"apiVersion": "v1", "kind": kind, "metadata": {"name": "k1"}, **body}
+    assert _send(emulator, "POST", f"/api/v1/namespaces/default/{plural}", [], obj) == 422
+
+
+def _pod_with_item(path: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p1", "namespace": "default"},
+        "spec": {
+            "containers": [
+                {"name": "c", "image": "x", "volumeMounts": [{"name": "v", "mountPath": "/x"}]}
+            ],
+            "volumes": [
+                {"name": "v", "configMap": {"name": "cfg", "items": [{"key": "a", "path": path}]}}
+            ],
+        },
+    }
+
+
+@pytest.mark.parametrize("path", ["../../../escaped", "/etc/escaped", "a/../../b", ""])
+def test_a_volume_item_path_that_leaves_the_volume_is_refused(emulator, path):
+    assert (
+        _send(emulator, "POST", "/api/v1/namespaces/default/pods", [], _pod_with_item(path)) == 422
+    )
+
+
+@pytest.mark.parametrize("path", ["../../../escaped", "/tmp/escaped-abs", "a/../../escaped"])
+def test_the_kubelet_never_writes_an_item_outside_the_pod(emulator, tmp_path, path):
+    """Defence in depth: a pod that reached the kubelet with such a path does not start."""
+    from npu_lora_sandbox.kubelet import LocalKubelet
+    from npu_lora_sandbox.podenv import _StartError
+
+    emulator.create(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "cfg", "namespace": "default"},
+            "data": {"a": "1"},
+        }
+    )
+    kl = LocalKubelet(emulator, root=tmp_path / "sandbox")
+    pod = _pod_with_item(path)
+    pdir = tmp_path / "sandbox" / "pods" / "p1"
+    pdir.mkdir(parents=True)
+    with pytest.raises(_StartError, match="not a relative file name"):
+        kl._materialise(pod, pod["spec"]["containers"][0], pdir, lambda v: v)
+    assert not list(tmp_path.rglob("escaped*"))
+    assert not __import__("pathlib").Path("/tmp/escaped-abs").exists()
+
+
+@pytest.mark.parametrize("name", ["../../../escaped-vol", "a/b", "UPPER", "x" * 64])
+def test_a_volume_name_that_is_no_dns_label_is_refused(emulator, tmp_path, name):
+    """The kubelet makes a directory of a volume's name: ``../x`` made (and, with a configMap,
+    filled) a directory outside the pod."""
+    from npu_lora_sandbox.kubelet import LocalKubelet
+    from npu_lora_sandbox.podenv import _StartError
+
+    pod = _pod_with_item("a")
+    pod["spec"]["volumes"] = [{"name": name, "emptyDir": {}}]
+    pod["spec"]["containers"][0]["volumeMounts"] = [{"name": name, "mountPath": "/x"}]
+    assert _send(emulator, "POST", "/api/v1/namespaces/default/pods", [], pod) == 422
+    kl = LocalKubelet(emulator, root=tmp_path / "sandbox")
+    pdir = tmp_path / "sandbox" / "pods" / "p1"
+    pdir.mkdir(parents=True)
+    with pytest.raises(_StartError, match="not a DNS-1123 label"):
+        kl._mounts(pod, pod["spec"]["containers"][0], pdir)
+    assert not list(tmp_path.rglob("escaped*"))

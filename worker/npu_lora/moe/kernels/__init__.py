@@ -194,6 +194,8 @@ def _published_without_compiler(root: Path, parts: dict[str, str]) -> Path | Non
     for d in sorted(root.glob(f"{PREFIX}_*")):
         meta = read_meta(d) if d.is_dir() else None
         got = (meta or {}).get("key") or {}
+        if not isinstance(got, dict):  # a kernel.json edited or planted by hand: not ours
+            continue
         if {k: v for k, v in got.items() if k != "compiler"} == others:
             return d
     return None

@@ -266,7 +266,7 @@ class BuildLock:
 def read_meta(published: Path) -> dict[str, Any] | None:
     try:
         meta = json.loads((published / META).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     return meta if isinstance(meta, dict) else None
 
