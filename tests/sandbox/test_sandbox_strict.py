@@ -164,12 +164,14 @@ _WEDGED = textwrap.dedent(
     command.SHUTDOWN_GRACE = 2.0
     command.start_sandbox = lambda *a, **k: {"kubeconfig": "k", "root": "r", "runtime": "subprocess",
                                              "emulator": type("E", (), {"url": "u"})(),
-                                             "worker_image": "w"}
+                                             "worker_image": "w",
+                                             "kubelet": type("K", (), {"pvc_dir": lambda self, c, n:
+                                                 __import__("pathlib").Path(c, n)})()}
     command.stop_sandbox = lambda parts: time.sleep(3600)   # wedged
     import argparse
     args = argparse.Namespace(log_level="WARNING", root=sys.argv[1], kubeconfig=None, port=0,
         host="127.0.0.1", no_operator=True, runtime="subprocess", worker_image=None,
-        operator_image=None, operator_in_process=False)
+        operator_image=None, operator_in_process=False, node_label=[])
     command.run(args)
     """
 )
