@@ -17,70 +17,37 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from npu_lora.models.quant import block_of, dequantize
 from npu_lora.moe import kernels
+from npu_lora.moe import stream_common as _common
 from npu_lora.moe.routing import Routing
+from npu_lora.moe.stream_common import BWD_SPLITS, DOWN_BLOCK, GU_BLOCK, _activations, _offsets
 from npu_lora.moe.threads import kernel_threads
 
-#: row blocks per task: the values of :mod:`npu_lora.moe.stream` (which imports this module)
-GU_BLOCK, DOWN_BLOCK, BWD_SPLITS = 64, 256, 2
 
+class _Dequantized:
+    """8-bit experts seen by the bf16/fp32 torch fallback of :mod:`npu_lora.moe.stream_common`: indexing
+    one expert dequantises it to fp32 (one expert at a time, never the whole tensor)."""
 
-def _offsets(r: Routing) -> torch.Tensor:
-    return torch.cumsum(torch.tensor([0, *r.counts], dtype=torch.int64), 0)
+    def __init__(self, q: torch.Tensor, s: torch.Tensor, block: tuple[int, int]) -> None:
+        self.q, self.s, self.block = q, s, block
+        self.shape = q.shape
 
-
-def _activations(t: torch.Tensor) -> torch.Tensor:
-    t = t.detach()
-    return (t if t.dtype in (torch.float32, torch.bfloat16) else t.float()).contiguous()
+    def __getitem__(self, e: int) -> torch.Tensor:
+        return dequantize(self.q[e], self.s[e], self.block)
 
 
 def _torch_forward(x_g, w_g, r: Routing, q, block):
     q_gu, s_gu, q_dn, s_dn = q
-    S, inter, H = x_g.shape[0], q_dn.shape[2], x_g.shape[1]
-    h = x_g.new_zeros(S, 2 * inter)
-    y = x_g.new_zeros(S, H)
-    s0 = 0
-    for e, n in enumerate(r.counts):
-        if n:
-            seg = slice(s0, s0 + n)
-            h[seg] = x_g[seg] @ dequantize(q_gu[e], s_gu[e], block).t()
-            g, u = h[seg].chunk(2, dim=-1)
-            y[seg] = (F.silu(g) * u) @ dequantize(q_dn[e], s_dn[e], block).t()
-            s0 += n
-    y.mul_(w_g.unsqueeze(-1))
-    if r.valid < S:
-        y[r.valid :] = 0
-    return y[r.inv_perm].view(r.num_tokens, r.top_k, -1).sum(dim=1), h
+    gu, dn = _Dequantized(q_gu, s_gu, block), _Dequantized(q_dn, s_dn, block)
+    return _common._torch_forward(x_g, w_g, r, gu, dn)
 
 
 def _torch_backward(g_g, h, w_g, r: Routing, q, block):
     q_gu, s_gu, q_dn, s_dn = q
-    S, inter = g_g.shape[0], q_dn.shape[2]
-    z = g_g.new_zeros(S, inter)
-    s0 = 0
-    for e, n in enumerate(r.counts):
-        if n:
-            z[s0 : s0 + n] = g_g[s0 : s0 + n] @ dequantize(q_dn[e], s_dn[e], block)
-            s0 += n
-    gate, up = h.chunk(2, dim=-1)
-    sig = torch.sigmoid(gate)
-    silu = gate * sig
-    dw = (silu * up * z).sum(-1)
-    da = z * w_g.unsqueeze(-1)
-    dh = torch.cat([da * up * (sig * (1 + gate * (1 - sig))), da * silu], dim=-1)
-    dx = g_g.new_zeros(S, g_g.shape[1])
-    s0 = 0
-    for e, n in enumerate(r.counts):
-        if n:
-            dx[s0 : s0 + n] = dh[s0 : s0 + n] @ dequantize(q_gu[e], s_gu[e], block)
-            s0 += n
-    if r.valid < S:
-        dx[r.valid :] = 0
-        dw[r.valid :] = 0
-    return dx[r.inv_perm].view(r.num_tokens, r.top_k, -1).sum(dim=1), dw, dh
+    gu, dn = _Dequantized(q_gu, s_gu, block), _Dequantized(q_dn, s_dn, block)
+    return _common._torch_backward(g_g, h, w_g, r, gu, dn)
 
 
 class StreamQ8ExpertsFunction(torch.autograd.Function):
