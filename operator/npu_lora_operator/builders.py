@@ -20,8 +20,8 @@ The children of a run ``NAME``:
 All carry an ownerReference to the MoEFinetune (controller), so deleting the run deletes them.
 
 Mount points (fixed, so the worker config is independent of the cluster's storage):
-``/mnt/model``, ``/mnt/data``, ``/mnt/output``, ``/mnt/cache/furiosa`` (furiosa compile cache;
-``XDG_CACHE_HOME=/mnt/cache``), ``/etc/npu-lora`` (the ConfigMap) and an ``emptyDir`` on ``/tmp``
+``/mnt/model``, ``/mnt/data``, ``/mnt/output``, ``/mnt/cache/<folder>`` (the compile cache, the
+backend's registry ``cache_folder``: ``furiosa`` for RNGD; ``XDG_CACHE_HOME=/mnt/cache``), ``/etc/npu-lora`` (the ConfigMap) and an ``emptyDir`` on ``/tmp``
 (the root filesystem is read-only; ``HOME=/tmp``).
 """
 
@@ -69,13 +69,27 @@ MODEL_MOUNT = "/mnt/model"
 DATA_MOUNT = "/mnt/data"
 OUTPUT_MOUNT = "/mnt/output"
 CACHE_ROOT = "/mnt/cache"
-CACHE_MOUNT = f"{CACHE_ROOT}/furiosa"
+#: the compile cache volume's name in the pods
+CACHE_VOLUME = "compile-cache"
 TMP_MOUNT = "/tmp"
 TERMINATION_LOG = "/dev/termination-log"
-RNGD_RESOURCE = registry.entry("furiosa").resource  # the extended resources: the registry's
 MANAGED_BY = "npu-lora-operator"
 
 _MAX_NAME = 63  # DNS label (Job names feed the pods' job-name label)
+
+
+def cache_mount(spec: Any) -> str:
+    """Where the compile cache volume is mounted: ``$XDG_CACHE_HOME/<folder>``, the backend's
+    registry ``cache_folder`` (``/mnt/cache/furiosa`` for RNGD, where furiosa-torch keeps its
+    own cache; ``auto`` resolves as the cluster would)."""
+    folder = registry.resolve(spec.device.backend, spec.device.cards).cache_dir
+    return f"{CACHE_ROOT}/{folder}"
+
+
+def graph_cache(spec: Any) -> str:
+    """The graph cache inside the compile cache volume (the worker's ``cache_root`` of a spec
+    with ``compileCache``: ``$XDG_CACHE_HOME/<folder>/npu-lora``, ``compile.cache.GRAPH_DIR``)."""
+    return f"{cache_mount(spec)}/npu-lora"
 
 
 def _short(name: str, suffix: str = "", limit: int = _MAX_NAME) -> str:
@@ -212,7 +226,7 @@ def _volumes(run: Run, config: OperatorConfig) -> tuple[list[Body], list[Body]]:
         ("model", spec.model.volume, MODEL_MOUNT, True, False),
         ("data", spec.data.volume, DATA_MOUNT, True, False),
         ("output", spec.output.volume, OUTPUT_MOUNT, False, True),
-        ("furiosa-cache", spec.device.compile_cache, CACHE_MOUNT, False, True),
+        (CACHE_VOLUME, spec.device.compile_cache, cache_mount(spec), False, True),
     ]
     for vol_name, ref, mount, default_ro, create in refs:
         if ref:
@@ -487,7 +501,7 @@ def worker_env(run: Run, config: OperatorConfig) -> list[Body]:
         # the worker reads data only under the data volume (no symlink or path escapes it)
         env.append({"name": "NPU_LORA_DATA_ROOT", "value": DATA_MOUNT})
     if has_cache:  # the graph cache (npu_lora.compile.cache): the worker checks its plan there
-        env.append({"name": "NPU_LORA_COMPILE_CACHE", "value": f"{CACHE_MOUNT}/npu-lora"})
+        env.append({"name": "NPU_LORA_COMPILE_CACHE", "value": graph_cache(run.spec)})
     env += [{"name": k, "value": v} for k, v in config.extra_env]
     user = _pod_template(run).get("env") or []
     names = {e.get("name") for e in user}

@@ -31,8 +31,8 @@ from typing import Any
 from npu_lora.api.v1alpha1 import EXIT_CONFIG_ERROR, GROUP
 
 from npu_lora_operator.builders import (
-    CACHE_MOUNT,
     CACHE_ROOT,
+    CACHE_VOLUME,
     CONFIG_DIR,
     CONFIG_PATH,
     CONTAINER_NAME,
@@ -47,17 +47,16 @@ from npu_lora_operator.builders import (
     _short,
     _volume_source,
     build_children,
+    cache_mount,
     configmap_name,
     container_security_context,
+    graph_cache,
     labels,
     pod_security_context,
 )
 from npu_lora_operator.settings import OperatorConfig
 
 COMPONENT = "precompile"
-#: the graph cache inside the compile cache volume (the worker's ``cache_root`` for a spec with
-#: ``compileCache``: ``$XDG_CACHE_HOME/furiosa/npu-lora``)
-GRAPH_CACHE = f"{CACHE_MOUNT}/npu-lora"
 #: per compile pod: furiosa-torch's compiler is mostly single-threaded; the Qwen3 head/embed
 #: graphs hold 151,936 × 2048 weights (1.2 GB in fp32) while compiling
 RESOURCES: Body = {"requests": {"cpu": "1", "memory": "4Gi"}, "limits": {"memory": "16Gi"}}
@@ -119,15 +118,15 @@ def build_precompile_job(
     vols: list[Body] = [
         {"name": "config", "configMap": {"name": configmap_name(name)}},
         {"name": "tmp", "emptyDir": {"sizeLimit": config.tmp_size_limit}},
-        {"name": "furiosa-cache", **_volume_source(cache, read_only=False, create=True)},
+        {"name": CACHE_VOLUME, **_volume_source(cache, read_only=False, create=True)},
     ]
-    cache_mount: Body = {"name": "furiosa-cache", "mountPath": CACHE_MOUNT}
+    cache_mnt: Body = {"name": CACHE_VOLUME, "mountPath": cache_mount(spec)}
     if cache.sub_path:
-        cache_mount["subPath"] = cache.sub_path
+        cache_mnt["subPath"] = cache.sub_path
     mounts: list[Body] = [
         {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
         {"name": "tmp", "mountPath": TMP_MOUNT},
-        cache_mount,
+        cache_mnt,
     ]
     if spec.model.volume is not None:  # the model's config.json (its widths)
         vols.append(
@@ -141,7 +140,7 @@ def build_precompile_job(
         {"name": "HOME", "value": TMP_MOUNT},
         {"name": "TMPDIR", "value": TMP_MOUNT},
         {"name": "XDG_CACHE_HOME", "value": CACHE_ROOT},
-        {"name": "NPU_LORA_COMPILE_CACHE", "value": GRAPH_CACHE},
+        {"name": "NPU_LORA_COMPILE_CACHE", "value": graph_cache(spec)},
         {"name": "NPU_LORA_TERMINATION_LOG", "value": TERMINATION_LOG},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]

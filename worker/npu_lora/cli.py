@@ -3,6 +3,9 @@
 Each subcommand lives in its own module that is imported only when that subcommand runs (so
 ``npu-lora operator`` never imports torch, and ``--help`` is fast). A subcommand module exposes
 ``add_arguments(parser)`` and ``run(args) -> int`` and keeps heavy imports inside functions.
+Every command runs through :func:`npu_lora.commands.common.run_command`, the one place that
+turns errors into exit codes (2 configuration, 130 interrupted, 1 otherwise); ``--set`` is
+declared once there too (``add_overrides``).
 """
 
 from __future__ import annotations
@@ -98,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     module = _load(args._module)
-    return int(module.run(args) or 0)
+    from npu_lora.commands.common import run_command
+
+    return run_command(args.command, module.run, args)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -8,6 +8,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from npu_lora.api import backends as registry
+
 from npu_lora_operator.policy.quantities import quantity_bytes
 
 Body = dict[str, Any]
@@ -32,11 +34,11 @@ _KEYS = {
     "memoryWhenUnknown": "memory_when_unknown",
 }
 _RESOURCE_KEYS = ("requests", "limits")
-#: defaults of the list-valued keys that are not empty (the chart's values.yaml repeats them)
-DEFAULT_TOLERATION_KEYS = ("furiosa.ai/*", "nvidia.com/gpu", "npu-lora.io/*")
+#: defaults of the list-valued keys that are not empty (the chart's values.yaml repeats them,
+#: checked equal by tests/chart): the backends' taint and node-label keys come from the registry
+DEFAULT_TOLERATION_KEYS = (*registry.taint_keys(), "npu-lora.io/*")
 DEFAULT_NODE_SELECTOR_KEYS = (
-    "furiosa.ai/*",
-    "nvidia.com/*",
+    *registry.node_keys(),
     "npu-lora.io/*",
     "node.kubernetes.io/instance-type",
     "topology.kubernetes.io/*",

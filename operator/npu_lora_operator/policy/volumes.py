@@ -22,7 +22,7 @@ from npu_lora_operator.policy.sources import check_source, size_limit_bytes
 
 _VOLUME_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 #: the operator's own volumes and mount points (a podTemplate may neither reuse nor overlap them)
-OPERATOR_VOLUMES = frozenset({"config", "tmp", "model", "data", "output", "furiosa-cache"})
+OPERATOR_VOLUMES = frozenset({"config", "tmp", "model", "data", "output", "compile-cache"})
 OPERATOR_MOUNTS = (
     "/etc/npu-lora",
     "/tmp",

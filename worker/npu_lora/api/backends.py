@@ -3,9 +3,13 @@ read it; the implementations are imported only by ``npu_lora.backends.get_backen
 
 A new accelerator backend is one module (a ``npu_lora.backends.base.Backend`` subclass with a
 ``name``, ``available()`` and a constructor taking the card index) and one :func:`register`
-line below, as peft's ``dispatch_*`` functions: ``spec.device.backend``'s enum and the CRD,
-the CLI choices, ``auto``'s order, the card check, the operator's extended resource and the
-compile plan's backends all derive from this registry.
+line below, as peft's ``dispatch_*`` functions: ``spec.device.backend``'s enum and the CRD
+(its CEL rules), the CLI choices, ``auto``'s order, the card check, the operator's extended
+resources and node requirements, the policy's default node-selector and toleration keys (and
+the chart's values, checked equal by a test), the compile plan's backends, the precompile step's
+compiler and compile device, the compile cache folder, whether the host stands in for the
+device (:attr:`BackendEntry.host`) and the sandbox node's capacity all derive from this
+registry (``tests/fakenpu/`` adds one and follows it through all of them).
 """
 
 from __future__ import annotations
@@ -19,11 +23,15 @@ __all__ = [
     "accelerators",
     "choices",
     "entry",
+    "is_host",
     "names",
     "node_facts",
+    "node_keys",
     "partitions",
     "products",
     "register",
+    "resolve",
+    "taint_keys",
     "unregister",
 ]
 
@@ -69,7 +77,17 @@ class BackendEntry:
     ``furiosa-torch``; ``npu_lora.compile.plan.compiler_id``); ``precompile``: ``device.precompile:
     auto`` is on (compiles that take minutes); ``sdpa``: long rows run torch's memory-efficient
     ``scaled_dot_product_attention`` (``npu_lora.api.sizing.attention_impl``; off where the
-    compiler takes only the eager form); ``summary``: a few words for the API reference."""
+    compiler takes only the eager form); ``summary``: a few words for the API reference.
+
+    ``host``: the host computes what the device would (CPU-like: the memory estimate counts
+    attention and the head on the host, the LM head takes the host's streaming kernel);
+    ``compile_device``: the torch device an ``inductor`` compile targets (the precompile step
+    refuses an ``inductor`` backend without one rather than compile for the CPU);
+    ``cache_folder``: the folder under ``$XDG_CACHE_HOME`` the compile cache volume is mounted
+    at (the compiler's own cache; the graph cache is its ``npu-lora/``; default: the name);
+    ``node_keys``/``taint_keys``: the node-label keys (globs) its nodes carry that a run may
+    select on, the taint keys a run may tolerate (the policy's defaults); ``sandbox_cards``:
+    cards of it on the sandbox's node (0: none)."""
 
     name: str
     implementation: str
@@ -81,6 +99,24 @@ class BackendEntry:
     summary: str = ""
     sdpa: bool = True
     node: NodeFacts | None = None
+    host: bool = False
+    compile_device: str | None = None
+    cache_folder: str = ""
+    node_keys: tuple[str, ...] = ()
+    taint_keys: tuple[str, ...] = ()
+    sandbox_cards: int = 0
+
+    @property
+    def cache_dir(self) -> str:
+        """The compile cache folder's name (``cache_folder``, else the backend's name)."""
+        return self.cache_folder or self.name
+
+    def resources(self) -> tuple[str, ...]:
+        """Every extended resource its device plugin advertises: the card, its partitions."""
+        if self.resource is None:
+            return ()
+        parts = self.node.partitions if self.node is not None else ()
+        return (self.resource, *(f"{self.resource}-{p}" for p, _ in parts))
 
     def partition_resource(self, partition: str) -> str:
         """The extended resource of one ``partition`` of a card (``<resource>-<partition>``)."""
@@ -159,6 +195,38 @@ def partitions() -> tuple[str, ...]:
     return tuple(p for e in node_facts() for p, _ in e.node.partitions)  # type: ignore[union-attr]
 
 
+def resolve(backend: str, cards: int) -> BackendEntry:
+    """The entry ``backend`` runs as: itself, or for ``auto`` the first backend (in ``auto``'s
+    order) that needs cards when ``cards`` > 0, else the first that needs none (what a cluster
+    run resolves to)."""
+    if backend != AUTO:
+        return entry(backend)
+    want = cards > 0
+    found = next((e for e in _REGISTRY.values() if e.cards == want), None)
+    if found is None:
+        raise ValueError(
+            f"device.backend auto: no registered backend {'with' if want else 'without'} cards"
+        )
+    return found
+
+
+def is_host(backend: str) -> bool:
+    """Whether backend ``backend`` is CPU-like (its entry's ``host``; ``auto`` and an unknown
+    name: not known to be, False)."""
+    e = _REGISTRY.get(backend)
+    return e is not None and e.host
+
+
+def node_keys() -> tuple[str, ...]:
+    """Every backend's node-label keys (globs), in ``auto``'s order, once each."""
+    return tuple(dict.fromkeys(k for e in _REGISTRY.values() for k in e.node_keys))
+
+
+def taint_keys() -> tuple[str, ...]:
+    """Every backend's taint keys (globs), in ``auto``'s order, once each."""
+    return tuple(dict.fromkeys(k for e in _REGISTRY.values() for k in e.taint_keys))
+
+
 def node_backend(backend: str, cards: int) -> BackendEntry | None:
     """The backend a run's node facts come from: ``backend``'s entry, or for ``auto`` with
     cards the first accelerator's (what a cluster run resolves to); None when it has none."""
@@ -171,26 +239,30 @@ def node_backend(backend: str, cards: int) -> BackendEntry | None:
     return e if e is not None and e.node is not None else None
 
 
-def example_node(cards: int = 8) -> tuple[dict[str, str], dict[str, str]]:
-    """``(labels, allocatable)`` of a node with ``cards`` cards of every backend with node facts,
-    as its discovery and device plugin would advertise them: the family, the first product,
-    the count and a driver version; the whole cards and every partitioned resource (a real
-    node advertises one resource strategy; the sandbox's node offers all of them)."""
+def example_node(cards: int | None = None) -> tuple[dict[str, str], dict[str, str]]:
+    """``(labels, allocatable)`` of the sandbox's node: of every backend with a resource,
+    ``cards`` cards (default: its ``sandbox_cards``; none when 0) as its discovery and device
+    plugin would advertise them: with node facts the family, the first product, the count and a
+    driver version; the whole cards and every partitioned resource (a real node advertises one
+    resource strategy; the sandbox's node offers all of them)."""
     labels: dict[str, str] = {}
     capacity: dict[str, str] = {}
-    for e in node_facts():
+    for e in _REGISTRY.values():
+        n_cards = e.sandbox_cards if cards is None else cards
+        if e.resource is None or n_cards <= 0:
+            continue
+        capacity[e.resource] = str(n_cards)
         f = e.node
-        assert f is not None
+        if f is None:
+            continue
         labels[f.family_label] = f.family
         labels[f.product_label] = f.products[0]
         if f.count_label:
-            labels[f.count_label] = str(cards)
+            labels[f.count_label] = str(n_cards)
         if f.driver_label:
             labels[f.driver_label] = "2026.4.0"
-        if e.resource:
-            capacity[e.resource] = str(cards)
-        for p, n in f.partitions:
-            capacity[e.partition_resource(p)] = str(n * cards)
+        for p, per in f.partitions:
+            capacity[e.partition_resource(p)] = str(per * n_cards)
     return labels, capacity
 
 
@@ -241,6 +313,6 @@ RNGD_NODE = NodeFacts(
     partitions=(("1core.6gb", 8), ("2core.12gb", 4), ("4core.24gb", 2)),
     partition_memory_gb=(("1core.6gb", 6), ("2core.12gb", 12), ("4core.24gb", 24)),
 )
-register(BackendEntry("furiosa", "npu_lora.backends.furiosa:FuriosaBackend", cards=True, resource="furiosa.ai/rngd", device_gather=False, compiler="furiosa-torch", precompile=True, summary="RNGD via furiosa-torch", sdpa=False, node=RNGD_NODE))  # fmt: skip
-register(BackendEntry("cuda", "npu_lora.backends.cuda:CudaBackend", cards=True, resource="nvidia.com/gpu"))  # fmt: skip
-register(BackendEntry("cpu", "npu_lora.backends.cpu:CpuBackend", summary="the host stands in for the device"))  # fmt: skip
+register(BackendEntry("furiosa", "npu_lora.backends.furiosa:FuriosaBackend", cards=True, resource="furiosa.ai/rngd", device_gather=False, compiler="furiosa-torch", precompile=True, summary="RNGD via furiosa-torch", sdpa=False, node=RNGD_NODE, cache_folder="furiosa", node_keys=("furiosa.ai/*",), taint_keys=("furiosa.ai/*",), sandbox_cards=8))  # fmt: skip
+register(BackendEntry("cuda", "npu_lora.backends.cuda:CudaBackend", cards=True, resource="nvidia.com/gpu", compile_device="cuda", node_keys=("nvidia.com/*",), taint_keys=("nvidia.com/gpu",)))  # fmt: skip
+register(BackendEntry("cpu", "npu_lora.backends.cpu:CpuBackend", summary="the host stands in for the device", host=True, compile_device="cpu"))  # fmt: skip

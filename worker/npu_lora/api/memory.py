@@ -55,6 +55,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from npu_lora.api.backends import is_host
 from npu_lora.api.sizing import attention_impl, head_chunk_rows
 from npu_lora.api.volumes import volume_root
 
@@ -171,7 +172,7 @@ def estimate(
     nh = _int(cfg, "num_attention_heads", 1) or 1
     hd = _int(cfg, "head_dim", H // nh) or H // nh
     nkv = _int(cfg, "num_key_value_heads", nh) or nh
-    on_host_all = spec.device.backend == "cpu"
+    on_host_all = is_host(spec.device.backend)  # the host stands in for the device
     t = spec.training
     tokens = t.batch_size * t.seq_len
 
@@ -212,8 +213,8 @@ def long_row_bytes(spec: Any, cfg: dict[str, Any]) -> int:
     V = _int(cfg, "vocab_size", 0) or 0
     nh = _int(cfg, "num_attention_heads", 1) or 1
     out = B * S * S * (dt + 2) + B * S * S * dt  # the mask (+ booleans), the label gather
-    if spec.device.backend == "cpu":  # attention and head on the host
-        if attention_impl("cpu", S) == "eager":
+    if is_host(spec.device.backend):  # attention and head on the host
+        if attention_impl(spec.device.backend, S) == "eager":
             out += L * B * nh * S * S * dt + B * nh * S * S * 4
         rows = head_chunk_rows(B, S, V) if V else 0
         out += 3 * B * rows * V * 4 + B * S * H * 4

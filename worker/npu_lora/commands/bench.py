@@ -20,7 +20,6 @@ Experts kernels: keys of transformers' ``ALL_EXPERTS_FUNCTIONS`` (``grouped_mm``
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from npu_lora.api import backends as registry
@@ -153,15 +152,11 @@ def config_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from npu_lora.api.load import SpecError
     from npu_lora.api.outpaths import check_out_dir
     from npu_lora.bench.harness import run_bench
+    from npu_lora.commands.common import CommandError
 
-    try:
-        check_out_dir(Path(args.roofline or args.out), "--roofline" if args.roofline else "--out")
-    except SpecError as e:
-        print(f"npu-lora bench: error: {e}", file=sys.stderr)
-        return 2
+    check_out_dir(Path(args.roofline or args.out), "--roofline" if args.roofline else "--out")
     if args.roofline:
         from npu_lora.bench.roofline import run_roofline
 
@@ -169,12 +164,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     try:
         cfg = config_from_args(args)
-    except ValueError as e:
-        print(f"npu-lora bench: {e}", file=sys.stderr)
-        return 2
-    try:
         run_bench(cfg, log=lambda s: print(s, flush=True))
     except ValueError as e:
-        print(f"npu-lora bench: {e}", file=sys.stderr)
-        return 2
+        raise CommandError(str(e)) from e
     return 0

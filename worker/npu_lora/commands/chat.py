@@ -23,13 +23,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-import traceback
 from pathlib import Path
 from typing import Any, TextIO
 
 from npu_lora.api.load import SpecError
-from npu_lora.api.v1alpha1 import EXIT_CONFIG_ERROR
-from npu_lora.inference.cli import EXIT_ERROR, add_run_arguments, fail
+from npu_lora.commands.common import CommandError, add_run_arguments
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -130,16 +128,17 @@ def _streamer(tok: Any, writer: ReplyWriter) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Exit codes: :mod:`npu_lora.commands.common` (``run_command``); Ctrl-C ends a chat with 0."""
     if args.max_new_tokens < 1:
-        return fail("chat", "--max-new-tokens: must be at least 1", EXIT_CONFIG_ERROR)
+        raise CommandError("--max-new-tokens: must be at least 1")
     # `not (x >= 0)`: a NaN compares false both ways and would sample from garbage
     if not args.temperature >= 0 or not 0 < args.top_p <= 1 or args.temperature == float("inf"):
-        return fail("chat", "--temperature must be >= 0 and --top-p in (0, 1]", EXIT_CONFIG_ERROR)
+        raise CommandError("--temperature must be >= 0 and --top-p in (0, 1]")
     if args.max_input_bytes < 1:
-        return fail("chat", "--max-input-bytes: must be at least 1", EXIT_CONFIG_ERROR)
+        raise CommandError("--max-input-bytes: must be at least 1")
     interactive = sys.stdin.isatty()
     try:
-        from npu_lora.inference.cli import load_from_args
+        from npu_lora.commands.common import load_from_args
         from npu_lora.inference.load import check_run_dir
 
         check_run_dir(Path(args.run_dir), args.adapter)
@@ -154,14 +153,9 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         return _loop(loaded, args, interactive)
-    except SpecError as e:
-        return fail("chat", str(e), EXIT_CONFIG_ERROR)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # the way out of a chat: not an error
         print(file=sys.stderr)
         return 0
-    except Exception as e:
-        traceback.print_exc()
-        return fail("chat", f"{type(e).__name__}: {e}", EXIT_ERROR)
 
 
 def _turns(interactive: bool, max_bytes: int):

@@ -8,22 +8,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from npu_lora.api import backends as registry
+from npu_lora.commands.common import CommandError, add_overrides
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", type=Path, help="MoEFinetune manifest or bare spec (YAML)")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="PATH=VALUE",
-        help="override a spec field (as for `npu-lora run`), e.g. training.seqLen=256",
-    )
+    add_overrides(parser)
     parser.add_argument(
         "--backend",
         choices=sorted(registry.names()),
@@ -79,8 +72,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         plan = load_plan(args.file, args.overrides, args.backend, args.model_config)
     except (SpecError, ValueError, OSError) as e:
-        print(f"npu-lora compile-plan: error: {e}", file=sys.stderr)
-        return 2
+        raise CommandError(str(e)) from e
     root = args.cache or cache.cache_root()
     doc = plan.to_dict()
     if root is not None:

@@ -18,12 +18,9 @@ that may not be replaced),
 from __future__ import annotations
 
 import argparse
-import traceback
 from pathlib import Path
 
-from npu_lora.api.load import SpecError
-from npu_lora.api.v1alpha1 import EXIT_CONFIG_ERROR
-from npu_lora.inference.cli import EXIT_ERROR, add_run_arguments, fail
+from npu_lora.commands.common import add_run_arguments
 
 PROBE = "npu-lora export: a probe sentence to compare logits. 리뷰: 좋은 영화\\n감정:"
 
@@ -50,27 +47,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    out = Path(args.merged).expanduser()
-    try:
-        from npu_lora.inference.export import check_out
-        from npu_lora.inference.load import check_run_dir
+    """Exit codes: :mod:`npu_lora.commands.common` (``run_command``)."""
+    from npu_lora.inference.export import check_out
+    from npu_lora.inference.load import check_run_dir
 
-        check_run_dir(Path(args.run_dir), args.adapter)
-        check_out(out, args.force, Path(args.run_dir).expanduser())
-        return _export(args, out)
-    except SpecError as e:
-        return fail("export", str(e), EXIT_CONFIG_ERROR)
-    except KeyboardInterrupt:
-        return fail("export", "interrupted", 130)
-    except Exception as e:
-        traceback.print_exc()
-        return fail("export", f"{type(e).__name__}: {e}", EXIT_ERROR)
+    out = Path(args.merged).expanduser()
+    check_run_dir(Path(args.run_dir), args.adapter)
+    check_out(out, args.force, Path(args.run_dir).expanduser())
+    return _export(args, out)
 
 
 def _export(args: argparse.Namespace, out: Path) -> int:
     import torch
 
-    from npu_lora.inference.cli import load_from_args
+    from npu_lora.commands.common import load_from_args
     from npu_lora.inference.export import (
         export_dtype,
         export_merged,

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 import time
 from typing import Any
 
@@ -56,6 +55,7 @@ def _status(as_json: bool) -> int:
 
 
 def _build(timeout: float | None) -> int:
+    from npu_lora.commands.common import EXIT_ERROR, CommandError
     from npu_lora.moe import kernels
     from npu_lora.moe.kernels.cache import LockTimeout
 
@@ -63,11 +63,9 @@ def _build(timeout: float | None) -> int:
     try:
         mod, path, built = kernels.build(timeout=timeout)
     except LockTimeout as exc:
-        print(f"npu-lora kernels build: {exc}", file=sys.stderr)
-        return 1
+        raise CommandError(str(exc), EXIT_ERROR) from exc
     except (RuntimeError, OSError, ImportError) as exc:
-        print(f"npu-lora kernels build: the build failed:\n{exc}", file=sys.stderr)
-        return 1
+        raise CommandError(f"the build failed:\n{exc}", EXIT_ERROR) from exc
     meta: dict[str, Any] = kernels.read_meta(path) or {}
     isas = ",".join(mod.cpu_isas())
     if built:

@@ -16,13 +16,12 @@ import traceback
 from pathlib import Path
 
 from npu_lora.api import backends as registry
+from npu_lora.commands.common import CommandError, add_overrides
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", type=Path, help="MoEFinetune manifest or bare spec (YAML)")
-    parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE"
-    )
+    add_overrides(parser)
     parser.add_argument("--backend", choices=sorted(registry.names()), default=None)
     parser.add_argument(
         "--model-config",
@@ -65,23 +64,14 @@ def run(args: argparse.Namespace) -> int:
                 index = int(os.environ.get("JOB_COMPLETION_INDEX", "x"))
             entries = [plan.by_index(index)]
     except (SpecError, ValueError, KeyError, IndexError, OSError) as e:
-        print(f"npu-lora precompile: error: {e}", file=sys.stderr)
-        return 2
+        raise CommandError(str(e)) from e
     root = args.cache or cache.cache_root(manifest.spec)
     if args.cache is not None:
         from npu_lora.api.outpaths import check_out_dir
 
-        try:
-            check_out_dir(args.cache, "--cache")
-        except SpecError as e:
-            print(f"npu-lora precompile: error: {e}", file=sys.stderr)
-            return 2
+        check_out_dir(args.cache, "--cache")
     if root is None:
-        print(
-            "npu-lora precompile: error: no cache root (--cache or NPU_LORA_COMPILE_CACHE)",
-            file=sys.stderr,
-        )
-        return 2
+        raise CommandError("no cache root (--cache or NPU_LORA_COMPILE_CACHE)")
     from npu_lora.compile.precompile import compile_entry
 
     rc = 0

@@ -16,13 +16,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import traceback
 from pathlib import Path
 from typing import Any
 
-from npu_lora.api.load import SpecError
-from npu_lora.api.v1alpha1 import EXIT_CONFIG_ERROR
-from npu_lora.inference.cli import EXIT_ERROR, add_run_arguments, fail
+from npu_lora.commands.common import CommandError, add_run_arguments
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -76,25 +73,18 @@ def read_rows(data: str, fmt: str, limit: int | None) -> tuple[Path, list[Any]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Exit codes: :mod:`npu_lora.commands.common` (``run_command``)."""
+    from npu_lora.inference.load import check_run_dir
+
     if args.batch_size is not None and args.batch_size < 1:
-        return fail("predict", "--batch-size: must be at least 1", EXIT_CONFIG_ERROR)
-    try:
-        from npu_lora.inference.load import check_run_dir
+        raise CommandError("--batch-size: must be at least 1")
+    check_run_dir(Path(args.run_dir), args.adapter)  # before the data and the model
+    if args.out:
+        from npu_lora.api.outpaths import check_out_file
 
-        check_run_dir(Path(args.run_dir), args.adapter)  # before the data and the model
-        if args.out:
-            from npu_lora.api.outpaths import check_out_file
-
-            check_out_file(Path(args.out).expanduser(), "--out")
-        path, examples = read_rows(args.data, args.format, args.limit)
-        return _predict(args, path, examples)
-    except SpecError as e:
-        return fail("predict", str(e), EXIT_CONFIG_ERROR)
-    except KeyboardInterrupt:
-        return fail("predict", "interrupted", 130)
-    except Exception as e:
-        traceback.print_exc()
-        return fail("predict", f"{type(e).__name__}: {e}", EXIT_ERROR)
+        check_out_file(Path(args.out).expanduser(), "--out")
+    path, examples = read_rows(args.data, args.format, args.limit)
+    return _predict(args, path, examples)
 
 
 def _predict(args: argparse.Namespace, path: Path, examples: list[Any]) -> int:
@@ -102,8 +92,8 @@ def _predict(args: argparse.Namespace, path: Path, examples: list[Any]) -> int:
 
     from tqdm.auto import tqdm
 
+    from npu_lora.commands.common import load_from_args
     from npu_lora.evaluate import build_eval_set
-    from npu_lora.inference.cli import load_from_args
     from npu_lora.inference.predict import gold_answers, score_file
 
     run = load_from_args(args)

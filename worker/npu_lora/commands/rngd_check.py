@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from npu_lora.commands.common import add_overrides, run_command
 from npu_lora.rngd import check
 
 
@@ -75,14 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="check the compile plan of this MoEFinetune manifest (`npu-lora compile-plan`: "
         "its graphs, shapes and names) instead of --widths/--seq-len",
     )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="PATH=VALUE",
-        help="with --plan: override a spec field, e.g. training.seqLen=256",
-    )
+    add_overrides(parser, help="with --plan: override a spec field, e.g. training.seqLen=256")
     parser.add_argument(
         "--dtype", default=None, help="device dtype passed to the graph factory (e.g. bfloat16)"
     )
@@ -121,14 +115,9 @@ def run(args: argparse.Namespace) -> int:
         args.job_out.write_text(json.dumps(row.to_dict()))
         return 0
     if args.json_out is not None:
-        from npu_lora.api.load import SpecError
         from npu_lora.api.outpaths import check_out_file
 
-        try:
-            check_out_file(args.json_out, "--json")
-        except SpecError as e:
-            print(f"npu-lora rngd-check: error: {e}", file=sys.stderr)
-            return 2
+        check_out_file(args.json_out, "--json")
     return check.run_check(args)
 
 
@@ -138,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         description="Compile every device graph with furiosa-torch's compiler on the CPU.",
     )
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    return run_command("rngd-check", run, parser.parse_args(argv))
 
 
 if __name__ == "__main__":

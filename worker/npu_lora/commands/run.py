@@ -33,13 +33,11 @@ from typing import Any
 
 from npu_lora.api.load import SpecError
 from npu_lora.api.v1alpha1 import EXIT_CONFIG_ERROR
+from npu_lora.commands.common import EXIT_ERROR, EXIT_INTERRUPTED, add_overrides, fail
 from npu_lora.distributed.group import RendezvousTimeout
 from npu_lora.train.preflight import check_model
 
 log = logging.getLogger("npu_lora.run")
-
-EXIT_ERROR = 1
-EXIT_INTERRUPTED = 130
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,14 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "run directory with the same training config is resumed from its last checkpoint",
     )
     parser.add_argument("--steps", type=int, metavar="N", help="override spec.training.steps")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="dotted.path=value",
-        help="override a spec field, e.g. --set training.learningRate=1e-3 (repeatable)",
-    )
+    add_overrides(parser)
     parser.add_argument(
         "--ranks",
         type=int,
@@ -154,7 +145,7 @@ def resolve_out(args: argparse.Namespace, manifest: Any) -> Path:
 def _fail(message: str, code: int, callbacks: Any = None, ctx: Any = None) -> int:
     from npu_lora.train.termination import write_termination_message
 
-    print(f"npu-lora run: error: {message}", file=sys.stderr)
+    fail("run", message, code)  # and, for the operator, the termination message and status
     write_termination_message(f"exit {code}: {message}")
     if callbacks is not None and ctx is not None:
         callbacks.on_error(message, code, ctx)

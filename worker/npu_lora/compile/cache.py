@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from npu_lora.api import backends as registry
 from npu_lora.api.fsutil import fsync_dir as _fsync_dir
 from npu_lora.api.timefmt import rfc3339
 
@@ -31,17 +32,21 @@ LAYOUT = "v1"
 ENTRY = "entry.json"
 #: the cache root when set (local runs, precompile pods)
 ENV_ROOT = "NPU_LORA_COMPILE_CACHE"
+#: the graph cache's folder inside the compile cache volume
+GRAPH_DIR = "npu-lora"
 
 
 def cache_root(spec: Any = None) -> Path | None:
     """``$NPU_LORA_COMPILE_CACHE``; else, when ``spec.device.compileCache`` is set (the operator
-    mounts it at ``$XDG_CACHE_HOME/furiosa``), ``$XDG_CACHE_HOME/furiosa/npu-lora``; else None."""
+    mounts it at ``$XDG_CACHE_HOME/<folder>``, the backend's registry ``cache_folder``:
+    ``furiosa`` for RNGD), ``$XDG_CACHE_HOME/<folder>/npu-lora``; else None."""
     env = os.environ.get(ENV_ROOT)
     if env:
         return Path(env).expanduser()
     if spec is not None and getattr(spec.device, "compile_cache", None) is not None:
         xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-        return Path(xdg) / "furiosa" / "npu-lora"
+        folder = registry.resolve(spec.device.backend, spec.device.cards).cache_dir
+        return Path(xdg) / folder / GRAPH_DIR
     return None
 
 

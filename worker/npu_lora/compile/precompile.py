@@ -2,16 +2,19 @@
 
 ``compile_entry(plan, entry, root)``: build the graph at the plan's shapes
 (:func:`npu_lora.rngd.catalogue.plan_graphs`), compile it with the backend's compiler into a
-temporary directory, publish it under its key (:func:`npu_lora.compile.cache.publish`).
+temporary directory, publish it under its key (:func:`npu_lora.compile.cache.publish`). The
+compiler is the registry entry's ``compiler`` (:data:`COMPILERS`), on its ``compile_device``:
 
-- ``cpu`` / ``cuda``: ``torch.compile(module, backend="inductor", dynamic=False)``, called
-  forward (and backward where the plan says so) on the example inputs, with inductor's on-disk
-  cache (``TORCHINDUCTOR_CACHE_DIR``, its FX graph cache) pointed into the entry's temporary
-  directory: the published entry holds inductor's artefacts of that graph (``inductor/``).
-- ``furiosa``: ``furiosa.torch.CompileModule.from_module`` per direction (the whole graph, the
-  way ``npu-lora rngd-check --tier compile`` compiles it), the compiler's own cache at
-  ``$XDG_CACHE_HOME/furiosa`` (the shared volume); the entry records it. Not run on this
-  machine (no furiosa-torch here).
+- ``inductor`` (``cpu``, ``cuda``): ``torch.compile(module, backend="inductor", dynamic=False)``
+  on the entry's ``compile_device`` (a backend without one is refused, not compiled for the
+  CPU), called forward (and backward where the plan says so) on the example inputs, with
+  inductor's on-disk cache (``TORCHINDUCTOR_CACHE_DIR``, its FX graph cache) pointed into the
+  entry's temporary directory: the published entry holds inductor's artefacts of that graph
+  (``inductor/``).
+- ``furiosa-torch`` (``furiosa``): ``furiosa.torch.CompileModule.from_module`` per direction
+  (the whole graph, the way ``npu-lora rngd-check --tier compile`` compiles it), the compiler's
+  own cache at ``$XDG_CACHE_HOME/<cache_folder>`` (the shared volume); the entry records it. Not
+  run on this machine (no furiosa-torch here).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from npu_lora.api import backends as registry
 from npu_lora.compile import cache
 from npu_lora.compile.plan import Plan, PlanEntry
 
@@ -29,10 +33,17 @@ def _files(d: Path) -> int:
     return sum(1 for p in d.rglob("*") if p.is_file()) if d.is_dir() else 0
 
 
-def _inductor(graph: Any, directions: list[str], workdir: Path, device: str) -> dict[str, Any]:
+def _inductor(
+    graph: Any, directions: list[str], workdir: Path, backend: registry.BackendEntry
+) -> dict[str, Any]:
     import torch
     from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
+    device = backend.compile_device
+    if not device:
+        raise ValueError(
+            f"backend {backend.name}: compiler inductor needs the registry entry's compile_device"
+        )
     ind = workdir / "inductor"
     ind.mkdir(parents=True, exist_ok=True)
     torch._dynamo.reset()
@@ -65,7 +76,9 @@ def _inductor(graph: Any, directions: list[str], workdir: Path, device: str) -> 
     }
 
 
-def _furiosa(graph: Any, directions: list[str]) -> dict[str, Any]:  # pragma: no cover - RNGD venv
+def _furiosa(  # pragma: no cover - RNGD venv
+    graph: Any, directions: list[str], workdir: Path, backend: registry.BackendEntry
+) -> dict[str, Any]:
     from npu_lora.rngd import check
 
     check.import_furiosa()
@@ -77,8 +90,26 @@ def _furiosa(graph: Any, directions: list[str]) -> dict[str, Any]:  # pragma: no
         if not res.get("ok"):
             raise RuntimeError(f"{graph.name} {d}: {res.get('detail') or res}")
         out[f"{d}_s"] = round(time.perf_counter() - t0, 3)
-    out["compiler_cache"] = os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "furiosa")
+    xdg = os.environ.get("XDG_CACHE_HOME", "~/.cache")
+    out["compiler_cache"] = os.path.join(xdg, backend.cache_dir)
     return out
+
+
+#: the registry's ``compiler`` names -> how a graph is compiled with it
+COMPILERS = {"inductor": _inductor, "furiosa-torch": _furiosa}
+
+
+def compiler_of(backend: str) -> Any:
+    """The compile function of ``backend``'s registry ``compiler`` (ValueError naming it when
+    this step does not know that compiler)."""
+    e = registry.entry(backend)
+    try:
+        return COMPILERS[e.compiler]
+    except KeyError:
+        raise ValueError(
+            f"backend {backend}: compiler {e.compiler!r} is not one the precompile step knows "
+            f"({', '.join(COMPILERS)})"
+        ) from None
 
 
 def compile_entry(plan: Plan, entry: PlanEntry, root: Path) -> dict[str, Any]:
@@ -97,15 +128,12 @@ def compile_entry(plan: Plan, entry: PlanEntry, root: Path) -> dict[str, Any]:
             "compile_s": 0.0,
         }
 
+    compile_graph = compiler_of(plan.backend)  # an unknown compiler: refused before any work
+
     def build(tmp: Path) -> dict[str, Any]:
         graph = plan_graphs(plan, [entry.name])[0]
         t1 = time.perf_counter()
-        if plan.backend == "furiosa":
-            how = _furiosa(graph, entry.directions)
-        else:
-            how = _inductor(
-                graph, entry.directions, tmp, "cuda" if plan.backend == "cuda" else "cpu"
-            )
+        how = compile_graph(graph, entry.directions, tmp, registry.entry(plan.backend))
         return {
             "key": entry.key,
             "entry": entry.to_dict(),

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from npu_lora.api.backends import is_host
 from npu_lora.moe import kernels
 from npu_lora.moe.kernels import ops
 
@@ -110,8 +111,8 @@ def frozen_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 def head_linear(backend: Any) -> Any:
     """How the frozen LM head computes ``x Wᵀ`` on ``backend`` (``DeviceHead(linear=...)``): this
-    streaming kernel where the host is the device (``cpu``), else the backend's own
-    (``Backend.frozen_linear``; ``None``: the module's forward)."""
-    if backend.name == "cpu":
+    streaming kernel where the host is the device (a registry entry with ``host``: ``cpu``), else
+    the backend's own (``Backend.frozen_linear``; ``None``: the module's forward)."""
+    if is_host(backend.name):
         return frozen_linear
     return backend.frozen_linear()
