@@ -1,10 +1,10 @@
-"""``fakenpu`` followed end to end (run by ``test_fakenpu.py`` in a process of its own, with
-``-p fakenpu_plugin``: the backend is registered before anything imports the API).
+"""``fakenpu`` followed end to end, on a copy of the tree that ``test_fakenpu.py`` made with one
+module (``npu_lora/backends/fakenpu.py``) and one register line added (the file is not named
+``test_*``: the suite runs it only there).
 
-A new backend is one module (:mod:`fakenpu_backend`) and one register line
-(:mod:`fakenpu_plugin`); nothing else names it. Each test checks one consumer of the registry:
-the CRD, the policy, the operator's Job, the compile plan and the precompile step, the sandbox's
-node, the engine (a tiny ``npu-lora run`` on it)."""
+Nothing else names the backend. Each test checks one consumer of the registry: the CRD, the
+policy, the operator's Job, the compile plan and the precompile step, the sandbox's node, the
+engine (a tiny ``npu-lora run`` on it)."""
 
 from __future__ import annotations
 
@@ -36,9 +36,22 @@ def body(name: str = "f1", **device: Any) -> dict[str, Any]:
     }
 
 
-def test_the_plugin_registered_it_before_the_api_was_built() -> None:
+def test_the_tree_registers_it_from_its_own_module() -> None:
+    from npu_lora.backends import backend_class
+
     assert BACKEND in registry.names() and registry.entry(BACKEND).host
-    assert "fakenpu_checks" not in str(registry.entry(BACKEND).implementation)
+    assert backend_class(BACKEND).__module__ == "npu_lora.backends.fakenpu"
+
+
+def test_the_api_models_and_the_cli_take_it() -> None:
+    from npu_lora.api.v1alpha1 import DeviceSpec
+    from npu_lora.cli import main
+
+    assert DeviceSpec(backend=BACKEND, cards=1).backend == BACKEND
+    with pytest.raises(ValueError, match="cards must be at least 1"):
+        DeviceSpec(backend=BACKEND, cards=0)
+    with pytest.raises(SystemExit):  # argparse's choices come from the registry too
+        main(["compile-plan", "x.yaml", "--backend", "nonesuch"])
 
 
 def test_the_crd_accepts_it_and_keeps_its_rules() -> None:
@@ -85,7 +98,7 @@ def test_the_policy_defaults_and_the_operator_use_its_node_keys_and_resources() 
     cached = builders.Run.from_body(body(compileCache={"claimName": "cache"}))
     job = builders.build_job(cached, cfg)
     c = job["spec"]["template"]["spec"]["containers"][0]
-    assert c["resources"]["limits"][RESOURCE] == 1
+    assert c["resources"]["limits"][RESOURCE] == "1"
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["NPU_LORA_COMPILE_CACHE"] == "/mnt/cache/fakenpu-cache/npu-lora"
     assert {"name": "compile-cache", "mountPath": "/mnt/cache/fakenpu-cache"} in c["volumeMounts"]
@@ -153,8 +166,10 @@ def test_the_sandbox_node_offers_its_cards_and_schedules_its_job(tmp_path: Path)
         wait_for(complete, timeout=60)
         too_many = copy.deepcopy(job)
         too_many["metadata"] = {"name": "toomany", "namespace": "default"}
-        too_many["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"][RESOURCE] = 3
-        too_many["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"][RESOURCE] = 3
+        too_many["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"][RESOURCE] = "3"
+        too_many["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"][RESOURCE] = (
+            "3"
+        )
         emu.create(too_many)
 
         def unschedulable() -> list[dict[str, Any]]:
@@ -173,8 +188,8 @@ def test_the_sandbox_node_offers_its_cards_and_schedules_its_job(tmp_path: Path)
 
 
 def test_the_engine_trains_on_it_through_the_cli(tmp_path: Path) -> None:
-    from fakenpu_backend import FakeNpuBackend
     from npu_lora import cli
+    from npu_lora.backends.fakenpu import FakeNpuBackend
 
     manifest = tmp_path / "f.yaml"
     doc = body()

@@ -92,7 +92,7 @@ def test_full_job() -> None:
             {"name": "model", "mountPath": "/mnt/model", "readOnly": True},
             {"name": "data", "mountPath": "/mnt/data", "readOnly": True, "subPath": "x"},
             {"name": "output", "mountPath": "/mnt/output"},
-            {"name": "furiosa-cache", "mountPath": "/mnt/cache/furiosa"},
+            {"name": "compile-cache", "mountPath": "/mnt/cache/furiosa"},
             {"name": "shm", "mountPath": "/dev/shm"},
         ],
         "securityContext": {
@@ -178,7 +178,7 @@ def test_full_job() -> None:
                             "persistentVolumeClaim": {"claimName": "runs", "readOnly": False},
                         },
                         {
-                            "name": "furiosa-cache",
+                            "name": "compile-cache",
                             "persistentVolumeClaim": {"claimName": "cache", "readOnly": False},
                         },
                         {"name": "shm", "emptyDir": {"medium": "Memory"}},

@@ -6,9 +6,9 @@ import subprocess
 import sys
 
 import pytest
+from npu_lora.api import backends as registry
 from npu_lora_operator import builders
 from npu_lora_operator.precompile import (
-    GRAPH_CACHE,
     build_precompile_job,
     compile_status,
     plan_size,
@@ -62,24 +62,44 @@ def test_precompile_job_is_indexed_cpu_only_on_the_shared_cache():
     (c,) = pod["containers"]
     assert c["command"][-2:] == ["precompile", builders.CONFIG_PATH]
     res = c["resources"]
-    assert builders.RNGD_RESOURCE not in res.get("requests", {})
-    assert builders.RNGD_RESOURCE not in res.get("limits", {})
+    for resource in registry.entry("furiosa").resources():  # CPU only: no card, no partition
+        assert resource not in res.get("requests", {})
+        assert resource not in res.get("limits", {})
     assert "nodeSelector" not in pod
     env = {e["name"]: e["value"] for e in c["env"]}
-    assert env["NPU_LORA_COMPILE_CACHE"] == GRAPH_CACHE
+    # the registry's cache folder: furiosa-torch keeps its own cache at $XDG_CACHE_HOME/furiosa
+    graphs = "/mnt/cache/furiosa/npu-lora"
+    assert env["NPU_LORA_COMPILE_CACHE"] == graphs == builders.graph_cache(run.spec)
     assert env["XDG_CACHE_HOME"] == builders.CACHE_ROOT
     vols = {v["name"]: v for v in pod["volumes"]}
-    assert vols["furiosa-cache"]["persistentVolumeClaim"]["claimName"] == "graph-cache"
+    assert vols["compile-cache"]["persistentVolumeClaim"]["claimName"] == "graph-cache"
     mounts = {m["name"]: m for m in c["volumeMounts"]}
-    assert mounts["furiosa-cache"]["mountPath"] == builders.CACHE_MOUNT
-    assert "readOnly" not in mounts["furiosa-cache"]
+    assert mounts["compile-cache"]["mountPath"] == "/mnt/cache/furiosa"
+    assert "readOnly" not in mounts["compile-cache"]
     assert spec["podFailurePolicy"]["rules"][0]["onExitCodes"]["values"][0] == 1
     # the training Job mounts the same volume at the same place: it finds the entries
     train = builders.build_job(run, OperatorConfig())
     tc = train["spec"]["template"]["spec"]["containers"][0]
-    assert {"name": "furiosa-cache", "mountPath": builders.CACHE_MOUNT} in tc["volumeMounts"]
+    assert {"name": "compile-cache", "mountPath": "/mnt/cache/furiosa"} in tc["volumeMounts"]
     assert {"name": "XDG_CACHE_HOME", "value": builders.CACHE_ROOT} in tc["env"]
-    assert {"name": "NPU_LORA_COMPILE_CACHE", "value": GRAPH_CACHE} in tc["env"]
+    assert {"name": "NPU_LORA_COMPILE_CACHE", "value": graphs} in tc["env"]
+
+
+@pytest.mark.parametrize(
+    ("device", "folder"),
+    [
+        ({"backend": "furiosa", "cards": 1}, "furiosa"),
+        ({"backend": "cpu"}, "cpu"),
+        ({"backend": "cuda", "cards": 1}, "cuda"),
+        ({"backend": "auto", "cards": 1}, "furiosa"),  # auto resolves as the cluster would
+        ({"backend": "auto", "cards": 0}, "cpu"),
+    ],
+)
+def test_the_compile_cache_folder_is_the_backends_own(device, folder):
+    run = run_of(compileCache=CACHE, **device)
+    assert builders.cache_mount(run.spec) == f"/mnt/cache/{folder}"
+    tc = builders.build_job(run, OperatorConfig())["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "compile-cache", "mountPath": f"/mnt/cache/{folder}"} in tc["volumeMounts"]
 
 
 def test_precompile_job_parallelism_is_capped_and_needs_a_cache():

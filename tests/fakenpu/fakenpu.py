@@ -1,7 +1,8 @@
-"""``fakenpu``: a test-only accelerator, the whole of what a new backend's code is (one module).
+"""``fakenpu``: a test-only accelerator, the whole of a new backend's code (one module).
 
-The host computes under another name (a CPU-like device: ``torch.device("cpu")``), so the
-engine runs on it here. Its one register line is in :mod:`fakenpu_plugin`."""
+``test_fakenpu.py`` copies it into a copy of the tree as ``npu_lora/backends/fakenpu.py`` and
+adds its one ``register(...)`` line to ``npu_lora/api/backends.py`` there. The host computes
+under another name (a CPU-like device: ``torch.device("cpu")``), so the engine runs on it."""
 
 from __future__ import annotations
 
