@@ -59,3 +59,30 @@ def test_an_upward_import_inside_a_function_breaks_the_layers(tmp_path: Path) ->
     out = _lint(tmp_path, tmp_path)
     assert out.returncode != 0, out.stdout
     assert "npu_lora.api is not allowed to import npu_lora.bench" in out.stdout, out.stdout
+
+
+def test_the_sandbox_contracts_break_on_an_engine_import_and_on_the_operators_insides(
+    tmp_path: Path,
+) -> None:
+    """``sandbox-no-engine``: an import of the engine inside a function of the sandbox;
+    ``sandbox-public-face``: a direct import of the operator's builders (its insides, not its
+    public face). Each plant breaks its own contract."""
+    skip = shutil.ignore_patterns("__pycache__", "*.so", "*.o", "build")
+    for top in ("worker", "operator"):
+        shutil.copytree(ROOT / top, tmp_path / top, ignore=skip)
+    table = tmp_path / "operator/npu_lora_sandbox/table.py"
+    table.write_text(
+        table.read_text() + "\n\ndef _engine():\n    from npu_lora.engine import build  # noqa\n"
+    )
+    selectors = tmp_path / "operator/npu_lora_sandbox/selectors.py"
+    selectors.write_text(
+        selectors.read_text()
+        + "\n\ndef _inside():\n    from npu_lora_operator import builders  # noqa\n"
+    )
+    out = _lint(tmp_path, tmp_path)
+    assert out.returncode != 0, out.stdout
+    text = " ".join(out.stdout.split())
+    assert "the ML stack or the engine, on any path BROKEN" in text, out.stdout
+    assert "only the API and the operator's public face BROKEN" in text, out.stdout
+    assert "npu_lora_sandbox.table -> npu_lora.engine" in text, out.stdout
+    assert "npu_lora_sandbox.selectors -> npu_lora_operator.builders" in text, out.stdout
