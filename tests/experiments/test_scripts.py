@@ -74,6 +74,23 @@ def test_every_record_is_in_the_index():
     assert not missing, f"experiments/README.md does not list: {missing}"
 
 
+def test_every_folder_and_script_has_an_owner_in_the_readme():
+    """The owners table (torchtitan's rule: an owner, removed when no longer maintained or once
+    its result is absorbed) lists every folder and top-level script under experiments/."""
+    index = (EXP / "README.md").read_text(encoding="utf-8")
+    section = index.split("## Owners and removal", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"^\| `([^`]+?)/?` \|", section, flags=re.MULTILINE))
+    tops = {
+        f.relative_to(EXP).parts[0]
+        for f in FILES
+        if f.suffix != ".md" or len(f.relative_to(EXP).parts) > 1
+    }
+    missing = sorted(tops - listed)
+    assert not missing, f"experiments/README.md's owners table does not list: {missing}"
+    gone = sorted(p for p in listed if not (EXP / p).exists())
+    assert not gone, f"the owners table lists what is not there: {gone}"
+
+
 def test_raw_data_a_record_cites_is_kept():
     """``experiments/raw/<run>/...`` in a record resolves to the archive ``raw/<run>.tar.gz``."""
     archives = {p.name.removesuffix(".tar.gz") for p in (EXP / "raw").glob("*.tar.gz")}
