@@ -9,7 +9,7 @@ resources and node requirements, the policy's default node-selector and tolerati
 the chart's values, checked equal by a test), the compile plan's backends, the precompile step's
 compiler and compile device, the compile cache folder, whether the host stands in for the
 device (:attr:`BackendEntry.host`) and the sandbox node's capacity all derive from this
-registry (``tests/fakenpu/`` adds one and follows it through all of them).
+registry (``tests/backends/`` adds one and follows it through all of them).
 """
 
 from __future__ import annotations
