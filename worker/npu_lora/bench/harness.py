@@ -172,7 +172,7 @@ def _select_hot_set(
     for i in range(cfg.hot_warmup_steps):
         engine.forward_backward(batches[i % len(batches)])
         runner._clear_grads()
-    engine.set_mode(replace(engine.mode, placement="hot"))
+    engine.modes.set(replace(engine.modes.mode, placement="hot"))
     info = engine.select_hot_experts(cfg.hot_warmup_steps)
     runner.hot_layers = [m.hot for m in engine.mlps]
     emit({"kind": "hot", "experts": info.get("experts"), "per_layer": info.get("per_layer")})
