@@ -3,7 +3,7 @@
 Design (why it looks like this):
 
 - **One model, one set of weights.** The engine is built once (seed fixed); variants switch its
-  mode (``HybridEngine.set_mode``) and experts kernel in place (``VariantRunner.apply``), so
+  mode (``engine.modes.set``) and experts kernel in place (``VariantRunner.apply``), so
   every variant runs exactly the same weights on exactly the same batches. Peers (stock transformers + peft) run the
   *same* peft model with the HostMLP wrappers swapped back to the stock MoE blocks
   (``peer_step``), so they share the weights too and cost no extra memory.
