@@ -1,5 +1,6 @@
 """``build_engine``: a ``MoEFinetuneSpec`` to a ready :class:`~npu_lora.engine.hybrid.HybridEngine`
-(model, backend, host dtype, expert pages, the base's fingerprint)."""
+(model, backend, host dtype, expert pages, the base's fingerprint), then ``assemble``: the
+engine's parts, each from its own spec section."""
 
 from __future__ import annotations
 
@@ -9,11 +10,18 @@ from typing import Any
 
 import torch
 
+from npu_lora.api.sizing import tokens_per_pass
 from npu_lora.api.v1alpha1 import MoEFinetuneSpec
 from npu_lora.backends import Backend, get_backend
 from npu_lora.engine.hooks import EngineHooks
+from npu_lora.engine.hotset import HotSet
 from npu_lora.engine.hybrid import HybridEngine
+from npu_lora.engine.mode import ModeControl
+from npu_lora.engine.placement import place_on_device
+from npu_lora.engine.state import AdapterState
 from npu_lora.models.build import build_model, causal_lm, to_dtype
+from npu_lora.moe.host_mlp import install_host_mlp
+from npu_lora.moe.node_pass import LocalPass, install_pass
 
 __all__ = ["assemble", "build_engine", "keep_graph_auto"]
 
@@ -107,14 +115,6 @@ def assemble(
     control from ``moe`` + ``lora`` (:meth:`ModeControl.from_spec`), the MoE blocks on the host
     (``HostMLP``, reading the mode from it), the hot set from ``moe`` (:meth:`HotSet.from_spec`,
     with the tokens per pass of ``training``), the adapter over the trainable state."""
-    from npu_lora.api.sizing import tokens_per_pass
-    from npu_lora.engine.hotset import HotSet
-    from npu_lora.engine.mode import ModeControl
-    from npu_lora.engine.placement import place_on_device
-    from npu_lora.engine.state import AdapterState
-    from npu_lora.moe.host_mlp import install_host_mlp
-    from npu_lora.moe.node_pass import LocalPass, install_pass
-
     modes = ModeControl.from_spec(spec.moe, spec.lora)
     mlps = install_host_mlp(model, backend, mode=modes, compute_dtype=host_compute_dtype)
     # every kernel call goes through the pass, which counts the streamed bytes
