@@ -1,5 +1,9 @@
 """The hot set's owner (:class:`HotSet`): which experts live on the device, and when that changes.
 
+Built from the ``moe`` section (:meth:`HotSet.from_spec`; the buckets by ``api.sizing``'s rule,
+the one the compile plan lists). It owns the routing counts too (:meth:`HotSet.routing_counts`,
+:meth:`HotSet.load_routing_counts`; a checkpoint's ``routing``).
+
 Lifecycle: routing counts accumulate (``counts_LE``, written by every ``HostMLP``); at
 ``moe.warmupSteps`` the set is chosen (:meth:`HotSet.select`: ``moe.hotMemory`` across layers,
 else ``hotFraction`` per layer) and its experts copied to the device; every
