@@ -86,3 +86,44 @@ def test_the_sandbox_contracts_break_on_an_engine_import_and_on_the_operators_in
     assert "only the API and the operator's public face BROKEN" in text, out.stdout
     assert "npu_lora_sandbox.table -> npu_lora.engine" in text, out.stdout
     assert "npu_lora_sandbox.selectors -> npu_lora_operator.builders" in text, out.stdout
+
+
+def _contract(contract_id: str) -> dict:
+    import tomllib
+
+    contracts = tomllib.loads(PYPROJECT.read_text())["tool"]["importlinter"]["contracts"]
+    return next(c for c in contracts if c["id"] == contract_id)
+
+
+def test_the_operator_may_import_only_the_api_and_the_compile_plan_of_the_worker() -> None:
+    """``operator-worker-face`` forbids every worker package and module but ``npu_lora.api``
+    (the shape rules included: ``api.sizing``) and ``npu_lora.compile.plan``: the list is the
+    worker's tree, so a new package is forbidden to the operator until someone says otherwise."""
+    pkg = ROOT / "worker/npu_lora"
+    top = {p.stem for p in pkg.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
+    compile_modules = {p.stem for p in (pkg / "compile").glob("*.py")}
+    want = {f"npu_lora.{m}" for m in top - {"__init__", "api", "compile"}}
+    want |= {f"npu_lora.compile.{m}" for m in compile_modules - {"__init__", "plan"}}
+    assert set(_contract("operator-worker-face")["forbidden_modules"]) == want
+    torch_free = _contract("torch-free")
+    assert set(torch_free["source_modules"]) == {"npu_lora.api", "npu_lora.compile.plan"}
+    assert "torch" in torch_free["forbidden_modules"]
+
+
+def test_planted_imports_break_the_torch_free_and_operator_contracts(tmp_path: Path) -> None:
+    """The compile plan reaching torch through a worker module (inside a function: every import
+    counts), and the operator importing a worker module beyond its face, each break their
+    contract in a copy of the tree."""
+    skip = shutil.ignore_patterns("__pycache__", "*.so", "*.o", "build")
+    for top in ("worker", "operator"):
+        shutil.copytree(ROOT / top, tmp_path / top, ignore=skip)
+    plan = tmp_path / "worker/npu_lora/compile/plan.py"
+    plan.write_text(plan.read_text() + "\n\ndef _t():\n    from npu_lora.moe import hot  # noqa\n")
+    op = tmp_path / "operator/npu_lora_operator/settings.py"
+    op.write_text(op.read_text() + "\n\ndef _m():\n    from npu_lora import machine  # noqa\n")
+    out = _lint(tmp_path, tmp_path)
+    assert out.returncode != 0, out.stdout
+    text = " ".join(out.stdout.split())  # lint-imports wraps long lines
+    assert "npu_lora.compile.plan is not allowed to import torch" in text, out.stdout
+    assert "npu_lora_operator is not allowed to import npu_lora.machine" in text, out.stdout
+    assert "npu_lora.api is not allowed" not in text, out.stdout  # only the planted ones

@@ -74,8 +74,17 @@ def test_variants_take_the_bench_cli_grammar():
     assert b is not None and b.variants == names
     for n in names:  # the CRD's admission pattern agrees
         assert re.match(VARIANT_PATTERN, n) and Variant.parse(n).name == n
-    for bad in ("peer+keep_graph", "hot+sdpa", "host-only+fast"):
+    for bad in ("peer+keep_graph", "hot+sdpa", "host-only+fast", "hot+legacy"):
         assert not re.match(VARIANT_PATTERN, bad)
+
+
+def test_the_removed_legacy_variant_is_refused_by_name():
+    """``+legacy`` (the hot path before issue 13) is gone from the engine and the bench; the
+    parser says so rather than listing it as an unknown modifier."""
+    from npu_lora.bench.variant import Variant
+
+    with pytest.raises(ValueError, match=r"\+legacy was removed"):
+        Variant.parse("hot+keep_graph+legacy")
 
 
 def test_cases_sweep_every_combination():

@@ -85,19 +85,61 @@ def test_qwen3_30b_a3b_plan():
     )
 
 
-def test_plan_rules_match_the_engine():
-    """Buckets, hot count and label buckets are the engine's own rules (npu_lora.moe.hot,
-    device.graphs.label_gather), restated torch-free in the plan."""
+SHAPE_RULES = {
+    "hot_count",
+    "tokens_per_pass",
+    "default_buckets",
+    "hot_buckets",
+    "next_pow2",
+    "label_bucket",
+    "label_buckets",
+}
+
+
+def _sizing_users() -> tuple[dict[str, list[str]], set[str]]:
+    """(where each shape rule is defined, the modules importing rules from api.sizing)."""
+    import ast
+
+    import npu_lora
+
+    root = Path(npu_lora.__file__).parent
+    defined: dict[str, list[str]] = {}
+    users: set[str] = set()
+    for f in sorted(root.rglob("*.py")):
+        rel = f.relative_to(root).as_posix()
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef) and node.name in SHAPE_RULES:
+                defined.setdefault(node.name, []).append(rel)
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module == "npu_lora.api.sizing"
+                and {a.name for a in node.names} & SHAPE_RULES
+            ):
+                users.add(rel)
+    return defined, users
+
+
+def test_shape_rules_have_one_torch_free_home():
+    """hot_count, tokens per pass, the buckets and the label buckets are defined once, in
+    api/sizing.py (torch-free), and the compile plan, the memory estimate, the engine's hot set,
+    the hot path, the device graphs and the graph builders of the plan and the RNGD catalogue
+    import them from there: a copy anywhere else fails this test."""
+    defined, users = _sizing_users()
+    assert defined == {r: ["api/sizing.py"] for r in SHAPE_RULES}
+    assert {
+        "compile/plan.py",
+        "api/memory.py",
+        "engine/hotset.py",
+        "moe/hot.py",
+        "device/graphs.py",
+        "device/examples.py",
+    } <= users, users
+
+
+def test_label_buckets_are_what_label_gather_picks():
     import torch
     from npu_lora.device.graphs import label_gather
-    from npu_lora.moe import hot
 
-    for tokens in (8, 32, 100, 128, 512, 4096):
-        for k in (1, 2, 8):
-            assert P.default_buckets(tokens, k) == list(hot.default_buckets(tokens, k))
-    for f in (0.01, 0.25, 0.3, 1.0):
-        for E in (8, 128):
-            assert P.hot_count(f, E) == hot.hot_count(f, E)
     gen = torch.Generator().manual_seed(0)
     for S in (8, 32, 48, 128):
         seen = set()

@@ -178,7 +178,7 @@ def test_run_checks_the_cache_before_training(tmp_path, monkeypatch):
 
 def test_plan_graphs_build_every_graph_at_the_plan_shapes():
     import torch
-    from npu_lora.rngd.catalogue import plan_graphs
+    from npu_lora.compile.graphs import plan_graphs
 
     plan = compile_plan(make_spec(training={"seqLen": 16}))
     graphs = plan_graphs(plan)

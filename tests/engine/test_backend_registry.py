@@ -42,7 +42,7 @@ def test_a_new_backend_is_one_module_and_one_registry_line(tmp_path, monkeypatch
         assert get_backend("fake", index=3).name == "fake"
         eng = build_engine(tiny.spec(), backend="fake")
         assert type(eng.backend).__name__ == "FakeBackend" and eng.backend.name == "fake"
-        assert eng.device_gather  # the registry entry's default
+        assert eng.hotset.device_gather  # the registry entry's default
         prof = eng.forward_backward(tiny.batch())
         assert prof.loss > 0 and prof.device_calls["head"] == 1
         assert get_backend("auto").name != "fake"  # auto keeps the registry's order

@@ -136,7 +136,7 @@ def test_engine_lora_and_expert_grads_keep_vs_recompute(deterministic, tiny, ove
         prof = eng.forward_backward(tiny.batch())
         assert prof.keep_graph is keep
         assert (prof.recompute_s > 0) is (not keep)
-        grads[keep] = {n: p.grad.clone() for n, p in eng.named_trainable_parameters()}
+        grads[keep] = {n: p.grad.clone() for n, p in eng.adapter.named_parameters()}
     assert grads[True].keys() == grads[False].keys()
     assert any("lora_A" in n for n in grads[True])
     if over.get("lora", {}).get("trainExperts"):
@@ -183,7 +183,7 @@ def test_keep_graph_memory_does_not_grow(tiny):
     """5 steps with keep_graph: no kept graph survives a step and the number of live tensors
     is the same after step 2 and step 5 (step 1 creates the optimizer state)."""
     eng = build_engine(tiny.spec(lora={"trainExperts": True}))
-    opt = torch.optim.AdamW(eng.trainable_parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(eng.adapter.parameters(), lr=1e-3)
     batch = tiny.batch()
     counts = {}
     for step in range(1, 6):

@@ -6,13 +6,12 @@ import copy
 
 import pytest
 import torch
+from npu_lora.api.sizing import default_buckets, hot_count
 from npu_lora.backends import CpuBackend
 from npu_lora.engine import build_engine
 from npu_lora.moe import (
     HostMLP,
     choose_bucket,
-    default_buckets,
-    hot_count,
     make_hot_layer,
     pick_bucket,
     select_hot,
@@ -131,7 +130,7 @@ def test_hot_engine_matches_host_only_engine(tiny):
         tiny.randomize_lora(eng.model)
         eng.select_hot_experts(0)
         prof = eng.forward_backward(batch)
-        res[placement] = (prof.loss, {n: p.grad for n, p in eng.named_trainable_parameters()})
+        res[placement] = (prof.loss, {n: p.grad for n, p in eng.adapter.named_parameters()})
     assert abs(res["hot"][0] - res["host-only"][0]) < 1e-5
     for n, gref in res["host-only"][1].items():
         torch.testing.assert_close(res["hot"][1][n], gref, rtol=1e-4, atol=1e-6)
@@ -154,7 +153,7 @@ def test_hot_state_roundtrip(tiny):
     assert eng2.hot_state() == state
     assert [m.hot.experts for m in eng2.mlps] == info["per_layer"]
     eng3 = build_engine(spec)
-    eng3.load_routing_counts(torch.tensor(state["routing_counts"]))
+    eng3.hotset.load_routing_counts(torch.tensor(state["routing_counts"]))
     assert eng3.select_hot_experts(1)["per_layer"] == info["per_layer"]  # same choice on resume
     eng2.load_hot_state(None)
     assert (
@@ -174,14 +173,14 @@ def test_set_mode_is_the_one_owner_of_the_mode(tiny):
     eng.select_hot_experts(0)
     hot = [m.hot for m in eng.mlps]
     assert all(h is not None for h in hot) and all(m.keep_graph for m in eng.mlps)
-    eng.set_mode(EngineMode("host-only", keep_graph=False, overlap=True))
-    assert eng.placement == "host-only" and not eng.keep_graph and eng.overlap
+    eng.modes.set(EngineMode("host-only", keep_graph=False, overlap=True))
+    assert eng.modes.placement == "host-only" and not eng.modes.keep_graph and eng.modes.overlap
     assert all(m.hot is None and not m.keep_graph and m.overlap for m in eng.mlps)
     assert eng.forward_backward(tiny.batch()).hot_experts == 0
-    eng.set_mode(dataclasses.replace(eng.mode, placement="hot"))
+    eng.modes.set(dataclasses.replace(eng.modes.mode, placement="hot"))
     assert [m.hot for m in eng.mlps] == hot
     with pytest.raises(dataclasses.FrozenInstanceError):
-        eng.mode.keep_graph = True  # type: ignore[misc]
+        eng.modes.mode.keep_graph = True  # type: ignore[misc]
     with pytest.raises(ValueError, match="placement must be 'hot' or 'host-only'"):
         EngineMode("gpu")  # type: ignore[arg-type]
     from npu_lora.engine.mode import ModeControl
@@ -189,5 +188,5 @@ def test_set_mode_is_the_one_owner_of_the_mode(tiny):
     trained = ModeControl("auto", True, False, train_experts=True)  # auto = host-only
     assert trained.policy == "host-only" and trained.mode.placement == "host-only"
     with pytest.raises(ValueError, match="train_experts requires placement host-only"):
-        trained.set(eng.mode)
+        trained.set(eng.modes.mode)
     assert trained.mode.placement == "host-only"  # refused: unchanged

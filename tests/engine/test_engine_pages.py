@@ -129,9 +129,9 @@ def test_engine_on_placed_experts_trains_bitwise_as_on_allocator_memory(tiny, mo
         else:
             assert info["placed_tensors"] == 0 and info["reason"] == "NPU_LORA_HUGEPAGES=0"
         tiny.randomize_lora(eng.model)
-        opt = torch.optim.SGD(eng.trainable_parameters(), lr=0.1)
+        opt = torch.optim.SGD(eng.adapter.parameters(), lr=0.1)
         eng.forward_backward(tiny.batch())
-        grads = {n: p.grad.clone() for n, p in eng.named_trainable_parameters()}
+        grads = {n: p.grad.clone() for n, p in eng.adapter.named_parameters()}
         opt.step()
         results[env] = grads, [p.detach().clone() for p in experts]
     assert results["1"][0].keys() == results["0"][0].keys()

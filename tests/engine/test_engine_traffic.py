@@ -8,9 +8,7 @@ import time
 
 import pytest
 import torch
-from npu_lora.api.variant import Variant
 from npu_lora.backends import CpuBackend
-from npu_lora.bench.hooks import VariantHooks
 from npu_lora.device.graphs import causal_mask, label_gather, positions
 from npu_lora.engine import build_engine
 from npu_lora.moe.hot import coverage, device_expert_bytes, select_hot, select_hot_memory
@@ -98,7 +96,7 @@ class DelayBackend(CpuBackend):
         self.engine = None
 
     def call(self, name, fn, *args, layer=None):
-        if name == self.slow and (self.when is None or self.engine.placement == self.when):
+        if name == self.slow and (self.when is None or self.engine.modes.placement == self.when):
             time.sleep(self.seconds)
         return super().call(name, fn, *args, layer=layer)
 
@@ -150,13 +148,13 @@ def test_auto_keeps_the_agreed_choice(tiny):
         eng.forward_backward(batch)
         eng.select_hot_experts(step)
     assert asked == ["host-only"]  # asked once, at the decision, with this rank's own choice
-    assert eng.placement_choice()["chosen"] == "hot" and eng.placement == "hot"
+    assert eng.placement_choice()["chosen"] == "hot" and eng.modes.placement == "hot"
 
 
 def test_auto_with_trained_experts_is_host_only(tiny):
     spec = tiny.spec(moe={"placement": "auto", "warmupSteps": 0}, lora={"trainExperts": True})
     eng = build_engine(spec)
-    assert eng.policy == "host-only" and eng.select_hot_experts(0) == {}
+    assert eng.modes.policy == "host-only" and eng.select_hot_experts(0) == {}
 
 
 def test_refresh_moves_only_changed_experts_and_gradients_stay_exact(tiny):
@@ -170,18 +168,18 @@ def test_refresh_moves_only_changed_experts_and_gradients_stay_exact(tiny):
     batch = tiny.batch()
     probe = build_engine(spec)
     probe.forward_backward(batch)
-    real = probe.routing_counts()
+    real = probe.hotset.routing_counts()
     made_up = real.max() - real
-    eng.load_routing_counts(made_up)
+    eng.hotset.load_routing_counts(made_up)
     assert eng.select_hot_experts(0)["per_layer"] == select_hot(made_up, 0.25)
     before = [list(m.hot.experts) for m in eng.mlps]
     w_before = [m.hot.module.w_gate_up_EhFD.clone() for m in eng.mlps]
     eng.forward_backward(batch)
-    for p in eng.trainable_parameters():
+    for p in eng.adapter.parameters():
         p.grad = None
     info = eng.select_hot_experts(1)  # refresh: hist = 0.5·old + this step's counts
     assert info["refreshed_at_step"] == 1
-    hist = 0.5 * made_up.double() + (eng.routing_counts() - made_up).double()
+    hist = 0.5 * made_up.double() + (eng.hotset.routing_counts() - made_up).double()
     want = select_hot(hist, 0.25)
     assert [sorted(m.hot.experts) for m in eng.mlps] == want
     entered = sum(len(set(w) - set(b)) for w, b in zip(want, before, strict=True))
@@ -194,24 +192,24 @@ def test_refresh_moves_only_changed_experts_and_gradients_stay_exact(tiny):
             torch.testing.assert_close(
                 m.hot.module.w_gate_up_EhFD[s], m.experts.gate_up_proj[e].to(eng.device_dtype)
             )
-    hist_rec = eng.hot_history[-1]
+    hist_rec = eng.hotset.history[-1]
     assert hist_rec["experts_moved"] == entered and hist_rec["move_bytes"] == entered * eb
     prof = eng.forward_backward(batch)
     assert prof.move_bytes == entered * eb
-    grads = {n: p.grad.clone() for n, p in eng.named_trainable_parameters()}
+    grads = {n: p.grad.clone() for n, p in eng.adapter.named_parameters()}
 
     fresh = build_engine(spec)
     tiny.randomize_lora(fresh.model)
     fresh.load_hot_state({"selected_at_step": 0, "per_layer": [m.hot.experts for m in eng.mlps]})
     prof2 = fresh.forward_backward(batch)
     assert prof2.loss == prof.loss
-    for n, p in fresh.named_trainable_parameters():
+    for n, p in fresh.adapter.named_parameters():
         assert torch.equal(p.grad, grads[n]), n
     host = build_engine(tiny.spec(moe={"placement": "host-only"}))
     tiny.randomize_lora(host.model)
     prof3 = host.forward_backward(batch)
     assert abs(prof3.loss - prof.loss) < 1e-5
-    for n, p in host.named_trainable_parameters():
+    for n, p in host.adapter.named_parameters():
         torch.testing.assert_close(grads[n], p.grad, rtol=1e-4, atol=1e-6)
     assert L * E > 0
 
@@ -235,8 +233,8 @@ def test_hot_state_keeps_the_histogram_and_history_across_resume(tiny):
             e.forward_backward(batches[step])
             e.select_hot_experts(step)
     assert [m.hot.experts for m in resumed.mlps] == [m.hot.experts for m in eng.mlps]
-    assert torch.equal(resumed.hist_LE, eng.hist_LE)
-    assert resumed.hot_history == eng.hot_history
+    assert torch.equal(resumed.hotset.hist_LE, eng.hotset.hist_LE)
+    assert resumed.hotset.history == eng.hotset.history
 
 
 def test_select_hot_memory_is_optimal_and_beats_the_per_layer_rule():
@@ -272,7 +270,7 @@ def test_hot_memory_in_the_engine_and_its_report(tiny):
     mem = info["memory"]
     assert mem["budget_bytes"] == budget and mem["experts"] == 3 * L
     assert mem["used_bytes"] == 3 * L * eb <= budget
-    counts = eng.routing_counts()
+    counts = eng.hotset.routing_counts()
     assert mem["coverage"] == pytest.approx(coverage(counts, info["per_layer"]))
     assert mem["per_layer_fraction_experts"] == 3 * L
     assert mem["coverage"] >= mem["per_layer_fraction_coverage"]
@@ -308,7 +306,7 @@ def test_hot_memory_refresh_moves_budget_between_layers(tiny):
     eng = build_engine(tiny.spec(moe=moe))
     skew = torch.zeros(L, E, dtype=torch.int64)
     skew[0] = torch.arange(E, 0, -1) * 1000  # layer 0 takes the whole budget
-    eng.load_routing_counts(skew)
+    eng.hotset.load_routing_counts(skew)
     eng.select_hot_experts(0)
     assert len(eng.mlps[0].hot.experts) == 2 * L and all(m.hot is None for m in eng.mlps[1:])
     batch = tiny.batch()
@@ -322,7 +320,7 @@ def test_hot_memory_refresh_moves_budget_between_layers(tiny):
     for m in eng.mlps:
         for s, e in enumerate(m.hot.experts if m.hot else []):
             assert torch.equal(m.hot.module.w_down_EhDI[s], m.experts.down_proj[e])
-    for p in eng.trainable_parameters():
+    for p in eng.adapter.parameters():
         p.grad = None
     prof = eng.forward_backward(batch)
     fresh = build_engine(tiny.spec(moe=moe))
@@ -331,8 +329,8 @@ def test_hot_memory_refresh_moves_budget_between_layers(tiny):
     )
     prof2 = fresh.forward_backward(batch)
     assert prof.loss == prof2.loss
-    got = dict(eng.named_trainable_parameters())
-    for n, p in fresh.named_trainable_parameters():
+    got = dict(eng.adapter.named_parameters())
+    for n, p in fresh.adapter.named_parameters():
         assert torch.equal(p.grad, got[n].grad), n
 
 
@@ -347,36 +345,9 @@ def test_auto_state_survives_a_resume_mid_trial(tiny):
     assert [t[0] for t in state["auto"]["trials"]] == ["host-only", "hot"]
     resumed = build_engine(spec)
     resumed.load_hot_state(state)
-    assert resumed.placement == eng.placement == "hot"  # round 1 starts with hot
+    assert resumed.modes.placement == eng.modes.placement == "hot"  # round 1 starts with hot
     assert resumed.placement_choice() == eng.placement_choice()
     assert [m.hot.experts for m in resumed.mlps] == [m.hot.experts for m in eng.mlps]
-
-
-def test_legacy_path_is_the_same_arithmetic_with_more_bytes(tiny):
-    """The bench's ``+legacy`` (before issue 13) computes the same; it copies the first layer's
-    zero input too (B·S·D more bytes host→device per step)."""
-    spec = tiny.spec(moe={"placement": "hot", "warmupSteps": 0})
-    res = []
-    for legacy in (False, True):
-        eng = build_engine(spec)
-        tiny.randomize_lora(eng.model)
-        eng.select_hot_experts(0)
-        hooks = VariantHooks()  # the bench's strategy, through the engine's one seam
-        hooks.use(Variant.parse("hot+legacy" if legacy else "hot"))
-        eng.use_hooks(hooks)
-        eng.forward_backward(tiny.batch())  # the selection's copies
-        for p in eng.trainable_parameters():
-            p.grad = None
-        prof = eng.forward_backward(tiny.batch())
-        res.append((prof, [p.grad for p in eng.trainable_parameters()], eng))
-    (new, g_new, eng), (old, g_old, _) = res
-    assert new.loss == old.loss and all(
-        torch.equal(a, b) for a, b in zip(g_new, g_old, strict=True)
-    )
-    B, S = tiny.batch()["input_ids"].shape
-    extra = B * S * eng.config.hidden_size * eng.device_dtype.itemsize
-    assert old.to_device_bytes - new.to_device_bytes == extra
-    assert old.to_host_bytes == new.to_host_bytes
 
 
 def test_device_gather_sends_token_rows_and_computes_the_same(tiny):
@@ -393,16 +364,16 @@ def test_device_gather_sends_token_rows_and_computes_the_same(tiny):
 
     for gather in (True, False):
         eng = build_engine(spec, backend=CpuBackend() if gather else NoGather())
-        assert eng.device_gather is gather
+        assert eng.hotset.device_gather is gather
         tiny.randomize_lora(eng.model)
         eng.select_hot_experts(0)
         eng.forward_backward(batch)  # the selection's copies
-        for p in eng.trainable_parameters():
+        for p in eng.adapter.parameters():
             p.grad = None
         for m in eng.mlps:
             m.hot.bucket_hist.clear()
         prof = eng.forward_backward(batch)
-        res[gather] = (prof, {n: p.grad for n, p in eng.named_trainable_parameters()}, eng)
+        res[gather] = (prof, {n: p.grad for n, p in eng.adapter.named_parameters()}, eng)
     (on, g_on, eng), (off, g_off, _) = res[True], res[False]
     assert abs(on.loss - off.loss) < 1e-6
     for n, g in g_off.items():

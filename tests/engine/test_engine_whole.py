@@ -29,7 +29,7 @@ def test_engine_equals_plain_peft(tiny, placement):
     assert abs(prof.loss - out.loss.item()) < 1e-5
     ref = dict(plain.named_parameters())
     n = 0
-    for name, p in eng.named_trainable_parameters():
+    for name, p in eng.adapter.named_parameters():
         torch.testing.assert_close(p.grad, ref[name].grad, rtol=1e-4, atol=1e-6)
         n += 1
     assert n == 4 * len(decoder_layers(plain))  # q_proj, v_proj × lora_A, lora_B
@@ -57,7 +57,7 @@ def test_cpu_backend_head_streams_its_weight_and_equals_plain_peft(tiny, monkeyp
     out.loss.backward()
     assert abs(prof.loss - out.loss.item()) < 1e-5
     ref = dict(plain.named_parameters())
-    for name, p in eng.named_trainable_parameters():
+    for name, p in eng.adapter.named_parameters():
         torch.testing.assert_close(p.grad, ref[name].grad, rtol=1e-4, atol=1e-6)
 
 
@@ -67,11 +67,11 @@ def test_loss_scale_and_accumulation(tiny):
     b = tiny.batch()
     eng.forward_backward(b, loss_scale=0.5)
     eng.forward_backward(b, loss_scale=0.5)
-    acc = [p.grad.clone() for p in eng.trainable_parameters()]
-    for p in eng.trainable_parameters():
+    acc = [p.grad.clone() for p in eng.adapter.parameters()]
+    for p in eng.adapter.parameters():
         p.grad = None
     eng.forward_backward(b)
-    for a, p in zip(acc, eng.trainable_parameters(), strict=True):
+    for a, p in zip(acc, eng.adapter.parameters(), strict=True):
         torch.testing.assert_close(a, p.grad, rtol=1e-5, atol=1e-7)
 
 
@@ -81,7 +81,7 @@ def test_loss_scale_and_accumulation(tiny):
 def test_adamw_reduces_loss(tiny, moe):
     spec = tiny.spec(moe=moe, training={"learningRate": 1e-2})
     eng = build_engine(spec)
-    opt = torch.optim.AdamW(eng.trainable_parameters(), lr=spec.training.learning_rate)
+    opt = torch.optim.AdamW(eng.adapter.parameters(), lr=spec.training.learning_rate)
     batch = tiny.batch()
     losses = []
     for step in range(1, 9):
@@ -90,7 +90,7 @@ def test_adamw_reduces_loss(tiny, moe):
         assert prof.host_fwd_s > 0 and prof.host_bwd_s > 0 and prof.attn_head_s > 0
         opt.step()
         opt.zero_grad(set_to_none=True)
-        eng.after_optimizer_step()
+        eng.hotset.sync_weights()
         eng.select_hot_experts(step)
         losses.append(prof.loss)
     assert losses[-1] < losses[0] - 0.5, losses
@@ -100,7 +100,7 @@ def test_adamw_reduces_loss(tiny, moe):
 def test_save_adapter_and_state_dict(tiny, tmp_path):
     eng = build_engine(tiny.spec(lora={"trainExperts": True, "r": 4}))
     tiny.randomize_lora(eng.model)
-    eng.save_adapter(tmp_path / "adapter")
+    eng.adapter.save(tmp_path / "adapter")
     assert (tmp_path / "adapter" / "adapter_config.json").is_file()
     assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
     from safetensors.torch import load_file
@@ -109,10 +109,10 @@ def test_save_adapter_and_state_dict(tiny, tmp_path):
     assert set(experts) == {
         f"model.layers.{i}.mlp.experts.{n}" for i in range(2) for n in ("gate_up_proj", "down_proj")
     }
-    sd = eng.adapter_state_dict()
+    sd = eng.adapter.state_dict()
     eng2 = build_engine(tiny.spec(lora={"trainExperts": True, "r": 4}, training={"seed": 1}))
     eng2.load_adapter_state_dict(sd)
-    for k, v in eng2.adapter_state_dict().items():
+    for k, v in eng2.adapter.state_dict().items():
         assert torch.equal(v, sd[k])
 
 
@@ -195,7 +195,7 @@ def test_copying_backend_same_result(tiny):
         prof = eng.forward_backward(tiny.batch())
         assert prof.device_calls_per_layer == 2.0
         assert all(m.reused == 1 and m.recomputed == 0 for m in eng.mlps)
-        res.append((prof.loss, [p.grad for p in eng.trainable_parameters()]))
+        res.append((prof.loss, [p.grad for p in eng.adapter.parameters()]))
     assert res[0][0] == res[1][0]
     assert all(torch.equal(a, b) for a, b in zip(res[0][1], res[1][1], strict=True))
 

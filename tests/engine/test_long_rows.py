@@ -174,7 +174,7 @@ def test_step_at_long_rows(S):
     batch = make_batch(B=1, S=S, answer=S // 2)
     prof = eng.forward_backward(batch)
     assert torch.isfinite(torch.tensor(prof.loss)) and prof.tokens == S
-    grads = [p.grad for p in eng.trainable_parameters()]
+    grads = [p.grad for p in eng.adapter.parameters()]
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
     assert any(g.abs().sum() > 0 for g in grads)
 
@@ -254,6 +254,6 @@ def test_keep_graph_auto_recomputes_the_layers_over_budget(deterministic):
             assert [m.reused for m in mlps] == [1, 1]
         else:
             assert [m.recomputed for m in mlps] == [1, 0] and [m.reused for m in mlps] == [0, 1]
-        grads.append([p.grad.clone() for p in eng.trainable_parameters()])
+        grads.append([p.grad.clone() for p in eng.adapter.parameters()])
     for a, b in zip(*grads, strict=True):
         assert torch.equal(a, b)

@@ -48,18 +48,16 @@ def test_engine_token_nll_leaves_training_state_untouched(tiny):
     tiny.randomize_lora(eng.model)
     batch = tiny.batch()
     eng.forward_backward(batch)
-    counts = eng.routing_counts()
+    counts = eng.hotset.routing_counts()
     rng = torch.get_rng_state()
-    grads = [p.grad.clone() for p in eng.trainable_parameters()]
+    grads = [p.grad.clone() for p in eng.adapter.parameters()]
     a = eng.token_nll(batch)
     b = eng.token_nll(batch)
     assert torch.equal(a, b)  # eval mode: no dropout, deterministic
-    assert torch.equal(eng.routing_counts(), counts)
+    assert torch.equal(eng.hotset.routing_counts(), counts)
     assert torch.equal(torch.get_rng_state(), rng)
     assert eng.model.training
-    assert all(
-        torch.equal(g, p.grad) for g, p in zip(grads, eng.trainable_parameters(), strict=True)
-    )
+    assert all(torch.equal(g, p.grad) for g, p in zip(grads, eng.adapter.parameters(), strict=True))
     assert all(m._kept is None for m in eng.mlps)
 
 

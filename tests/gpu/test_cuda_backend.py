@@ -108,9 +108,9 @@ def test_cuda_engine_matches_cpu_engine(placement, keep_graph, overlap):
     batch = _batch()
     p_cpu, p_gpu = cpu.forward_backward(batch), gpu.forward_backward(batch)
     assert abs(p_cpu.loss - p_gpu.loss) < 1e-4, (p_cpu.loss, p_gpu.loss)
-    g_gpu = dict(gpu.named_trainable_parameters())
+    g_gpu = dict(gpu.adapter.named_parameters())
     n = 0
-    for name, p in cpu.named_trainable_parameters():
+    for name, p in cpu.adapter.named_parameters():
         q = g_gpu[name]
         torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=1e-3, atol=1e-5)
         n += 1
@@ -203,9 +203,9 @@ def _overlap_on_off() -> list:
         eng = build_engine(_spec("hot", True), backend="cuda")
         _randomize_lora(eng.model)
         eng.select_hot_experts(0)
-        eng.set_mode(dataclasses.replace(eng.mode, overlap=overlap))
+        eng.modes.set(dataclasses.replace(eng.modes.mode, overlap=overlap))
         prof = eng.forward_backward(_batch())
-        grads = {n: p.grad.detach().cpu().clone() for n, p in eng.named_trainable_parameters()}
+        grads = {n: p.grad.detach().cpu().clone() for n, p in eng.adapter.named_parameters()}
         results.append((prof.loss, grads))
     return results
 
@@ -224,18 +224,18 @@ def test_cuda_device_gather_and_traffic_match_the_cpu_engine():
         eng.select_hot_experts(0)
         engines[name] = eng
     cpu, gpu = engines["cpu"], engines["cuda"]
-    assert gpu.device_gather and gpu.backend.pin_staging
+    assert gpu.hotset.device_gather and gpu.backend.pin_staging
     batch = _batch()
     for eng in (cpu, gpu):
         eng.forward_backward(batch)  # the selection's copies, first-touch
-        for p in eng.trainable_parameters():
+        for p in eng.adapter.parameters():
             p.grad = None
     allocs = gpu.backend.staging_allocs
     p_cpu, p_gpu = cpu.forward_backward(batch), gpu.forward_backward(batch)
     assert gpu.backend.staging_allocs == allocs
     assert abs(p_cpu.loss - p_gpu.loss) < 1e-4, (p_cpu.loss, p_gpu.loss)
-    g_gpu = dict(gpu.named_trainable_parameters())
-    for name, p in cpu.named_trainable_parameters():
+    g_gpu = dict(gpu.adapter.named_parameters())
+    for name, p in cpu.adapter.named_parameters():
         torch.testing.assert_close(g_gpu[name].grad.cpu(), p.grad, rtol=1e-3, atol=1e-5)
     assert p_gpu.to_device_bytes == p_cpu.to_device_bytes
     assert p_gpu.to_host_bytes == p_cpu.to_host_bytes

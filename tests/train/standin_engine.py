@@ -16,6 +16,40 @@ import torch
 from npu_lora.engine.profile import StepProfile as Profile
 
 
+class _Adapter:
+    """The trainable state's part (``engine.adapter``): the peft model's LoRA weights."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def save(self, path: str | Path) -> None:
+        self.model.save_pretrained(str(path))
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        from peft import get_peft_model_state_dict
+
+        return {k: v.detach().cpu() for k, v in get_peft_model_state_dict(self.model).items()}
+
+
+class _HotSet:
+    """The routing counts' part (``engine.hotset``); no device copies to sync."""
+
+    def __init__(self, layers: int, experts: int) -> None:
+        self.counts = torch.zeros(layers, experts, dtype=torch.long)
+
+    def routing_counts(self) -> torch.Tensor:
+        return self.counts.clone()
+
+    def load_routing_counts(self, counts: torch.Tensor) -> None:
+        self.counts = counts.clone()
+
+    def sync_weights(self) -> None:
+        pass
+
+
 class StandinEngine:
     def __init__(self, spec: Any, vocab_size: int | None = None) -> None:
         from npu_lora.models.build import build_model
@@ -27,13 +61,11 @@ class StandinEngine:
         self.backend = None
         self.layers = self.config.num_hidden_layers
         self.experts = self.config.num_experts
-        self._counts = torch.zeros(self.layers, self.experts, dtype=torch.long)
+        self.adapter = _Adapter(self.model)
+        self.hotset = _HotSet(self.layers, self.experts)
         self._hot: dict[str, Any] | None = None
         self.poison_at_call: int | None = None  # make the loss NaN at this forward_backward call
         self.calls = 0
-
-    def trainable_parameters(self) -> list[torch.nn.Parameter]:
-        return [p for p in self.model.parameters() if p.requires_grad]
 
     def forward_backward(self, batch: dict[str, torch.Tensor], loss_scale: float = 1.0) -> Profile:
         self.calls += 1
@@ -43,7 +75,7 @@ class StandinEngine:
         if self.poison_at_call is not None and self.calls >= self.poison_at_call:
             loss = loss * float("nan")
         (loss * loss_scale).backward()
-        self._counts += 1
+        self.hotset.counts += 1
         hot = 0 if self._hot is None else int(self._hot["experts"])
         return Profile(
             loss=float(loss.detach()),
@@ -57,12 +89,6 @@ class StandinEngine:
             keep_graph=self.spec.moe.keep_graph,
             placement=self.spec.moe.placement,
         )
-
-    def routing_counts(self) -> torch.Tensor:
-        return self._counts.clone()
-
-    def load_routing_counts(self, counts: torch.Tensor) -> None:
-        self._counts = counts.clone()
 
     def select_hot_experts(self, step: int) -> dict[str, Any]:
         moe = self.spec.moe
@@ -83,17 +109,6 @@ class StandinEngine:
 
     def load_hot_state(self, state: dict[str, Any] | None) -> None:
         self._hot = None if state is None else dict(state)
-
-    def after_optimizer_step(self) -> None:
-        pass
-
-    def save_adapter(self, path: str | Path) -> None:
-        self.model.save_pretrained(str(path))
-
-    def adapter_state_dict(self) -> dict[str, torch.Tensor]:
-        from peft import get_peft_model_state_dict
-
-        return {k: v.detach().cpu() for k, v in get_peft_model_state_dict(self.model).items()}
 
 
 def install() -> None:

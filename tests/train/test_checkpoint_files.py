@@ -38,8 +38,10 @@ class _Engine:
                 p.copy_(torch.randn(p.shape, generator=g))
         self.counts = torch.randint(0, 100, (2, 8), generator=g)
         self.hot = None
+        self.adapter = self  # the parts: trainable parameters (adapter), routing counts (hotset)
+        self.hotset = self
 
-    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+    def parameters(self) -> list[torch.nn.Parameter]:
         return list(self.model.parameters())
 
     def routing_counts(self) -> torch.Tensor:
@@ -57,7 +59,7 @@ class _Engine:
 
 def _trained(seed: int) -> tuple[_Engine, torch.optim.Optimizer]:
     eng = _Engine(seed)
-    opt = torch.optim.AdamW(eng.trainable_parameters(), lr=1e-2, betas=(0.8, 0.95))
+    opt = torch.optim.AdamW(eng.adapter.parameters(), lr=1e-2, betas=(0.8, 0.95))
     for _ in range(3):
         loss = eng.model(torch.randn(5, 4)).pow(2).sum()
         loss.backward()
@@ -71,9 +73,7 @@ def _one_step(eng: _Engine, opt: torch.optim.Optimizer) -> list[torch.Tensor]:
     loss.backward()
     opt.step()
     opt.zero_grad()
-    return [p.detach().clone() for p in eng.trainable_parameters()] + [
-        torch.tensor(random.random())
-    ]
+    return [p.detach().clone() for p in eng.adapter.parameters()] + [torch.tensor(random.random())]
 
 
 def test_a_checkpoint_restores_parameters_optimizer_and_rng_exactly(tmp_path):

@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from npu_lora.api.backends import is_host
-from npu_lora.api.sizing import attention_impl, head_chunk_rows
+from npu_lora.api.sizing import attention_impl, head_chunk_rows, hot_count, tokens_per_pass
 from npu_lora.api.volumes import volume_root
 
 GiB = 1 << 30
@@ -174,7 +174,7 @@ def estimate(
     nkv = _int(cfg, "num_key_value_heads", nh) or nh
     on_host_all = is_host(spec.device.backend)  # the host stands in for the device
     t = spec.training
-    tokens = t.batch_size * t.seq_len
+    tokens = tokens_per_pass(t.batch_size, t.seq_len)
 
     experts = L * (3 * E * I_moe * H + E * H)
     attn_dims = {"q_proj": (H, nh * hd), "k_proj": (H, nkv * hd), "v_proj": (H, nkv * hd)}
@@ -287,7 +287,7 @@ def device_weight_bytes(spec: Any, cfg: dict[str, Any]) -> int | None:
     if spec.moe.placement == "hot":
         E = _int(cfg, "num_experts", 0) or 0
         I_moe = _int(cfg, "moe_intermediate_size", 0) or 0
-        hot = min(E, max(1, math.ceil(spec.moe.hot_fraction * E - 1e-9))) if E else 0
+        hot = hot_count(spec.moe.hot_fraction, E) if E else 0
         params += L * hot * 3 * I_moe * H
     return params * DTYPE_BYTES[spec.device.dtype]
 

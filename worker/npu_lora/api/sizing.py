@@ -1,5 +1,19 @@
-"""Shape rules for long rows, torch-free: shared by the engine (what it runs), the compile plan
-(what it lists) and the memory estimate (what it counts), so the three cannot disagree.
+"""The shape rules, torch-free: the one home of every pure rule the engine (what it runs), the
+compile plan (what it lists), the RNGD catalogue (what it checks) and the memory estimate (what
+it counts) share, so they cannot disagree. ``lint-imports`` (contract ``torch-free``) keeps this
+module, the rest of ``api/`` and the compile plan free of torch, so the operator may import them.
+
+Hot experts and buckets:
+
+- ``hot_count(fraction, E)``: the hot experts of a layer for ``moe.hotFraction``,
+  ``ceil(fraction·E)`` clamped to [1, E].
+- ``tokens_per_pass(batch, seq_len)``: the tokens one micro-batch hands each MoE block (T).
+- ``default_buckets(T, top_k)``: the padded rows a hot expert may get (powers of two from 8 up
+  to the first ≥ min(T, T·top_k)); ``hot_buckets(bucket_sizes, T, top_k)``: ``moe.bucketSizes``
+  sorted, else those.
+- ``label_bucket(n, S)`` / ``label_buckets(S)``: the label positions the LM head is built for.
+
+Long rows:
 
 ``attention_impl(backend, S)``: which attention core a ``DeviceAttentionBlock`` runs.
 
@@ -23,7 +37,24 @@ power of two or ``S``), so a row's logits are never all alive at once.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 from npu_lora.api import backends as registry
+
+__all__ = [
+    "HEAD_CHUNK_BYTES",
+    "SDPA_MIN_SEQ",
+    "attention_impl",
+    "default_buckets",
+    "head_chunk_rows",
+    "hot_buckets",
+    "hot_count",
+    "label_bucket",
+    "label_buckets",
+    "next_pow2",
+    "tokens_per_pass",
+]
 
 #: rows of a sequence from which cpu/cuda run sdpa's memory-efficient attention
 SDPA_MIN_SEQ = 1024
@@ -48,3 +79,51 @@ def head_chunk_rows(batch: int, n: int, vocab: int, limit: int = HEAD_CHUNK_BYTE
     while c * 2 < n and n % (c * 2) == 0 and batch * c * 2 * vocab * 4 <= limit:
         c *= 2
     return c
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two ≥ ``n`` (1 for ``n <= 1``)."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def hot_count(fraction: float, num_experts: int) -> int:
+    """``moe.hotFraction`` as experts of a layer: ``ceil(fraction * E)`` clamped to [1, E] (with
+    a 1e-9 guard against float noise)."""
+    return min(num_experts, max(1, math.ceil(fraction * num_experts - 1e-9)))
+
+
+def tokens_per_pass(batch_size: int, seq_len: int) -> int:
+    """The tokens of one micro-batch, every one of which passes each MoE block (T = B·S)."""
+    return int(batch_size) * int(seq_len)
+
+
+def default_buckets(tokens: int, top_k: int = 1, *, smallest: int = 8) -> tuple[int, ...]:
+    """Powers of two from ``smallest`` up to the first ≥ min(tokens, tokens*top_k).
+
+    A hot expert receives at most ``tokens`` pairs (a token picks an expert at most once), so
+    buckets beyond ``tokens`` are never needed."""
+    cap = next_pow2(max(1, min(tokens, tokens * top_k)))
+    out, b = [], min(smallest, cap)
+    while b < cap:
+        out.append(b)
+        b *= 2
+    out.append(cap)
+    return tuple(out)
+
+
+def hot_buckets(bucket_sizes: Sequence[int] | None, tokens: int, top_k: int) -> tuple[int, ...]:
+    """The hot experts' buckets: ``moe.bucketSizes`` sorted, else :func:`default_buckets`."""
+    if bucket_sizes:
+        return tuple(sorted(int(b) for b in bucket_sizes))
+    return default_buckets(tokens, top_k)
+
+
+def label_bucket(n_labels: int, seq_len: int) -> int:
+    """The label positions the LM head is built for when a row holds ``n_labels``: the next
+    power of two, at most ``seq_len`` (at least 1)."""
+    return min(max(next_pow2(n_labels), 1), seq_len)
+
+
+def label_buckets(seq_len: int) -> list[int]:
+    """Every :func:`label_bucket` a row of ``seq_len`` tokens can pick (1 ≤ n < S)."""
+    return sorted({label_bucket(n, seq_len) for n in range(1, max(seq_len, 2))})

@@ -19,7 +19,6 @@ HOST_MODIFIERS = (
     "sequential",
     "padmax",
     "overlap",
-    "legacy",
     "torch_head",
     "fp32",
     "4k",
@@ -31,15 +30,15 @@ PEER_MODIFIERS = ("fp32", "sdpa")
 class Variant:
     """``<placement>[+keep_graph][+sequential][+fp32][@<experts_impl>]`` or ``peer[+fp32][@...]``.
 
-    The A/B modifiers (``+legacy``, ``+torch_head``, ``+padmax``, ``+fp32``, ``+4k``) are the
+    The A/B modifiers (``+torch_head``, ``+padmax``, ``+fp32``, ``+4k``) are the
     bench's strategies, carried out through the engine's one seam
     (``npu_lora.bench.hooks.VariantHooks``, an ``npu_lora.engine.EngineHooks``), not engine flags.
     ``+overlap``: hot placement with the overlapped device call (``HostMLP.overlap``; only
     differs on a non-CPU device); ``+sequential``: without it (the default, named explicitly).
     ``+padmax``: hot groups padded to
     the largest group (``HotLayer.capacity="max"``, no host overflow) instead of the cost rule.
-    ``+legacy``: the copies and gathers as before issue 13 (zero-row concatenation gather,
-    separate cast, the first layer's zero input copied to the device), for A/B.
+    (``+legacy``, the copies and gathers before issue 13, is gone: measured in
+    experiments/2026-12-01-hot-traffic.md, the engine keeps no old path for it.)
     ``+torch_head``: the LM head computed by ``lm_head`` itself (torch's ``mm``) instead of the
     backend's ``frozen_linear`` (the streaming kernel on ``cpu``), for A/B.
     ``+fp32``: the variant with fp32 expert weights whatever ``hostDtype`` the engine holds (an
@@ -67,7 +66,6 @@ class Variant:
     sequential: bool = False
     padmax: bool = False
     overlap: bool = False
-    legacy: bool = False
     torch_head: bool = False
     fp32: bool = False  # fp32 expert weights (an fp32 copy when hostDtype is bf16)
     plain_pages: bool = False  # +4k: expert weights in the allocator's memory, not placed
@@ -86,6 +84,11 @@ class Variant:
         if placement not in ("host-only", "hot", "peer"):
             raise ValueError(f"variant {name!r}: placement must be host-only, hot or peer")
         allowed = set(PEER_MODIFIERS if placement == "peer" else HOST_MODIFIERS)
+        if "legacy" in flags:
+            raise ValueError(
+                f"variant {name!r}: +legacy was removed (the hot path before issue 13; "
+                "experiments/2026-12-01-hot-traffic.md has its figures)"
+            )
         if flags - allowed:
             raise ValueError(
                 f"variant {name!r}: unknown modifiers {sorted(flags - allowed)} "
@@ -108,7 +111,6 @@ class Variant:
             "sequential" in flags,
             "padmax" in flags,
             "overlap" in flags,
-            "legacy" in flags,
             "torch_head" in flags,
             "fp32" in flags,
             "4k" in flags,

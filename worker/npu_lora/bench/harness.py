@@ -3,7 +3,7 @@
 Design (why it looks like this):
 
 - **One model, one set of weights.** The engine is built once (seed fixed); variants switch its
-  mode (``HybridEngine.set_mode``) and experts kernel in place (``VariantRunner.apply``), so
+  mode (``engine.modes.set``) and experts kernel in place (``VariantRunner.apply``), so
   every variant runs exactly the same weights on exactly the same batches. Peers (stock transformers + peft) run the
   *same* peft model with the HostMLP wrappers swapped back to the stock MoE blocks
   (``peer_step``), so they share the weights too and cost no extra memory.
@@ -172,7 +172,7 @@ def _select_hot_set(
     for i in range(cfg.hot_warmup_steps):
         engine.forward_backward(batches[i % len(batches)])
         runner._clear_grads()
-    engine.set_mode(replace(engine.mode, placement="hot"))
+    engine.modes.set(replace(engine.modes.mode, placement="hot"))
     info = engine.select_hot_experts(cfg.hot_warmup_steps)
     runner.hot_layers = [m.hot for m in engine.mlps]
     emit({"kind": "hot", "experts": info.get("experts"), "per_layer": info.get("per_layer")})

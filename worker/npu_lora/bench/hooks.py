@@ -1,15 +1,13 @@
 """The bench's strategies for the engine's one seam (:class:`npu_lora.engine.EngineHooks`).
 
-The variants that A/B the engine against an older or alternative way (``+legacy``,
-``+torch_head``, ``+padmax``, ``+fp32``, ``+4k``; :mod:`npu_lora.api.variant`) are not engine
+The variants that A/B the engine against an alternative way (``+torch_head``, ``+padmax``,
+``+fp32``, ``+4k``; :mod:`npu_lora.api.variant`) are not engine
 flags: :class:`VariantHooks` answers the engine's questions for the variant in use
 (``VariantRunner.apply`` → :meth:`VariantHooks.use`), and the engine applies the answers to the
 objects it owns (``HybridEngine.apply_hooks``).
 """
 
 from __future__ import annotations
-
-import torch
 
 from npu_lora.api.variant import Variant
 from npu_lora.backends import Backend
@@ -31,14 +29,6 @@ class VariantHooks(DefaultHooks):
         self.variant = variant
         self._weights = weights
 
-    def first_moe_input(
-        self, backend: Backend, shape_BSD: tuple[int, int, int], dtype: torch.dtype
-    ) -> torch.Tensor:
-        if self.variant is not None and self.variant.legacy:
-            # before issue 13: the zeros made on the host and copied to the device
-            return backend.to_device(torch.zeros(*shape_BSD, dtype=dtype))
-        return super().first_moe_input(backend, shape_BSD, dtype)
-
     def head_linear(self, backend: Backend) -> HeadLinear:
         if self.variant is not None and self.variant.torch_head:
             return None  # the head's own ``lm_head`` (torch's mm)
@@ -48,7 +38,7 @@ class VariantHooks(DefaultHooks):
         v = self.variant
         if v is None:
             return super().hot_path()
-        return HotPath(capacity="max" if v.padmax else "cost", legacy=v.legacy)
+        return HotPath(capacity="max" if v.padmax else "cost")
 
     def expert_weights(self, own: ExpertWeights) -> ExpertWeights | None:
         return self._weights if self._weights is not None else own

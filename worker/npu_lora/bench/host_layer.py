@@ -57,7 +57,7 @@ def _capture_input(engine: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         engine.forward_backward(batch)
     finally:
         hook.remove()
-    for p in engine.trainable_parameters():
+    for p in engine.adapter.parameters():
         p.grad = None
     return got["x"]
 

@@ -91,7 +91,7 @@ class VariantRunner:
         self.engine = engine
         self.cfg = cfg
         self.hot_layers = hot_layers
-        self.params = engine.trainable_parameters()
+        self.params = engine.adapter.parameters()
         self._fp32_blocks: list[torch.nn.Module] | None = None
         self._plain: dict[bool, list[tuple[torch.Tensor, torch.Tensor]]] = {}  # +4k, by fp32
         # the engine's own expert tensors, restored after a +fp32 variant
@@ -147,7 +147,7 @@ class VariantRunner:
             return
         if v.placement == "hot" and not self.hot_layers:
             raise RuntimeError(f"variant {v.name}: no hot set was selected")
-        eng.set_mode(EngineMode(v.placement, v.keep_graph, v.overlap))  # type: ignore[arg-type]
+        eng.modes.set(EngineMode(v.placement, v.keep_graph, v.overlap))  # type: ignore[arg-type]
 
     def _clear_grads(self) -> None:
         for p in self.params:

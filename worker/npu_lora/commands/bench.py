@@ -4,12 +4,12 @@ Example (real Qwen3-30B-A3B widths, 2 layers, fp32 host, the host stands in for 
 
     npu-lora bench --preset qwen3-30b-a3b --layers 2 --seq-len 128 --rounds 6 --out experiments/raw/x
 
-Variants: ``<placement>[+keep_graph][+overlap|+sequential][+padmax][+legacy][+torch_head][@<experts_impl>]`` with
+Variants: ``<placement>[+keep_graph][+overlap|+sequential][+padmax][+torch_head][@<experts_impl>]`` with
 placement ``host-only`` or ``hot`` (``hot`` moves ``--hot-fraction`` of each layer's experts to the
 device after a host-only warm-up; ``+overlap`` issues the hot device call asynchronously while the
 host computes the cold experts, only on a non-CPU device; ``+sequential`` names the default;
 ``+padmax`` pads every hot expert's tokens to the largest group instead of the cost rule;
-``+legacy`` makes the copies and gathers as before issue 13, for A/B; ``+torch_head`` computes the
+``+torch_head`` computes the
 LM head with torch's ``mm`` instead of the backend's streaming kernel, for A/B),
 and ``peer@<experts_impl>`` (stock transformers + peft on the same model; added by ``--peers``).
 Experts kernels: keys of transformers' ``ALL_EXPERTS_FUNCTIONS`` (``grouped_mm``, ``eager``,

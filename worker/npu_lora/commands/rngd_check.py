@@ -95,7 +95,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # a probe/compile job in a child process (``check.run_job_subprocess``)
     parser.add_argument("--_job", help=argparse.SUPPRESS)
     parser.add_argument("--_job-out", dest="job_out", type=Path, help=argparse.SUPPRESS)
-    parser.set_defaults(load_plan=load_plan)
+    parser.set_defaults(load_plan=load_plan, plan_graphs=plan_graphs)
+
+
+def plan_graphs(plan: Any, names: list[str] | None = None) -> list[Any]:
+    """``--plan FILE``: the plan's own graph list (:func:`npu_lora.compile.graphs.plan_graphs`,
+    the one ``npu-lora precompile`` compiles; ``check.build_graphs`` calls it)."""
+    from npu_lora.compile.graphs import plan_graphs as build
+
+    return build(plan, names)
 
 
 def load_plan(args: argparse.Namespace) -> Any:

@@ -40,14 +40,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from importlib import metadata, resources
 from pathlib import Path
 from typing import Any
 
 from npu_lora.api import backends as registry
-from npu_lora.api.sizing import attention_impl, head_chunk_rows
+from npu_lora.api.sizing import (
+    attention_impl,
+    head_chunk_rows,
+    hot_buckets,
+    hot_count,
+    label_buckets,
+    tokens_per_pass,
+)
 
 PLAN_VERSION = 1
 #: the files whose text defines the device graphs (relative to the ``npu_lora`` package)
@@ -245,30 +251,6 @@ def _t(name: str, shape: list[int], dtype: str) -> dict[str, Any]:
     return {"name": name, "shape": [int(s) for s in shape], "dtype": dtype}
 
 
-def next_pow2(n: int) -> int:
-    return 1 if n <= 1 else 1 << (n - 1).bit_length()
-
-
-def label_buckets(seq_len: int) -> list[int]:
-    """Every N the engine's ``label_gather`` can pick: ``min(next_pow2(n), S)`` for 1 ≤ n < S."""
-    return sorted({min(next_pow2(n), seq_len) for n in range(1, max(seq_len, 2))})
-
-
-def default_buckets(tokens: int, top_k: int = 1, smallest: int = 8) -> list[int]:
-    """``npu_lora.moe.hot.default_buckets`` (the same rule, without torch)."""
-    cap = next_pow2(max(1, min(tokens, tokens * top_k)))
-    out, b = [], min(smallest, cap)
-    while b < cap:
-        out.append(b)
-        b *= 2
-    out.append(cap)
-    return out
-
-
-def hot_count(fraction: float, num_experts: int) -> int:
-    return min(num_experts, max(1, math.ceil(fraction * num_experts - 1e-9)))
-
-
 def resolve_backend(spec: Any, backend: str | None = None) -> str:
     """``backend`` if given, else ``spec.device.backend``; ``auto`` means ``furiosa`` when the
     spec asks for cards (what a cluster run resolves to), else ``cpu``."""
@@ -298,7 +280,7 @@ def compile_plan(
     D, V = w["hidden_size"], w["vocab_size"]
     H, K, d = w["num_attention_heads"], w["num_key_value_heads"], w["head_dim"]
     E, k, inter = w["num_experts"], w["num_experts_per_tok"], w["moe_intermediate_size"]
-    T = B * S
+    T = tokens_per_pass(B, S)
     libs = {
         "transformers": _version("transformers") or "unknown",
         "peft": _version("peft") or "unknown",
@@ -386,7 +368,7 @@ def compile_plan(
         hot = False
     if hot:
         Eh = hot_count(moe.hot_fraction, E)
-        buckets = sorted(moe.bucket_sizes) if moe.bucket_sizes else default_buckets(T, k)
+        buckets = hot_buckets(moe.bucket_sizes, T, k)
         w_hot = [
             _t("w_gate_up_EhFD", [Eh, 2 * inter, D], dt),
             _t("w_down_EhDI", [Eh, D, inter], dt),
@@ -430,9 +412,7 @@ def compile_plan(
         "placement": moe.placement,
         "hot_fraction": moe.hot_fraction if hot else None,
         "hot_experts_per_layer": hot_count(moe.hot_fraction, E) if hot else None,
-        "buckets": (sorted(moe.bucket_sizes) if moe.bucket_sizes else default_buckets(T, k))
-        if hot
-        else None,
+        "buckets": list(hot_buckets(moe.bucket_sizes, T, k)) if hot else None,
     }
     return Plan(be, comp, src, w, run, entries, notes, target)
 

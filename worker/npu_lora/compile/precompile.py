@@ -1,7 +1,7 @@
 """Compile one graph of a plan into the graph cache (imports torch; furiosa-torch for RNGD).
 
 ``compile_entry(plan, entry, root)``: build the graph at the plan's shapes
-(:func:`npu_lora.rngd.catalogue.plan_graphs`), compile it with the backend's compiler into a
+(:func:`npu_lora.compile.graphs.plan_graphs`), compile it with the backend's compiler into a
 temporary directory, publish it under its key (:func:`npu_lora.compile.cache.publish`). The
 compiler is the registry entry's ``compiler`` (:data:`COMPILERS`), on its ``compile_device``:
 
@@ -115,7 +115,7 @@ def compiler_of(backend: str) -> Any:
 def compile_entry(plan: Plan, entry: PlanEntry, root: Path) -> dict[str, Any]:
     """Compile ``entry`` into the cache at ``root`` unless present. Returns ``{name, key, index,
     hit, outcome, compile_s}`` (``outcome``: hit / published / lost)."""
-    from npu_lora.rngd.catalogue import plan_graphs
+    from npu_lora.compile.graphs import plan_graphs
 
     t0 = time.perf_counter()
     if cache.present(root, entry.key):

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from npu_lora.api.sizing import HEAD_CHUNK_BYTES, attention_impl, head_chunk_rows
+from npu_lora.api.sizing import HEAD_CHUNK_BYTES, attention_impl, head_chunk_rows, label_bucket
 
 from .ops import (
     cross_entropy_int32,
@@ -91,10 +91,6 @@ def positions(B: int, S: int, position_ids_BS: torch.Tensor | None = None) -> to
     return torch.arange(S, dtype=torch.int32)[None].expand(B, S).contiguous()
 
 
-def next_pow2(n: int) -> int:
-    return 1 if n <= 1 else 1 << (n - 1).bit_length()
-
-
 @dataclass
 class LabelGather:
     """Label positions of a batch (HF convention: logits at t predict ``labels[t + 1]``).
@@ -121,7 +117,7 @@ def label_gather(
     per_row = valid_BS.sum(1)
     count = int(per_row.sum())
     n_max = int(per_row.max()) if B else 0
-    N = n_bucket if n_bucket is not None else min(max(next_pow2(n_max), 1), S)
+    N = n_bucket if n_bucket is not None else label_bucket(n_max, S)  # api.sizing
     if n_max > N:
         raise ValueError(f"label bucket {N} < {n_max} label positions in a sequence")
     sel_BNS = torch.zeros(B, N, S, dtype=dtype)

@@ -216,12 +216,12 @@ class DataParallel:
         import torch.distributed as dist
 
         try:
-            now_LE = engine.routing_counts()
+            now_LE = engine.hotset.routing_counts()
         except (AttributeError, NotImplementedError):
             return
         delta_LE = (now_LE - before_LE).contiguous()
         dist.all_reduce(delta_LE)
-        engine.load_routing_counts(before_LE + delta_LE)
+        engine.hotset.load_routing_counts(before_LE + delta_LE)
 
     # -- 5: step end --------------------------------------------------------------------------
     def step_end(
@@ -256,11 +256,11 @@ class DataParallel:
 
         from npu_lora.train.checkpoint import rng_state, set_rng_state
 
-        params = list(engine.trainable_parameters())
+        params = list(engine.adapter.parameters())
         payload: list[Any] = [None]
         if self.is_rank0:
             try:
-                counts = engine.routing_counts()
+                counts = engine.hotset.routing_counts()
             except (AttributeError, NotImplementedError):
                 counts = None
             payload = [
@@ -281,7 +281,7 @@ class DataParallel:
                     p.copy_(t.to(device=p.device, dtype=p.dtype))
             optimizer.load_state_dict(got["optimizer"])
             if got["counts"] is not None:
-                engine.load_routing_counts(got["counts"])
+                engine.hotset.load_routing_counts(got["counts"])
             if got["hot"] is not None:
                 engine.load_hot_state(got["hot"])
             set_rng_state(got["rng"])

@@ -1,5 +1,6 @@
 """``build_engine``: a ``MoEFinetuneSpec`` to a ready :class:`~npu_lora.engine.hybrid.HybridEngine`
-(model, backend, host dtype, expert pages, the base's fingerprint)."""
+(model, backend, host dtype, expert pages, the base's fingerprint), then ``assemble``: the
+engine's parts, each from its own spec section."""
 
 from __future__ import annotations
 
@@ -9,13 +10,20 @@ from typing import Any
 
 import torch
 
+from npu_lora.api.sizing import tokens_per_pass
 from npu_lora.api.v1alpha1 import MoEFinetuneSpec
 from npu_lora.backends import Backend, get_backend
 from npu_lora.engine.hooks import EngineHooks
+from npu_lora.engine.hotset import HotSet
 from npu_lora.engine.hybrid import HybridEngine
-from npu_lora.models.build import build_model, to_dtype
+from npu_lora.engine.mode import ModeControl
+from npu_lora.engine.placement import place_on_device
+from npu_lora.engine.state import AdapterState
+from npu_lora.models.build import build_model, causal_lm, to_dtype
+from npu_lora.moe.host_mlp import install_host_mlp
+from npu_lora.moe.node_pass import LocalPass, install_pass
 
-__all__ = ["build_engine"]
+__all__ = ["assemble", "build_engine", "keep_graph_auto"]
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +63,7 @@ def build_engine(
     if spec.moe.host_threads:
         torch.set_num_threads(spec.moe.host_threads)
     be = backend if isinstance(backend, Backend) else get_backend(backend or spec.device.backend)
-    model, config = build_model(
+    model, _config = build_model(
         spec.model,
         spec.lora,
         seed=spec.training.seed,
@@ -80,25 +88,57 @@ def build_engine(
     fingerprint = base_fingerprint(model)  # the base as built, before any adapter is loaded
 
     experts_pages = place_experts(moe_blocks(model))  # before anything reads or copies them
-    return HybridEngine(
+    return assemble(
+        spec,
         model,
-        config,
         be,
-        placement=spec.moe.placement,
-        keep_graph=spec.moe.keep_graph is not False,  # auto: per layer, below
-        overlap=spec.moe.overlap,
-        hot_fraction=spec.moe.hot_fraction,
-        warmup_steps=spec.moe.warmup_steps,
-        bucket_sizes=spec.moe.bucket_sizes,
-        tokens_per_batch=spec.training.batch_size * spec.training.seq_len,
-        train_experts=spec.lora.train_experts,
-        hot_refresh_steps=spec.moe.hot_refresh_steps,
-        hot_memory=spec.moe.hot_memory_bytes,
         host_compute_dtype=to_dtype(host_choice.compute_dtype),
         hooks=hooks,
+        host_choice=host_choice,
+        experts_pages=experts_pages,
+        fingerprint=fingerprint,
+    )
+
+
+def assemble(
+    spec: MoEFinetuneSpec,
+    model: torch.nn.Module,
+    backend: Backend,
+    *,
+    host_compute_dtype: torch.dtype | None = None,
+    hooks: EngineHooks | None = None,
+    host_choice: Any = None,
+    experts_pages: dict[str, Any] | None = None,
+    fingerprint: dict[str, Any] | None = None,
+) -> HybridEngine:
+    """The engine's parts around a built ``model``, each from its own spec section: the mode
+    control from ``moe`` + ``lora`` (:meth:`ModeControl.from_spec`), the MoE blocks on the host
+    (``HostMLP``, reading the mode from it), the hot set from ``moe`` (:meth:`HotSet.from_spec`,
+    with the tokens per pass of ``training``), the adapter over the trainable state."""
+    modes = ModeControl.from_spec(spec.moe, spec.lora)
+    mlps = install_host_mlp(model, backend, mode=modes, compute_dtype=host_compute_dtype)
+    # every kernel call goes through the pass, which counts the streamed bytes
+    # (expert_bytes); the launcher swaps in the node's shared pass (moe/node_pass.py)
+    install_pass(mlps, LocalPass())
+    place_on_device(model, list(mlps), backend)
+    hotset = HotSet.from_spec(
+        spec.moe,
+        mlps,
+        backend,
+        tokens=tokens_per_pass(spec.training.batch_size, spec.training.seq_len),
+        top_k=int(model.config.num_experts_per_tok),
+        device_dtype=causal_lm(model).model.embed_tokens.weight.dtype,
+    )
+    adapter = AdapterState(model, mlps, fingerprint)  # adapter/npu_lora_base.json, summary.json
+    return HybridEngine(
+        model,
+        backend,
+        modes,
+        hotset,
+        adapter,
+        hooks,
         host_choice=host_choice,  # summary.json machine.host, status.host
         experts_pages=experts_pages,  # summary.json machine.experts_pages
-        base_fingerprint=fingerprint,  # adapter/npu_lora_base.json, summary.json
     )
 
 

@@ -1,7 +1,7 @@
 """The engine's one seam for strategies the benchmark swaps (:class:`EngineHooks`).
 
 The engine runs one way; the bench measures it against older or alternative ways (variants
-``+legacy``, ``+torch_head``, ``+padmax``, ``+fp32``, ``+4k``: ``npu_lora.api.variant``). Those
+``+torch_head``, ``+padmax``, ``+fp32``, ``+4k``: ``npu_lora.api.variant``). Those
 alternatives are not flags of the engine: the bench implements this protocol
 (``npu_lora.bench.hooks.VariantHooks``) and passes it to ``build_engine(..., hooks=...)``; the
 engine consults it at the start of every micro-batch (``HybridEngine.apply_hooks``) and applies
@@ -31,11 +31,9 @@ ExpertWeights = list[tuple[torch.Tensor, torch.Tensor]]
 @dataclass(frozen=True)
 class HotPath:
     """How the hot layers run: ``capacity`` ``cost`` (padded rows vs host overflow, the
-    engine's rule) or ``max`` (pad to the largest group); ``legacy``: the hot path before
-    issue 13 (``HotLayer.legacy``)."""
+    engine's rule) or ``max`` (pad to the largest group)."""
 
     capacity: str = "cost"
-    legacy: bool = False
 
 
 class EngineHooks(Protocol):

@@ -1,5 +1,9 @@
 """The hot set's owner (:class:`HotSet`): which experts live on the device, and when that changes.
 
+Built from the ``moe`` section (:meth:`HotSet.from_spec`; the buckets by ``api.sizing``'s rule,
+the one the compile plan lists). It owns the routing counts too (:meth:`HotSet.routing_counts`,
+:meth:`HotSet.load_routing_counts`; a checkpoint's ``routing``).
+
 Lifecycle: routing counts accumulate (``counts_LE``, written by every ``HostMLP``); at
 ``moe.warmupSteps`` the set is chosen (:meth:`HotSet.select`: ``moe.hotMemory`` across layers,
 else ``hotFraction`` per layer) and its experts copied to the device; every
@@ -16,6 +20,7 @@ from typing import Any
 
 import torch
 
+from npu_lora.api.sizing import hot_buckets
 from npu_lora.backends import Backend
 from npu_lora.backends.base import Traffic
 from npu_lora.engine.hooks import HotPath
@@ -23,7 +28,6 @@ from npu_lora.moe.host_mlp import HostMLP
 from npu_lora.moe.hot import (
     HotLayer,
     coverage,
-    default_buckets,
     device_expert_bytes,
     make_hot_layer,
     move_hot_layer,
@@ -46,32 +50,32 @@ class HotSet:
         self,
         mlps: list[HostMLP],
         backend: Backend,
-        counts_LE: torch.Tensor,
         *,
         device_dtype: torch.dtype,
-        top_k: int,
+        buckets: tuple[int, ...],
         fraction: float = 0.25,
         warmup_steps: int = 4,
-        bucket_sizes: list[int] | tuple[int, ...] | None = None,
-        tokens_per_batch: int | None = None,
         refresh_steps: int | None = None,
         memory: int | None = None,
-        device_gather: bool = True,
     ) -> None:
+        """``mlps``: the model's HostMLPs (their shared routing counts ``counts_LE`` are the
+        set's input); ``buckets``: the padded rows a hot expert may get (``api.sizing``); the
+        rest: ``moe`` (:meth:`from_spec`)."""
         self.mlps = mlps
         self.backend = backend
-        self.counts_LE = counts_LE  # [L, E] int64, shared with the HostMLPs
+        counts_LE = mlps[0].counts_LE
+        if counts_LE is None:
+            raise ValueError("the HostMLPs count no routing (install_host_mlp gives them counts)")
+        self.counts_LE: torch.Tensor = counts_LE  # [L, E] int64, shared with the HostMLPs
         self.num_layers, self.num_experts = counts_LE.shape
         self.device_dtype = device_dtype
-        self.top_k = top_k
+        self.buckets = tuple(buckets)
         self.fraction = fraction
         self.warmup_steps = warmup_steps
-        self.bucket_sizes = tuple(sorted(bucket_sizes)) if bucket_sizes else None
-        self.tokens_per_batch = tokens_per_batch
         self.refresh_steps = refresh_steps
         self.memory = memory
         #: hot rows gathered on the device when that sends fewer rows (HotExpertsGathered)
-        self.device_gather = device_gather
+        self.device_gather = backend.device_gather
         self.selected_at: int | None = None
         self.history: list[dict[str, Any]] = []  # choices (selection, refreshes)
         self.hist_LE: torch.Tensor | None = None  # decayed routing histogram (refresh)
@@ -79,6 +83,31 @@ class HotSet:
         self._parked: list[HotLayer | None] | None = None
         self._pending = Traffic()  # copies between steps (moves), reported with the next step
         self._path = HotPath()
+
+    @classmethod
+    def from_spec(
+        cls,
+        moe: Any,
+        mlps: list[HostMLP],
+        backend: Backend,
+        *,
+        tokens: int,
+        top_k: int,
+        device_dtype: torch.dtype,
+    ) -> HotSet:
+        """From the ``moe`` section: ``hotFraction``, ``hotMemory``, ``warmupSteps``,
+        ``hotRefreshSteps``, ``bucketSizes`` (else :func:`~npu_lora.api.sizing.hot_buckets`
+        for ``tokens`` per pass and the model's ``top_k``, the rule the compile plan lists)."""
+        return cls(
+            mlps,
+            backend,
+            device_dtype=device_dtype,
+            buckets=hot_buckets(moe.bucket_sizes, tokens, top_k),
+            fraction=moe.hot_fraction,
+            warmup_steps=moe.warmup_steps,
+            refresh_steps=moe.hot_refresh_steps,
+            memory=moe.hot_memory_bytes,
+        )
 
     # --- what is on the device ------------------------------------------------------------------
     @property
@@ -123,7 +152,6 @@ class HotSet:
         for hot in self.live():
             if hot is not None:
                 hot.capacity = path.capacity
-                hot.legacy = path.legacy
 
     # --- traffic between steps ------------------------------------------------------------------
     def take_pending(self) -> Traffic:
@@ -144,11 +172,6 @@ class HotSet:
         return moved
 
     # --- choice -----------------------------------------------------------------------------------
-    def _buckets(self) -> tuple[int, ...]:
-        if self.bucket_sizes:
-            return self.bucket_sizes
-        return default_buckets(self.tokens_per_batch or 128, self.top_k)
-
     def expert_device_bytes(self) -> int:
         return device_expert_bytes(self.mlps[0].experts, self.device_dtype)
 
@@ -163,13 +186,13 @@ class HotSet:
             mlp.experts,
             list(ids),
             self.backend,
-            buckets=self._buckets(),
+            buckets=self.buckets,
             device_dtype=self.device_dtype,
             layer=layer,
             device_gather=self.device_gather,
         )
         if self._path != HotPath():
-            hot.capacity, hot.legacy = self._path.capacity, self._path.legacy
+            hot.capacity = self._path.capacity
         return hot
 
     def install(self, experts_per_layer: list[list[int]]) -> int:
@@ -308,6 +331,15 @@ class HotSet:
             state["counts_at_refresh"] = self.counts_at_refresh.tolist()
         state["history"] = [dict(h) for h in self.history]
         return state
+
+    def routing_counts(self) -> torch.Tensor:
+        """``[L, E] int64``: tokens routed to each expert, summed over all forwards so far
+        (every position incl. padding; recomputes in backward are not counted)."""
+        return self.counts_LE.clone()
+
+    def load_routing_counts(self, counts_LE: torch.Tensor) -> None:
+        """Restore routing counts (resuming before the hot set is chosen picks the same set)."""
+        self.counts_LE.copy_(torch.as_tensor(counts_LE, dtype=torch.int64))
 
     def load_counts(self, state: dict) -> None:
         if "routing_counts" in state:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,11 +40,11 @@ from npu_lora.device.graphs import (
 from npu_lora.engine.hooks import DefaultHooks, EngineHooks, ExpertWeights
 from npu_lora.engine.hotset import HOT_DECAY, HotSet
 from npu_lora.engine.mode import ModeControl
-from npu_lora.engine.placement import AUTO_ROUNDS, AutoPlacement, place_on_device
+from npu_lora.engine.placement import AUTO_ROUNDS, AutoPlacement
 from npu_lora.engine.profile import HostTimes, StepProfile
 from npu_lora.engine.state import EXPERTS_FILE, AdapterState
 from npu_lora.models.build import causal_lm, decoder_layers
-from npu_lora.moe.host_mlp import HostMLP, install_host_mlp
+from npu_lora.moe.host_mlp import HostMLP
 from npu_lora.moe.mode import EngineMode
 from npu_lora.moe.node_pass import LocalPass, arm, disarm, install_pass
 
@@ -53,7 +52,7 @@ __all__ = ["AUTO_ROUNDS", "EXPERTS_FILE", "HOT_DECAY", "HybridEngine"]
 
 
 class HybridEngine:
-    """See ``npu_lora.engine`` for the usage contract. A facade over its owners:
+    """See ``npu_lora.engine`` for the usage contract. The engine over its parts:
 
     - ``modes`` (:class:`~npu_lora.engine.mode.ModeControl`): the policy and the current mode;
     - ``hotset`` (:class:`~npu_lora.engine.hotset.HotSet`): the hot experts' lifecycle;
@@ -65,87 +64,52 @@ class HybridEngine:
     Attributes: ``model`` (the peft model; its decoder layers' ``mlp`` are ``HostMLP``),
     ``config`` (HF config), ``backend`` (``npu_lora.backends.Backend``), ``mlps`` (the HostMLPs),
     ``stock_blocks`` (the stock MoE blocks they wrap; they share the weights), and the build's
-    facts (``host_choice``, ``experts_pages``, ``base_fingerprint``; None when not given).
+    facts (``host_choice``, ``experts_pages``; None when not given). No method only passes a
+    call on: callers talk to the part that owns the thing (``engine.hotset.summary()``).
     """
 
     def __init__(
         self,
         model: nn.Module,
-        config: Any,
         backend: Backend,
-        *,
-        placement: str = "hot",
-        keep_graph: bool = True,
-        overlap: bool = False,
-        hot_fraction: float = 0.25,
-        warmup_steps: int = 4,
-        bucket_sizes: list[int] | tuple[int, ...] | None = None,
-        tokens_per_batch: int | None = None,
-        train_experts: bool = False,
-        hot_refresh_steps: int | None = None,
-        hot_memory: int | None = None,
-        auto_rounds: int = AUTO_ROUNDS,
-        host_compute_dtype: torch.dtype | None = None,
+        modes: ModeControl,
+        hotset: HotSet,
+        adapter: AdapterState,
         hooks: EngineHooks | None = None,
+        *,
         host_choice: Any = None,
         experts_pages: dict[str, Any] | None = None,
-        base_fingerprint: dict[str, Any] | None = None,
     ) -> None:
-        self.modes = ModeControl(
-            placement,
-            keep_graph,
-            overlap,
-            train_experts=train_experts,
-            on_change=self._mode_changed,
-        )
+        """The parts, each built from its own spec section (:func:`~npu_lora.engine.build_engine`):
+        ``model`` (the peft model, its MoE blocks already ``HostMLP``: ``install_host_mlp``),
+        ``backend`` (``device.backend``), ``modes`` (``ModeControl.from_spec``: ``moe.placement``,
+        ``keepGraph``, ``overlap``), ``hotset`` (``HotSet.from_spec``: the rest of ``moe``),
+        ``adapter`` (``AdapterState``: ``lora``), ``hooks`` (the bench's; default: the engine's
+        own way). ``host_choice``, ``experts_pages``: the build's facts (summary.json ``machine``,
+        ``status.host``)."""
         self.model = model
-        self.config = config
+        self.config = model.config
         self.backend = backend
+        self.modes = modes
+        modes.on_change = self._mode_changed
+        self.hotset = hotset
+        self.adapter = adapter
         #: what ``build_engine`` resolved (``summary.json`` ``machine``, ``status.host``)
         self.host_choice = host_choice
         self.experts_pages = experts_pages
-        self.base_fingerprint = base_fingerprint
         self.lm = causal_lm(model)
         self.layers = decoder_layers(model)
         self.num_layers = len(self.layers)
-        E = self.layers[0].mlp.experts.gate_up_proj.shape[0]
-        self.num_experts = E
-        self.top_k = int(config.num_experts_per_tok)
-        self.times = HostTimes()
-        self.counts_LE = torch.zeros(self.num_layers, E, dtype=torch.int64)
-        self.stock_blocks: list[nn.Module] = [layer.mlp for layer in self.layers]
-        self.mlps: list[HostMLP] = install_host_mlp(
-            model,
-            backend,
-            mode=self.modes,
-            times=self.times,
-            counts_LE=self.counts_LE,
-            compute_dtype=host_compute_dtype,
-        )
-        # every kernel call goes through the pass, which counts the streamed bytes
-        # (expert_bytes); the launcher swaps in the node's shared pass (moe/node_pass.py)
-        install_pass(self.mlps, LocalPass())
-        self._auto_rounds = auto_rounds
+        self.mlps: list[HostMLP] = hotset.mlps
+        self.num_experts = hotset.num_experts
+        self.top_k = int(self.config.num_experts_per_tok)
+        self.times: HostTimes = self.mlps[0].times  # shared by every HostMLP
+        self.counts_LE = hotset.counts_LE  # written by every HostMLP
+        self.stock_blocks: list[nn.Module] = [mlp._block for mlp in self.mlps]  # same weights
         self.auto: AutoPlacement | None = None  # placement auto: trials and the choice
         self._auto_agree: Callable[[str], str] | None = None
         self._fb_s = 0.0  # forward_backward wall seconds since the last select_hot_experts
-        place_on_device(model, list(self.mlps), backend)
-        self.device_dtype = self.lm.model.embed_tokens.weight.dtype
-        self.hotset = HotSet(
-            self.mlps,
-            backend,
-            self.counts_LE,
-            device_dtype=self.device_dtype,
-            top_k=self.top_k,
-            fraction=hot_fraction,
-            warmup_steps=warmup_steps,
-            bucket_sizes=bucket_sizes,
-            tokens_per_batch=tokens_per_batch,
-            refresh_steps=hot_refresh_steps,
-            memory=hot_memory,
-            device_gather=backend.device_gather,
-        )
-        self.adapter = AdapterState(model, self.mlps, base_fingerprint)
+        self.device_dtype = hotset.device_dtype
         self.hooks: EngineHooks = hooks if hooks is not None else DefaultHooks()
         self._own_weights = self.expert_weights()
         inner = self.lm.model
@@ -169,39 +133,7 @@ class HybridEngine:
         self._head_nll: Any = None  # DeviceHeadNLL, compiled on the first token_nll
         self.model.train()
 
-    # --- mode (engine.mode.ModeControl) ---------------------------------------------------------
-    @property
-    def mode(self) -> EngineMode:
-        """The current mode (placement, keep_graph, overlap); change it with :meth:`set_mode`."""
-        return self.modes.mode
-
-    @property
-    def policy(self) -> str:
-        """``moe.placement`` as asked: ``hot``, ``host-only`` or ``auto`` (measure, keep faster)."""
-        return self.modes.policy
-
-    @property
-    def train_experts(self) -> bool:
-        return self.modes.train_experts
-
-    @property
-    def placement(self) -> str:
-        return self.modes.mode.placement
-
-    @property
-    def keep_graph(self) -> bool:
-        return self.modes.mode.keep_graph
-
-    @property
-    def overlap(self) -> bool:
-        return self.modes.mode.overlap
-
-    def set_mode(self, mode: EngineMode) -> None:
-        """Switch the mode between steps (the bench's variants). Kept graphs are freed; leaving
-        placement ``hot`` parks the hot set (the MoE blocks run all experts on the host) and
-        coming back restores it."""
-        self.modes.set(mode)
-
+    # --- mode (engine.mode.ModeControl; it calls this before every switch) --------------------
     def _mode_changed(self, old: EngineMode, new: EngineMode) -> None:
         for mlp in self.mlps:
             mlp.free_kept()
@@ -308,14 +240,6 @@ class HybridEngine:
             mlp.keep_graph_fits = i >= L - n
         return list(range(L - n, L))
 
-    # --- parameters (engine.state.AdapterState) -------------------------------------------------
-    def trainable_parameters(self) -> list[nn.Parameter]:
-        """LoRA parameters (+ expert weights when ``lora.trainExperts``), in a stable order."""
-        return self.adapter.parameters()
-
-    def named_trainable_parameters(self) -> list[tuple[str, nn.Parameter]]:
-        return self.adapter.named_parameters()
-
     # --- one micro-batch -----------------------------------------------------------------------
     def forward_backward(
         self, batch: dict[str, torch.Tensor], loss_scale: float = 1.0
@@ -388,8 +312,8 @@ class HybridEngine:
             device_calls_per_layer=be.calls_per_layer(self.num_layers),
             tokens=B * S,
             hot_experts=self.hotset.total,
-            keep_graph=self.keep_graph,
-            placement=self.placement,
+            keep_graph=self.modes.keep_graph,
+            placement=self.modes.placement,
             hot_s=self.times.hot_s,
             device_calls=dict(be.calls_by_name),
             to_device_bytes=int(tr["to_device_bytes"]),
@@ -450,38 +374,7 @@ class HybridEngine:
                 self.model.train()
         return nll_BS
 
-    # --- hot experts (engine.hotset.HotSet) -----------------------------------------------------
-    @property
-    def hot_experts_total(self) -> int:
-        return self.hotset.total
-
-    @property
-    def hot_selected_at(self) -> int | None:
-        return self.hotset.selected_at
-
-    @property
-    def hot_history(self) -> list[dict[str, Any]]:
-        """Hot-set choices (selection, refreshes)."""
-        return self.hotset.history
-
-    @property
-    def hist_LE(self) -> torch.Tensor | None:
-        """The decayed routing histogram the refreshes choose on."""
-        return self.hotset.hist_LE
-
-    @property
-    def device_gather(self) -> bool:
-        return self.hotset.device_gather
-
-    def routing_counts(self) -> torch.Tensor:
-        """``[L, E] int64``: tokens routed to each expert, summed over all forwards so far
-        (every position incl. padding; recomputes in backward are not counted)."""
-        return self.counts_LE.clone()
-
-    def load_routing_counts(self, counts_LE: torch.Tensor) -> None:
-        """Restore routing counts (resuming before the hot set is chosen picks the same set)."""
-        self.counts_LE.copy_(torch.as_tensor(counts_LE, dtype=torch.int64))
-
+    # --- the hot set's choice (engine.hotset.HotSet) -------------------------------------------
     def select_hot_experts(self, step: int) -> dict:
         """Call after every optimizer step with the number of completed steps (0 before
         training).
@@ -490,41 +383,25 @@ class HybridEngine:
         the hot set (``moe.hotMemory``: ``select_hot_memory`` across layers; else
         ``select_hot`` per layer, on the routing counts so far) and returns its summary
         (``fraction, experts, selected_at_step, per_layer`` and ``memory`` with a budget). With
-        ``hotRefreshSteps`` later calls may re-choose it (``refresh_hot``; the summary again,
+        ``hotRefreshSteps`` later calls may re-choose it (``HotSet.refresh``; the summary again,
         with ``refreshed_at_step``). Placement ``auto`` then alternates host-only and hot steps
         (``auto_step``). Every other call returns ``{}``.
         """
         fb_s, self._fb_s = self._fb_s, 0.0
-        if self.policy == "host-only":
+        if self.modes.policy == "host-only":
             return {}
         if self.hotset.selected_at is None:
             if step < self.hotset.warmup_steps:
                 return {}
             info = self.hotset.select(step)
-            if self.policy == "auto":
+            if self.modes.policy == "auto":
                 self._start_auto()
                 self._apply_auto_mode()
             return info
         if self.auto is not None and self.auto.deciding:
             self.auto_step(step, fb_s)
             return {}
-        return self.refresh_hot(step)
-
-    def refresh_hot(self, step: int) -> dict:
-        """See :meth:`HotSet.refresh <npu_lora.engine.hotset.HotSet.refresh>`."""
-        return self.hotset.refresh(step, self.placement)
-
-    def hot_summary(self) -> dict:
-        return self.hotset.summary()
-
-    def memory_report(self, counts_LE: torch.Tensor | None = None) -> dict[str, Any]:
-        """See :meth:`HotSet.memory_report <npu_lora.engine.hotset.HotSet.memory_report>`."""
-        return self.hotset.memory_report(counts_LE)
-
-    def after_optimizer_step(self) -> None:
-        """Keep device copies (hot experts) in sync with host weights after ``opt.step()``.
-        A no-op unless hot experts exist and expert weights are trainable."""
-        self.hotset.sync_weights()
+        return self.hotset.refresh(step, self.modes.placement)
 
     # --- placement auto (engine.placement.AutoPlacement) ----------------------------------------
     def agree_placement_with(self, agree: Callable[[str], str] | None) -> None:
@@ -535,21 +412,21 @@ class HybridEngine:
             self.auto.agree_with(agree)
 
     def _start_auto(self) -> AutoPlacement:
-        self.auto = AutoPlacement(self._auto_rounds)
+        self.auto = AutoPlacement(self.modes.auto_rounds)
         self.auto.agree_with(self._auto_agree)
         return self.auto
 
     def _apply_auto_mode(self) -> None:
         assert self.auto is not None
         want = self.auto.placement()
-        if want != self.placement:
-            self.set_mode(self.modes.with_placement(want))
+        if want != self.modes.placement:
+            self.modes.set(self.modes.with_placement(want))
 
     def auto_step(self, step: int, seconds: float) -> None:
         """Record the trial step ``step`` (its placement and forward+backward seconds) and set
         the next step's placement; after ``auto_rounds`` rounds keep the faster (median)."""
         assert self.auto is not None
-        self.auto.record(self.placement, step, seconds)
+        self.auto.record(self.modes.placement, step, seconds)
         self._apply_auto_mode()
 
     def placement_choice(self) -> dict[str, Any] | None:
@@ -576,26 +453,17 @@ class HybridEngine:
             return
         self.hotset.load_counts(state)
         if self.hotset.parked:  # back to the hot mode before re-installing
-            self.set_mode(self.modes.with_placement("hot"))
+            self.modes.set(self.modes.with_placement("hot"))
         self.hotset.load(state)
         auto = state.get("auto")
-        if auto is not None and self.policy == "auto":
+        if auto is not None and self.modes.policy == "auto":
             self._start_auto().load(auto)
             self._apply_auto_mode()
 
-    def save_adapter(self, path: str | Path) -> None:
-        """peft ``save_pretrained`` (+ ``experts.safetensors`` when experts are trained, keys
-        ``model.layers.<i>.mlp.experts.{gate_up_proj,down_proj}``; + ``npu_lora_base.json``)."""
-        self.adapter.save(path)
-
-    def adapter_state_dict(self) -> dict[str, torch.Tensor]:
-        """Trainable weights by (peft) parameter name, CPU copies: LoRA (+ experts when trained)."""
-        return self.adapter.state_dict()
-
     def load_adapter_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Inverse of ``adapter_state_dict`` (for resuming); refreshes hot copies."""
+        """Inverse of ``adapter.state_dict()`` (for resuming); refreshes the hot copies."""
         self.adapter.load_state_dict(state)
-        self.after_optimizer_step()
+        self.hotset.sync_weights()
 
 
 class _CastBlock(nn.Module):

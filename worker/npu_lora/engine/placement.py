@@ -16,12 +16,9 @@ from typing import Any
 from torch import nn
 
 from npu_lora.backends import Backend
+from npu_lora.engine.mode import AUTO_ROUNDS
 
 __all__ = ["AUTO_ROUNDS", "AutoPlacement", "place_on_device"]
-
-#: ``moe.placement: auto``: trial rounds after the hot set is chosen; round r runs one
-#: host-only and one hot step, host-only first in even rounds (the bench's alternation).
-AUTO_ROUNDS = 3
 
 
 def place_on_device(model: nn.Module, host_modules: list[nn.Module], backend: Backend) -> None:

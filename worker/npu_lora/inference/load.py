@@ -242,10 +242,10 @@ def load_run(
     seed_everything(spec.training.seed)  # as `npu-lora run` does before building
     engine = build_engine(spec, vocab_size=len(tok), backend=backend)
     base_check = verify_base(
-        recorded_fingerprint(run_dir, adapter_dir), engine.base_fingerprint, str(run_dir)
+        recorded_fingerprint(run_dir, adapter_dir), engine.adapter.fingerprint, str(run_dir)
     )
     load_trained_weights(engine, adapter_dir)
-    engine.set_mode(EngineMode("host-only", keep_graph=False, overlap=False))
+    engine.modes.set(EngineMode("host-only", keep_graph=False, overlap=False))
     engine.model.eval()
     for p in engine.model.parameters():
         p.requires_grad_(False)

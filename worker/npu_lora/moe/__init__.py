@@ -1,12 +1,11 @@
-"""The MoE block on the host (HostMLP) and the hot experts on the device."""
+"""The MoE block on the host (HostMLP) and the hot experts on the device (the shape rules they
+use, ``hot_count`` and the buckets, are ``npu_lora.api.sizing``)."""
 
 from npu_lora.moe.host_mlp import HostMLP, HostMLPFunction, install_host_mlp
 from npu_lora.moe.hot import (
     HotLayer,
     choose_bucket,
-    default_buckets,
     hot_cold_forward,
-    hot_count,
     make_hot_layer,
     pick_bucket,
     refresh_hot_layer,
@@ -18,9 +17,7 @@ __all__ = [
     "HostMLPFunction",
     "HotLayer",
     "choose_bucket",
-    "default_buckets",
     "hot_cold_forward",
-    "hot_count",
     "install_host_mlp",
     "make_hot_layer",
     "pick_bucket",

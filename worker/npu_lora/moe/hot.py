@@ -7,8 +7,8 @@ Legend (shape suffixes)::
     Eh hot experts of the layer (slots 0..Eh-1)       Bk tokens per hot expert (padded bucket)
     F  2*I                   I  expert intermediate size
 
-Selection rule (``select_hot``): per layer, ``Eh = ceil(fraction * E)`` (at least 1, at most E)
-experts with the highest routing counts; ties go to the lower expert index. Slots are the chosen
+Selection rule (``select_hot``): per layer, ``Eh = hot_count(fraction, E)`` (``api.sizing``: ``ceil(fraction * E)``,
+at least 1, at most E) experts with the highest routing counts; ties go to the lower expert index. Slots are the chosen
 expert ids in ascending order.
 
 Hybrid forward of one MoE block (``hot_cold_forward``), all on the host except one device call:
@@ -52,7 +52,6 @@ call, and the routing weights (router softmax).
 
 from __future__ import annotations
 
-import math
 import time
 import warnings
 from collections.abc import Callable
@@ -61,23 +60,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from npu_lora.api.sizing import hot_count, next_pow2
 from npu_lora.backends.base import Backend
-from npu_lora.device.graphs import HotExpertsBatched, HotExpertsGathered, next_pow2
+from npu_lora.device.graphs import HotExpertsBatched, HotExpertsGathered
 from npu_lora.moe.experts import expert_bytes
-
-
-def default_buckets(tokens: int, top_k: int = 1, *, smallest: int = 8) -> tuple[int, ...]:
-    """Powers of two from ``smallest`` up to the first ≥ min(tokens, tokens*top_k).
-
-    A hot expert receives at most ``tokens`` pairs (a token picks an expert at most once), so
-    buckets beyond ``tokens`` are never needed."""
-    cap = next_pow2(max(1, min(tokens, tokens * top_k)))
-    out, b = [], min(smallest, cap)
-    while b < cap:
-        out.append(b)
-        b *= 2
-    out.append(cap)
-    return tuple(out)
 
 
 def pick_bucket(n: int, buckets: tuple[int, ...]) -> int:
@@ -118,11 +104,6 @@ def choose_bucket(
         if cost < best_cost:
             best, best_cost = b, cost
     return best
-
-
-def hot_count(fraction: float, num_experts: int) -> int:
-    """``ceil(fraction * E)`` clamped to [1, E] (with a 1e-9 guard against float noise)."""
-    return min(num_experts, max(1, math.ceil(fraction * num_experts - 1e-9)))
 
 
 def select_hot(counts_LE: torch.Tensor, fraction: float) -> list[list[int]]:
@@ -186,9 +167,6 @@ class HotLayer:
     rows_padded: int = 0  # padded rows sent (Eh·Bk per call)
     overflow_E: torch.Tensor | None = None  # bool [E]: hot experts that overflowed (ever)
     layer: int | None = None  # decoder layer (traffic accounting, staging buffer names)
-    #: the hot path before issue 13 (bench A/B only, variant ``+legacy``): gather from a copy
-    #: of x with a zero row appended, cast in a separate pass, no staging buffer
-    legacy: bool = False
     #: gather the hot rows on the device from the T token rows when Eh·Bk > T (fewer rows
     #: sent and returned); the engine turns it on for cpu/cuda, not (yet) for furiosa
     device_gather: bool = False
@@ -435,20 +413,14 @@ def plan_hot_cold(x_TD: torch.Tensor, gate: nn.Module, hot: HotLayer) -> HotPlan
 
 
 def hot_inputs(
-    x_TD: torch.Tensor, r_P: torch.Tensor, plan: HotPlan, *, legacy: bool = False
+    x_TD: torch.Tensor, r_P: torch.Tensor, plan: HotPlan
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dense padded hot inputs ``x_EhBD``, ``r_EhB`` (routing weight 0 on padding rows).
 
     One gather pass straight from ``x_TD``: a padding row repeats token 0's row (its routing
     weight is 0, so its output and its gradient contribution are exactly 0), so no zero row is
-    appended to a copy of ``x_TD`` first. ``legacy``: the gather before issue 13 (bench A/B)."""
+    appended to a copy of ``x_TD`` first."""
     D = x_TD.shape[1]
-    if legacy:
-        tok_ext = torch.cat([plan.tok_P, torch.tensor([plan.T])])
-        x_ext_TD = torch.cat([x_TD, x_TD.new_zeros(1, D)])
-        r_ext_P = torch.cat([r_P, r_P.new_zeros(1)])
-        x_EhBD = x_ext_TD.index_select(0, tok_ext[plan.src_EhB]).view(plan.Eh, plan.Bk, D)
-        return x_EhBD, r_ext_P.index_select(0, plan.src_EhB).view(plan.Eh, plan.Bk)
     tok_EhB, r_EhB = hot_rows(r_P, plan)
     x_EhBD = x_TD.index_select(0, tok_EhB.reshape(-1)).view(plan.Eh, plan.Bk, D)
     return x_EhBD, r_EhB
@@ -467,7 +439,7 @@ def hot_rows(r_P: torch.Tensor, plan: HotPlan) -> tuple[torch.Tensor, torch.Tens
 def gathers_on_device(hot: HotLayer, plan: HotPlan) -> bool:
     """Send the T token rows and gather on the device (``HotExpertsGathered``) when that sends
     fewer rows than the Eh·Bk padded ones."""
-    return hot.device_gather and not hot.legacy and plan.Eh * plan.Bk > plan.T
+    return hot.device_gather and plan.Eh * plan.Bk > plan.T
 
 
 def cold_inputs(x_TD: torch.Tensor, plan: HotPlan):
@@ -524,11 +496,6 @@ def send_hot_inputs(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The hot inputs to the device in the device dtype: cast while writing the layer's reused
     (pinned on cuda) staging buffers, then one copy each (counted as layer ``layer``)."""
-    if hot.legacy:
-        return (
-            backend.to_device(x_EhBD.to(hot.device_dtype), layer=layer),
-            backend.to_device(r_EhB.to(hot.device_dtype), layer=layer),
-        )
     return (
         backend.to_device(x_EhBD, layer=layer, dtype=hot.device_dtype, stage=f"hot{layer}.x"),
         backend.to_device(r_EhB, layer=layer, dtype=hot.device_dtype, stage=f"hot{layer}.r"),
@@ -568,7 +535,7 @@ def hot_cold_forward(
         y_hot_TD = backend.call("hot_experts", hot.gathered_fn, *args, layer=layer)
         y_TD = combine_tokens(y_cold, y_hot_TD, x_TD, plan, backend)
     else:
-        x_EhBD, r_EhB = hot_inputs(x_TD, plan.r_P, plan, legacy=hot.legacy)
+        x_EhBD, r_EhB = hot_inputs(x_TD, plan.r_P, plan)
         t0 = time.perf_counter()
         x_dev, r_dev = send_hot_inputs(x_EhBD, r_EhB, hot, backend, layer)
         y_EhBD = backend.call("hot_experts", hot.fn, x_dev, r_dev, layer=layer)

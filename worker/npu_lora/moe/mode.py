@@ -1,7 +1,7 @@
 """The engine mode: how the MoE blocks run (``moe.placement``, ``moe.keepGraph``, ``moe.overlap``).
 
 One owner: :class:`npu_lora.engine.HybridEngine` holds the current :class:`EngineMode` and
-changes it only through ``set_mode`` (which does the engine's checks); every ``HostMLP`` reads it
+changes it only through ``ModeControl.set`` (which does the engine's checks); every ``HostMLP`` reads it
 from there (:class:`ModeSource`). A ``HostMLP`` built alone reads a :class:`FixedMode`.
 """
 

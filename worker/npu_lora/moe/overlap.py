@@ -237,7 +237,7 @@ def hot_cold_forward_overlapped(
     # 1. hot pairs: dense padded values (no graph yet), issue the device call asynchronously
     needs_graph = torch.is_grad_enabled() and (x_TD.requires_grad or plan.r_P.requires_grad)
     with torch.no_grad():
-        xv, rv = hot_inputs(x_TD.detach(), plan.r_P.detach(), plan, legacy=hot.legacy)
+        xv, rv = hot_inputs(x_TD.detach(), plan.r_P.detach(), plan)
         x_dev, r_dev = send_hot_inputs(xv, rv, hot, backend, layer)
 
     def device_fn(x: torch.Tensor, r: torch.Tensor) -> tuple:
@@ -261,7 +261,7 @@ def hot_cold_forward_overlapped(
     t0 = time.perf_counter()
     res = runner.wait(handle)
     if needs_graph:
-        x_EhBD, r_EhB = hot_inputs(x_TD, plan.r_P, plan, legacy=hot.legacy)
+        x_EhBD, r_EhB = hot_inputs(x_TD, plan.r_P, plan)
         y_EhBD = _JoinDevice.apply(x_EhBD, r_EhB, res, runner, backend, layer)
     else:
         y_EhBD = res[2]

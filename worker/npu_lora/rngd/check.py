@@ -166,13 +166,12 @@ def plan_of(args: argparse.Namespace) -> Any:
 def build_graphs(args: argparse.Namespace) -> list[Any]:
     plan = plan_of(args)
     if plan is not None:  # the run's own list of device graphs (the same one precompile uses)
-        from npu_lora.rngd.catalogue import plan_graphs
-
         names = [e.name for e in plan.entries]
         unknown = [n for n in (args.graphs or []) if n not in names]
         if unknown:
             raise ValueError(f"unknown graphs {unknown}; have {names}")
-        return plan_graphs(plan, args.graphs or None)
+        # npu_lora.compile.graphs.plan_graphs, handed down by the command (rngd sits below compile)
+        return args.plan_graphs(plan, args.graphs or None)
     factory = load_factory(args.source)
     kwargs: dict[str, Any] = {"widths": args.widths, "seq_len": args.seq_len}
     if args.buckets:

@@ -3,11 +3,11 @@
 Contents (``FORMAT`` 2: nothing is pickled; every ``X`` is ``X.safetensors`` holding the
 tensors and ``X.json`` holding the structure around them, see :func:`save_tree`)::
 
-    params         {"names": [...], "tensors": [...]}: engine.trainable_parameters() in order
+    params         {"names": [...], "tensors": [...]}: engine.adapter.parameters() in order
                    (LoRA weights, + the expert weights when lora.trainExperts)
     optimizer      AdamW state_dict
     rng            torch / python (/ cuda) RNG states
-    routing        engine.routing_counts() ([L, E] int64) when available
+    routing        engine.hotset.routing_counts() ([L, E] int64) when available
     hot.json       engine.hot_state() (null before the hot set is chosen)
     state.json     {"format", "step", "time", "scheduler", ...}: written last; a directory
                    without it is incomplete
@@ -343,7 +343,7 @@ def _write_checkpoint_files(
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    params = list(engine.trainable_parameters())
+    params = list(engine.adapter.parameters())
     save_tree(
         {
             "names": param_names(engine, params),
@@ -355,7 +355,7 @@ def _write_checkpoint_files(
     save_tree(rng_state(), tmp / "rng")
     routing = None
     with contextlib.suppress(NotImplementedError, AttributeError):
-        routing = engine.routing_counts()
+        routing = engine.hotset.routing_counts()
     if isinstance(routing, torch.Tensor):
         save_tree(routing.detach().cpu(), tmp / "routing")
     _write_json(engine.hot_state(), tmp / "hot.json")
@@ -434,7 +434,7 @@ def _restore(
         or not isinstance(saved.get("names"), list)
     ):
         raise SpecError(f"{path / 'params.json'}: not a parameter list")
-    params = list(engine.trainable_parameters())
+    params = list(engine.adapter.parameters())
     if len(saved["tensors"]) != len(params):
         raise SpecError(
             f"{path}: the checkpoint has {len(saved['tensors'])} trainable tensors, this model "
@@ -452,7 +452,7 @@ def _restore(
     if isinstance(counts, torch.Tensor):
         # Routing counts matter when the checkpoint predates the hot-set choice: the resumed
         # run must choose the same hot set as an uninterrupted one.
-        engine.load_routing_counts(counts)
+        engine.hotset.load_routing_counts(counts)
     hot = json.loads((path / "hot.json").read_text(encoding="utf-8"))
     if hot is not None:
         engine.load_hot_state(hot)

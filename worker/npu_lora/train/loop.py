@@ -5,7 +5,7 @@ Per optimizer step ``s`` (1-based)::
     torch.manual_seed(step_seed(seed, s, rank))  # dropout: a function of (seed, step, rank)
     for m in range(gradAccumulation): engine.forward_backward(batch(s, m), loss_scale=1/accum)
     clip_grad_norm_(trainable, maxGradNorm); opt.step(); sched.step(); opt.zero_grad();
-    engine.after_optimizer_step()
+    engine.hotset.sync_weights()
     spec.eval, every eval.everySteps and at the end: evaluate (no grad, training state untouched)
         → eval.jsonl, adapter-best/ on a new best eval loss, the step record gains ``eval_s``
     record → metrics.jsonl (flushed + fsynced) → callbacks.on_step (→ callbacks.on_eval)
@@ -65,24 +65,38 @@ if TYPE_CHECKING:
     from npu_lora.engine.profile import StepProfile
 
 
+class TrainAdapter(Protocol):
+    """The trainable state (:class:`npu_lora.engine.state.AdapterState`)."""
+
+    def parameters(self) -> list[torch.nn.Parameter]: ...
+    def save(self, path: str | Path) -> None: ...
+    def state_dict(self) -> dict[str, torch.Tensor]: ...
+
+
+class TrainHotSet(Protocol):
+    """The routing counts and the device copies (:class:`npu_lora.engine.hotset.HotSet`)."""
+
+    def routing_counts(self) -> torch.Tensor: ...
+    def load_routing_counts(self, counts: torch.Tensor) -> None: ...
+    def sync_weights(self) -> None: ...
+
+
 class TrainEngine(Protocol):
     """What the loop needs of an engine (:class:`npu_lora.engine.HybridEngine`; the tests'
-    stand-in runs the plain peft model behind the same interface)."""
+    stand-in runs the plain peft model behind the same interface): one micro-batch, the hot
+    set's choice and state, and the parts that own the trainable state (``adapter``) and the
+    routing counts (``hotset``)."""
 
     backend: Any
+    adapter: TrainAdapter
+    hotset: TrainHotSet
 
-    def trainable_parameters(self) -> list[torch.nn.Parameter]: ...
     def forward_backward(
         self, batch: dict[str, torch.Tensor], loss_scale: float = 1.0
     ) -> StepProfile: ...
-    def after_optimizer_step(self) -> None: ...
     def select_hot_experts(self, step: int) -> dict[str, Any]: ...
     def hot_state(self) -> dict[str, Any] | None: ...
     def load_hot_state(self, state: dict[str, Any] | None) -> None: ...
-    def routing_counts(self) -> torch.Tensor: ...
-    def load_routing_counts(self, counts: torch.Tensor) -> None: ...
-    def save_adapter(self, path: str | Path) -> None: ...
-    def adapter_state_dict(self) -> dict[str, torch.Tensor]: ...
 
 
 class Stopped(RuntimeError):
@@ -187,7 +201,7 @@ class Trainer:
         import torch
 
         t = self.spec.training
-        params = list(self.engine.trainable_parameters())
+        params = list(self.engine.adapter.parameters())
         if not params:
             raise RuntimeError("the engine has no trainable parameters")
         return torch.optim.AdamW(params, lr=t.learning_rate, weight_decay=t.weight_decay)
@@ -272,7 +286,7 @@ class Trainer:
         tmp = run_dir / f".{name}.tmp"
         if tmp.exists():
             shutil.rmtree(tmp)
-        self.engine.save_adapter(tmp)
+        self.engine.adapter.save(tmp)
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)
@@ -320,7 +334,7 @@ class Trainer:
                 for m in range(accum)
             ]
             weights = dist.loss_weights([label_count(b) for b in batches])
-            counts_before = self.engine.routing_counts()
+            counts_before = self.engine.hotset.routing_counts()
         for m, batch in enumerate(batches):
             last = self.engine.forward_backward(batch, loss_scale=weights[m] / accum).to_dict()
             losses.append(float(last["loss"]))
@@ -359,7 +373,7 @@ class Trainer:
                 opt.step()
                 if self.sched is not None:
                     self.sched.step()
-                self.engine.after_optimizer_step()
+                self.engine.hotset.sync_weights()
         opt.zero_grad(set_to_none=True)
         t1 = time.perf_counter()
         rec = step_record.ordered(
@@ -557,7 +571,7 @@ class Trainer:
             "resumed_from": ctx.resumed_from,
             "data": getattr(getattr(self.dataset, "stats", None), "to_dict", dict)(),
             "deterministic": _deterministic(),
-            "base_fingerprint": getattr(self.engine, "base_fingerprint", None),
+            "base_fingerprint": getattr(getattr(self.engine, "adapter", None), "fingerprint", None),
         }
         if error:
             extra["error"] = error

@@ -133,7 +133,7 @@ def build_summary(
         hot_info = {
             k: hot[k] for k in ("fraction", "experts", "selected_at_step", "memory") if k in hot
         }
-        history = getattr(engine, "hot_history", None)
+        history = getattr(getattr(engine, "hotset", None), "history", None)
         if history:
             hot_info["history"] = [dict(h) for h in history]
         if records:  # what the last step ran with (placement auto may have parked the set)

@@ -36,7 +36,7 @@ class BenchmarkSpec(_Model):
         min_length=1,
         max_length=16,
         description=(
-            "Variants: `<host-only|hot>[+keep_graph][+sequential|+overlap][+padmax][+legacy]"
+            "Variants: `<host-only|hot>[+keep_graph][+sequential|+overlap][+padmax]"
             "[+torch_head][+fp32][+4k][@kernel]` or `peer[+fp32][+sdpa][@kernel]` (stock "
             "transformers + peft, cpu backend only); `+fp32` and `+4k` with host-only only, "
             "`+sequential`, `+overlap`, `+padmax` with hot only (`npu-lora bench` modifiers). "
