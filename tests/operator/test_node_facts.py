@@ -122,7 +122,7 @@ def test_only_runs_managed_by_this_operator_are_ours() -> None:
 def test_memory_auto_leaves_the_experts_on_hugepages_out() -> None:
     """``memory: auto`` for Qwen3-30B-A3B in bf16: 71Gi; with hugepages-2Mi holding all 48
     layers' experts (58Gi) the memory limit keeps only the rest (LoRA state, activations,
-    data) + 25 % + 2 GiB; the pod gets the hugepages."""
+    data, runtime) × 1.25; the pod gets the hugepages."""
     from npu_lora_operator.policy import PodPolicy
     from npu_lora_operator.policy.resources import auto_memory
 

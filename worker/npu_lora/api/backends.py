@@ -69,7 +69,10 @@ class BackendEntry:
     ``furiosa-torch``; ``npu_lora.compile.plan.compiler_id``); ``precompile``: ``device.precompile:
     auto`` is on (compiles that take minutes); ``sdpa``: long rows run torch's memory-efficient
     ``scaled_dot_product_attention`` (``npu_lora.api.sizing.attention_impl``; off where the
-    compiler takes only the eager form); ``summary``: a few words for the API reference."""
+    compiler takes only the eager form); ``summary``: a few words for the API reference;
+    ``runtime_bytes``: one worker process's own host memory on this backend (python, torch,
+    transformers, the backend's runtime: ``npu_lora.api.memory``'s runtime term), measured; None
+    where nobody has measured it (``api.memory.UNMEASURED_RUNTIME_BYTES`` is assumed)."""
 
     name: str
     implementation: str
@@ -81,6 +84,7 @@ class BackendEntry:
     summary: str = ""
     sdpa: bool = True
     node: NodeFacts | None = None
+    runtime_bytes: int | None = None
 
     def partition_resource(self, partition: str) -> str:
         """The extended resource of one ``partition`` of a card (``<resource>-<partition>``)."""
@@ -243,4 +247,6 @@ RNGD_NODE = NodeFacts(
 )
 register(BackendEntry("furiosa", "npu_lora.backends.furiosa:FuriosaBackend", cards=True, resource="furiosa.ai/rngd", device_gather=False, compiler="furiosa-torch", precompile=True, summary="RNGD via furiosa-torch", sdpa=False, node=RNGD_NODE))  # fmt: skip
 register(BackendEntry("cuda", "npu_lora.backends.cuda:CudaBackend", cards=True, resource="nvidia.com/gpu"))  # fmt: skip
-register(BackendEntry("cpu", "npu_lora.backends.cpu:CpuBackend", summary="the host stands in for the device"))  # fmt: skip
+# the cpu backend's runtime: peak RSS of `npu-lora run` of the tiny preset less its estimated
+# terms, 496-540 MiB at seqLen 256-4,096 (experiments/2026-12-05-memory-fit.md)
+register(BackendEntry("cpu", "npu_lora.backends.cpu:CpuBackend", summary="the host stands in for the device", runtime_bytes=520 << 20))  # fmt: skip
