@@ -88,9 +88,7 @@ def main() -> None:
     for fmt in a.formats.split(","):
         name = fmt.replace("_", "-")
         man = Path(a.out) / f"{name}.yaml"
-        man.write_text(
-            MANIFEST.format(fmt_name=name, ck=d, tok=tok, data=data.resolve(), fmt=fmt)
-        )
+        man.write_text(MANIFEST.format(fmt_name=name, ck=d, tok=tok, data=data.resolve(), fmt=fmt))
         run_dir = Path(a.out) / f"run-{name}"
         cmd = [sys.executable, "-m", "npu_lora.cli", "run", str(man), "--out", str(run_dir), "-q"]
         rec = {"name": f"qwen3w-{a.layers}l-{fmt}", **rss.measure(cmd)}

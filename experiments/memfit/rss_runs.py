@@ -41,12 +41,23 @@ def variants(out: Path) -> dict[str, list[str]]:
     v["tiny-s4096-noplot"] = run("tiny-s4096-noplot", "--no-plot", "--no-tensorboard")
     v["tiny-hot-s1024"] = run(
         "tiny-hot-s1024",
-        "--set", "training.seqLen=1024", "--set", "moe.placement=hot",
-        "--set", "moe.warmupSteps=1", "--steps", "3",
+        "--set",
+        "training.seqLen=1024",
+        "--set",
+        "moe.placement=hot",
+        "--set",
+        "moe.warmupSteps=1",
+        "--steps",
+        "3",
     )
     v["tiny-2rank-s1024"] = run(
         "tiny-2rank-s1024",
-        "--set", "training.seqLen=1024", "--set", "distributed.ranksPerWorker=2", "--steps", "3",
+        "--set",
+        "training.seqLen=1024",
+        "--set",
+        "distributed.ranksPerWorker=2",
+        "--steps",
+        "3",
     )
     return v
 
@@ -94,20 +105,25 @@ def pss(pid: int) -> dict[str, int]:
     return out
 
 
-def mapped_checkpoint(pid: int) -> int:
-    """Bytes of ``*.safetensors`` file pages mapped into ``pid`` (smaps): a checkpoint read
-    through mmap shows in RSS as clean page cache the kernel reclaims under a limit."""
-    total, on = 0, False
+def mapped_checkpoint(pid: int) -> tuple[int, int]:
+    """``(rss, checkpoint)`` bytes from one pass over ``/proc/PID/smaps``: the process's RSS and
+    the ``*.safetensors`` file pages mapped in it (a checkpoint read through mmap shows in RSS as
+    clean page cache the kernel reclaims under a limit). One pass, so that a file closed between
+    two reads cannot make RSS less the checkpoint look larger than it was."""
+    total = ck = 0
+    on = False
     try:
         with open(f"/proc/{pid}/smaps") as f:
             for line in f:
                 if line[0] in "0123456789abcdef" and "-" in line.split(" ", 1)[0]:
                     on = line.rstrip().endswith(".safetensors")
-                elif on and line.startswith("Rss:"):
-                    total += int(line.split()[1]) * 1024
+                elif line.startswith("Rss:"):
+                    n = int(line.split()[1]) * 1024
+                    total += n
+                    ck += n if on else 0
     except OSError:
         pass
-    return total
+    return total, ck
 
 
 def measure(cmd: list[str]) -> dict:
@@ -131,16 +147,16 @@ def measure(cmd: list[str]) -> dict:
             if s > peak["tree"]:
                 peak["tree"], peak["procs"] = s, len(pids)
             if len(pids) == 1:  # one process: its RSS less the mapped checkpoint pages
-                ck = mapped_checkpoint(pids[0])
-                if s - ck > peak["less_ckpt"]:
-                    peak["less_ckpt"], peak["ckpt_at_peak"] = s - ck, ck
+                total, ck = mapped_checkpoint(pids[0])
+                if total - ck > peak["less_ckpt"]:
+                    peak["less_ckpt"], peak["ckpt_at_peak"] = total - ck, ck
             peak["charged"] = max(peak["charged"], charged)
             time.sleep(0.05)
 
     th = threading.Thread(target=sample, daemon=True)
     t0 = time.time()
     th.start()
-    out, err = p.communicate()
+    _out, err = p.communicate()
     th.join()
     m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", err)
     return {

@@ -75,7 +75,7 @@ def test_tiny_run_trains_resumes_chats_and_exports(tmp_path, dtype, monkeypatch,
     assert host["dtype"] == dtype
     assert host["layout"].startswith(dtype)
     # the per-step record says which dtype and layout ran (DESIGN §5), as summary/status do
-    assert {(r["host_dtype"], r["host_layout"]) for r in recs} == {(dtype, host["layout"])}
+    assert {(r["expert_dtype"], r["expert_layout"]) for r in recs} == {(dtype, host["layout"])}
     assert summary["hot"]  # hot experts were copied to the (cpu) device, dequantised
 
     import npu_lora.engine as engine_pkg

@@ -44,7 +44,9 @@ def auto_memory(spec: Any, policy: PodPolicy) -> tuple[str, str]:
         if tmpfs:
             unknown = gib((quantity_bytes(unknown) or 0) + tmpfs)
         return unknown, f"policy.memoryWhenUnknown (model size unknown){plus}"
-    return gib(recommended_limit(est) + tmpfs), f"estimated from the model ({est.with_limit()}){plus}"
+    return gib(
+        recommended_limit(est) + tmpfs
+    ), f"estimated from the model ({est.with_limit()}){plus}"
 
 
 def default_resources(spec: Any, res: Mapping[str, Any], policy: PodPolicy) -> Body:

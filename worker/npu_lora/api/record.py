@@ -236,14 +236,14 @@ RECORD: tuple[Column, ...] = (
     Column("keep_graph", "bool", "", "moe.keepGraph of the step.", source="engine"),
     Column("placement", "str", "", "moe.placement of the step.", source="engine"),
     Column(
-        "host_dtype",
+        "expert_dtype",
         "str",
         "",
         "The host experts' dtype as resolved (moe.hostDtype; auto: what the worker chose): "
         "float32, bfloat16, int8 or float8_e4m3fn (status.host.dtype).",
     ),
     Column(
-        "host_layout",
+        "expert_layout",
         "str",
         "",
         "8-bit host experts: their layout and where it came from (status.host.layout, e.g. "

@@ -401,12 +401,12 @@ class Trainer:
         return rec
 
     def _host_columns(self) -> dict[str, str | None]:
-        """The record's ``host_dtype`` / ``host_layout``: the engine's host choice
+        """The record's ``expert_dtype`` / ``expert_layout``: the engine's host choice
         (``status.host``); the spec's ``moe.hostDtype`` and null without one."""
         choice = getattr(self.engine, "host_choice", None)
         if choice is None:
-            return {"host_dtype": str(self.spec.moe.host_dtype), "host_layout": None}
-        return {"host_dtype": str(choice.dtype), "host_layout": choice.layout}
+            return {"expert_dtype": str(self.spec.moe.host_dtype), "expert_layout": None}
+        return {"expert_dtype": str(choice.dtype), "expert_layout": choice.layout}
 
     # ------------------------------------------------------------------------------------------
     def run(self) -> TrainResult:
