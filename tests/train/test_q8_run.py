@@ -112,5 +112,7 @@ def test_tiny_run_trains_resumes_chats_and_exports(tmp_path, dtype, monkeypatch,
         dtypes = {str(f.get_slice(k).get_dtype()) for k in f.keys() if "experts" in k}  # noqa: SIM118 (a safe_open handle)
     assert dtypes == {"BF16"}
     nope = tmp_path / "merged-q8"
-    assert main(["export", str(out), "--merged", str(nope), "--dequantize"]) == 2
+    with pytest.raises(SystemExit) as exc:
+        main(["export", str(out), "--merged", str(nope), "--dequantize"])
+    assert exc.value.code == 2
     assert not nope.exists()

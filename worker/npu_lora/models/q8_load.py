@@ -103,11 +103,21 @@ class _Reader:
             files = sorted(p.name for p in path.glob("*.safetensors"))
         if not files:
             raise FileNotFoundError(f"{path}: no safetensors files")
+        self._path, self._files = path, files
         self._handles = {f: safe_open(str(path / f), "pt") for f in files}
         self.where: dict[str, str] = {}
         for f, h in self._handles.items():
             for k in h.keys():  # noqa: SIM118 (a safe_open handle)
                 self.where[k] = f
+
+    def release(self) -> None:
+        """Reopen the files: a handle maps its whole file, and the pages read through it stay
+        in this process's RSS (clean page cache, but counted) until it is dropped; called after
+        each layer, so a load's RSS holds at most about one layer's checkpoint pages."""
+        from safetensors import safe_open
+
+        self._handles = {}  # the old mappings go first
+        self._handles = {f: safe_open(str(self._path / f), "pt") for f in self._files}
 
     def __contains__(self, key: str) -> bool:
         return key in self.where
@@ -255,6 +265,7 @@ def load_quantized(
             else:
                 source = f"re-quantised at load from a {ck_layout}"
             b.experts.quant_source = source
+            reader.release()
         # non-persistent buffers (rotary inv_freq): from a freshly built module
         for mod in model.modules():
             if hasattr(mod, "inv_freq") and hasattr(mod, "config"):
