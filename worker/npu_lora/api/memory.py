@@ -29,13 +29,17 @@ layers::
                                       sizing.SDPA_MIN_SEQ; sdpa keeps O(S)), and the LM head's
                                       chunk (3 × its fp32 logits) + dhn B·N·H fp32
     data         = examples × seqLen × 24 (input ids, labels, attention mask as int64)
+    transient    = one layer's expert gate_up_proj (E × 2I × H in the host dtype: the experts
+                   are copied into huge pages one tensor at a time), + one more copy of the
+                   experts with more than one rank sharing them (every other rank builds its
+                   own before it points at the shared one): load_transient_bytes
     runtime      = the backend's runtime (the interpreter, torch, transformers, peft, tokenizers,
                    the stream kernel's extension, the data pipeline, the run's summary plot and
                    TensorBoard writer: RUNTIME_BYTES measured on cpu; UNMEASURED_RUNTIME_BYTES
                    where not measured: furiosa, cuda, auto) + a Hugging Face tokenizer's
                    TOKENIZER_BYTES_PER_TOKEN × vocabulary (a model given by path; a preset's
                    byte-level tokenizer is in the constant)
-    estimate     = weights + trainable + activations + data + runtime
+    estimate     = weights + trainable + activations + data + transient + runtime
 
 With ``R`` > 1 ranks in the worker (``distributed.ranksPerWorker``) every rank holds its own
 trainable state, activations, data, runtime and (``device.backend: cpu``) non-expert weights;
@@ -115,10 +119,19 @@ class MemoryEstimate:
     runtime: int = 0
     #: training processes in the worker (``distributed.ranksPerWorker``)
     ranks: int = 1
+    #: what building the engine holds above the weights for a moment (:func:`load_transient_bytes`)
+    transient: int = 0
 
     @property
     def total(self) -> int:
-        return self.weights + self.trainable + self.activations + self.data + self.runtime
+        return (
+            self.weights
+            + self.trainable
+            + self.activations
+            + self.data
+            + self.runtime
+            + self.transient
+        )
 
     @property
     def limit(self) -> int:
@@ -132,7 +145,7 @@ class MemoryEstimate:
             f"{g(self.total)} (weights {g(self.weights)} in {self.host_dtype} + optimizer "
             f"{g(self.trainable)} + activations {g(self.activations)} for {self.tokens} tokens "
             f"per micro-batch × {self.layers} layers{self._kept()}{ranks} + data "
-            f"{g(self.data)} + runtime {g(self.runtime)})"
+            f"{g(self.data)} + runtime {g(self.runtime)} + load transient {g(self.transient)})"
         )
 
     def with_limit(self) -> str:
@@ -261,7 +274,25 @@ def estimate(
         kept,
         runtime,
         ranks,
+        load_transient_bytes(spec, host, L, E, H, I_moe, ranks),
     )
+
+
+def load_transient_bytes(
+    spec: Any, host: str, L: int, E: int, H: int, inter: int, ranks: int
+) -> int:
+    """What building the engine holds above the weights for a moment: the expert tensors are
+    copied into huge pages one at a time (:func:`npu_lora.moe.pages.place_experts`: THP
+    ``madvise`` or hugetlb), so one layer's ``gate_up_proj`` (E × 2I × H in the host dtype) is
+    there twice; and in a worker of more than one rank sharing its experts, every other rank
+    builds its own copy of the experts before it points at the shared one (one rank at a time:
+    one more copy; ``npu_lora.distributed.launch.build_shared``). Measured: an int8 run at
+    Qwen3-30B-A3B widths peaked one ``gate_up_proj`` (384 MiB) above its other terms."""
+    width = 1 if host in Q8_SCALE_BLOCKS else DTYPE_BYTES[host]
+    out = E * 2 * inter * H * width
+    if ranks > 1 and not spec.lora.train_experts:
+        out += _expert_weight_bytes(host, L, E, H, inter)
+    return out
 
 
 def worker_ranks(spec: Any) -> int:

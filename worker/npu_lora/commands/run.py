@@ -328,6 +328,7 @@ def memory_record(
             "activations": est.activations,
             "data": est.data,
             "runtime": est.runtime,
+            "transient": est.transient,
         },
         "host_dtype": est.host_dtype,
         "ranks": est.ranks,
