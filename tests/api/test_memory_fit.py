@@ -26,7 +26,8 @@ def test_the_estimate_counts_the_runtime_and_the_limit_is_estimate_times_headroo
     spec = _spec()
     est = memory.preset_estimate(spec)
     assert est is not None and est.runtime == memory.RUNTIME_BYTES  # a preset: byte-level
-    assert est.total == est.weights + est.trainable + est.activations + est.data + est.runtime
+    parts = (est.weights, est.trainable, est.activations, est.data, est.runtime, est.transient)
+    assert est.total == sum(parts)
     limit = memory.recommended_limit(est)
     assert limit == est.limit == math.ceil(est.total * memory.HEADROOM / memory.GiB) * memory.GiB
     assert limit == 1 * memory.GiB  # tiny widths: no fixed allowance dominates any more
@@ -55,6 +56,22 @@ def test_a_hugging_face_tokenizer_is_sized_by_its_vocabulary():
     preset = SimpleNamespace(model=SimpleNamespace(path=None, tokenizer=None))
     assert memory.tokenizer_bytes(path_model, 151_936) == 151_936 * memory.TOKENIZER_BYTES_PER_TOKEN
     assert memory.tokenizer_bytes(preset, 151_936) == 0  # byte-level: in RUNTIME_BYTES
+
+
+def test_the_load_transient_is_one_expert_tensor_and_a_copy_per_sharing_worker():
+    """Qwen3-30B-A3B widths: one layer's ``gate_up_proj`` (E × 2I × H, host dtype) for the copy
+    into huge pages (measured: an int8 run peaked 384 MiB above its other terms); with 2 ranks
+    sharing the experts, one more copy of them (each other rank builds its own first)."""
+    cfg = memory.text_config(memory.preset_config("qwen3-30b-a3b"), 2)
+    one = memory.estimate(_spec("model.preset=qwen3-30b-a3b", "model.layers=2"), cfg, 0, "int8")
+    assert one.transient == 128 * 2 * 768 * 2048 == 384 * memory.MiB
+    two = memory.estimate(
+        _spec("model.preset=qwen3-30b-a3b", "model.layers=2", "distributed.ranksPerWorker=2"),
+        cfg,
+        0,
+        "int8",
+    )
+    assert two.transient == one.transient + memory._expert_weight_bytes("int8", 2, 128, 2048, 768)
 
 
 def test_kept_graphs_fit_the_limit_with_the_runtime_counted_once():

@@ -131,6 +131,6 @@ def test_memory_auto_leaves_the_experts_on_hugepages_out() -> None:
     hp = run(**base, resources={"limits": {"hugepages-2Mi": "58Gi"}})
     with_hp, how = auto_memory(hp.spec, PodPolicy())
     assert plain == "72Gi" and "hugepages-2Mi" in how
-    assert 2 < int(with_hp[:-2]) <= 4, with_hp
+    assert 2 < int(with_hp[:-2]) <= 5, with_hp  # + the load transient (one expert tensor)
     res = pod(b.build_job(hp, CFG))["containers"][0]["resources"]
     assert res["limits"]["hugepages-2Mi"] == "58Gi" and res["limits"]["memory"] == with_hp
