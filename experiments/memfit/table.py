@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 from npu_lora.api import memory as M
@@ -27,7 +28,7 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|")
     for path in sys.argv[1:]:
-        for line in open(path):
+        for line in Path(path).read_text().splitlines():
             r = json.loads(line)
             mem = r.get("memory")
             if not mem:
