@@ -51,7 +51,7 @@ with ``moe.keepGraph: true`` (and with ``auto`` when no memory limit is given), 
 and with ``auto`` under a limit the most layers that fit it (:func:`kept_graph_layers`).
 
 The estimate is what a run's peak RSS is expected to be (measured within 15 % at tiny and
-Qwen3 widths: experiments/2026-12-05-memory-fit.md); it leaves out transient buffers and the
+Qwen3 widths: experiments/2026-12-05-memory-fit.md); it leaves out the step's short-lived buffers and the
 allocator's slack. :func:`recommended_limit` (``memory: auto``) is the estimate × :data:`HEADROOM`
 rounded up to a whole GiB; the worker's pre-flight refuses a run whose estimate exceeds its
 memory limit, and ``moe.keepGraph`` auto keeps graphs while estimate × HEADROOM fits it.
