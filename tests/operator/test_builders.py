@@ -221,7 +221,8 @@ def test_minimal_job_defaults() -> None:
     pod = spec["template"]["spec"]
     (c,) = pod["containers"]
     # backend auto, 1 card by default: one RNGD; CPU and memory from the default admission
-    # policy: cpu 1, memory `auto` (the tiny model's estimate + 25 % + 2 GiB -> 3Gi)
+    # policy: cpu 1, memory `auto` (the tiny model's estimate, backend auto: with the 2 GiB
+    # runtime allowance of an unmeasured backend, × 1.25 -> 3Gi)
     assert c["resources"] == {
         "requests": {"cpu": "1", "memory": "3Gi", "furiosa.ai/rngd": "1"},
         "limits": {"memory": "3Gi", "furiosa.ai/rngd": "1"},

@@ -120,9 +120,9 @@ def test_only_runs_managed_by_this_operator_are_ours() -> None:
 
 
 def test_memory_auto_leaves_the_experts_on_hugepages_out() -> None:
-    """``memory: auto`` for Qwen3-30B-A3B in bf16: 71Gi; with hugepages-2Mi holding all 48
+    """``memory: auto`` for Qwen3-30B-A3B in bf16: 72Gi; with hugepages-2Mi holding all 48
     layers' experts (58Gi) the memory limit keeps only the rest (LoRA state, activations,
-    data) + 25 % + 2 GiB; the pod gets the hugepages."""
+    data, runtime) × 1.25; the pod gets the hugepages."""
     from npu_lora_operator.policy import PodPolicy
     from npu_lora_operator.policy.resources import auto_memory
 
@@ -130,7 +130,7 @@ def test_memory_auto_leaves_the_experts_on_hugepages_out() -> None:
     plain, _ = auto_memory(run(**base).spec, PodPolicy())
     hp = run(**base, resources={"limits": {"hugepages-2Mi": "58Gi"}})
     with_hp, how = auto_memory(hp.spec, PodPolicy())
-    assert plain == "71Gi" and "hugepages-2Mi" in how
-    assert 2 < int(with_hp[:-2]) <= 4, with_hp
+    assert plain == "72Gi" and "hugepages-2Mi" in how
+    assert 2 < int(with_hp[:-2]) <= 5, with_hp  # + the load transient (one expert tensor)
     res = pod(b.build_job(hp, CFG))["containers"][0]["resources"]
     assert res["limits"]["hugepages-2Mi"] == "58Gi" and res["limits"]["memory"] == with_hp

@@ -197,3 +197,40 @@ def test_fp8_checkpoint_needs_an_8bit_host_dtype(tmp_path):
 
     with pytest.raises(SpecError, match="hostDtype: float8_e4m3fn"):
         load_base_model(ModelSpec(path=str(ck)), seed=0, dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize(("layout", "fmt"), [("bf16", "int8"), ("fp8", "float8_e4m3fn")])
+def test_releasing_the_mapped_files_between_experts_loads_the_same_bytes(
+    tmp_path, monkeypatch, layout, fmt
+):
+    """The loader reopens the checkpoint files every ``RELEASE_EXPERTS`` experts (the pages a
+    ``safe_open`` mapping has read stay in the process's RSS until it is dropped): releasing
+    after every expert loads bit for bit what one mapping for the whole load does."""
+    from npu_lora.models import q8_load
+    from npu_lora.moe import stream
+
+    stream.register()
+    ck = write_checkpoint(tmp_path / "ck", layout)
+    releases = []
+    real = q8_load._Reader.release
+
+    def counted(self):
+        releases.append(len(self._touched))
+        real(self)
+
+    monkeypatch.setattr(q8_load._Reader, "release", counted)
+    monkeypatch.setattr(q8_load, "RELEASE_EXPERTS", 1)
+    _, every = _load(ck, fmt)
+    n_every = len(releases)
+    monkeypatch.setattr(q8_load, "RELEASE_EXPERTS", 1 << 30)
+    _, once = _load(ck, fmt)
+    E = every[0].experts.gate_up_proj.shape[0]
+    assert n_every - (len(releases) - n_every) == len(every) * E  # + one a layer either way
+    # every expert's release reopened the file it had read (the layer's last one: nothing left)
+    assert sum(1 for r in releases[:n_every] if r) == len(every) * E
+    for a, b in zip(every, once, strict=True):
+        for name in ("gate_up_proj", "down_proj"):
+            pa, pb = getattr(a.experts, name), getattr(b.experts, name)
+            assert torch.equal(pa.view(torch.uint8), pb.view(torch.uint8))
+            sa, sb = getattr(a.experts, name + "_scale"), getattr(b.experts, name + "_scale")
+            assert torch.equal(sa, sb)

@@ -1,9 +1,12 @@
 """``moe.hostDtype: int8 | float8_e4m3fn``: the spec's rules, the memory estimate, and a tiny run
-that trains with hot experts, resumes, predicts and exports on 8-bit host experts."""
+that trains with hot experts, resumes, records its host dtype and layout per step, chats on and
+exports 8-bit host experts."""
 
 from __future__ import annotations
 
+import io
 import json
+import sys
 
 import pytest
 from npu_lora.api.load import load_manifest
@@ -54,7 +57,7 @@ def test_memory_auto_sizes_8bit_experts(dtype):
 
 
 @pytest.mark.parametrize("dtype", Q8)
-def test_tiny_run_trains_resumes_and_exports(tmp_path, dtype):
+def test_tiny_run_trains_resumes_chats_and_exports(tmp_path, dtype, monkeypatch, capsys):
     cfg = tiny_manifest(
         tmp_path,
         moe={"placement": "hot", "warmupSteps": 2, "hostDtype": dtype},
@@ -71,9 +74,28 @@ def test_tiny_run_trains_resumes_and_exports(tmp_path, dtype):
     host = summary["machine"]["host"]
     assert host["dtype"] == dtype
     assert host["layout"].startswith(dtype)
+    # the per-step record says which dtype and layout ran (DESIGN §5), as summary/status do
+    assert {(r["expert_dtype"], r["expert_layout"]) for r in recs} == {(dtype, host["layout"])}
     assert summary["hot"]  # hot experts were copied to the (cpu) device, dequantised
 
+    import npu_lora.engine as engine_pkg
     from npu_lora.cli import main
+
+    # chat: the inference load path (shared with predict and export) on the 8-bit engine
+    built = []
+    real_build = engine_pkg.build_engine
+
+    def spy(*a, **k):
+        built.append(real_build(*a, **k))
+        return built[-1]
+
+    monkeypatch.setattr(engine_pkg, "build_engine", spy)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO("hello\n좋은 영화\n".encode())))
+    capsys.readouterr()
+    assert main(["chat", str(out), "--max-new-tokens", "4"]) == 0
+    assert capsys.readouterr().out.count("\n") == 2  # one reply line per input line
+    assert [e.host_choice.dtype for e in built] == [dtype]
+    monkeypatch.undo()
 
     merged = tmp_path / "merged"
     assert main(["export", str(out), "--merged", str(merged), "--verify"]) == 0
@@ -82,3 +104,15 @@ def test_tiny_run_trains_resumes_and_exports(tmp_path, dtype):
     with safe_open(str(merged / "model.safetensors"), "pt") as f:
         dtypes = {str(f.get_slice(k).get_dtype()) for k in f.keys() if "experts" in k}  # noqa: SIM118 (a safe_open handle)
     assert dtypes == {"F32"}  # a preset exports in float32, dequantised
+    # --dtype picks the dequantised experts' dtype; there is no 8-bit export (no --dequantize:
+    # docs/engine.md), so argparse refuses that flag with exit 2 and writes nothing
+    half = tmp_path / "merged-bf16"
+    assert main(["export", str(out), "--merged", str(half), "--dtype", "bfloat16"]) == 0
+    with safe_open(str(half / "model.safetensors"), "pt") as f:
+        dtypes = {str(f.get_slice(k).get_dtype()) for k in f.keys() if "experts" in k}  # noqa: SIM118 (a safe_open handle)
+    assert dtypes == {"BF16"}
+    nope = tmp_path / "merged-q8"
+    with pytest.raises(SystemExit) as exc:
+        main(["export", str(out), "--merged", str(nope), "--dequantize"])
+    assert exc.value.code == 2
+    assert not nope.exists()

@@ -47,9 +47,9 @@ before any of its children exists: the run ends ``Failed`` with the condition re
 
 The ``auto`` memory estimate is the torch-free estimate the worker's pre-flight checks too
 (:mod:`npu_lora.api.memory`: host-resident weights + LoRA optimizer state + activations of one
-micro-batch of ``batchSize × seqLen`` tokens, a lower bound), from the model's config (a
-preset's packaged config.json; ``moe.hostDtype: auto`` sized as float32, the widest choice the
-worker's CPU can make), plus 25 % and 2 GiB for the Python/torch runtime, rounded up to a whole
+micro-batch of ``batchSize × seqLen`` tokens + the processes' measured runtime: the expected
+peak RSS), from the model's config (a preset's packaged config.json; ``moe.hostDtype: auto``
+sized as float32, the widest choice the worker's CPU can make), × 1.25, rounded up to a whole
 GiB: :func:`auto_memory`. A run whose spec sets a memory
 request but no limit gets a limit of at least its request; a spec limit without a request is
 left to Kubernetes (the request then equals the limit).

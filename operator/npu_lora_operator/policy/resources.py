@@ -13,14 +13,15 @@ from npu_lora_operator.policy.config import AUTO, Body, PodPolicy
 from npu_lora_operator.policy.quantities import gib, quantity_bytes
 from npu_lora_operator.policy.volumes import memory_volume_bytes
 
-#: the auto memory's allowance for the interpreter, torch, transformers and peft themselves
+#: the estimate's runtime term: one worker process's interpreter, torch, transformers, peft,
+#: tokenizer and kernel extension (measured; npu_lora.api.memory)
 RUNTIME_BYTES = memory.RUNTIME_BYTES
 
 
 def auto_memory(spec: Any, policy: PodPolicy) -> tuple[str, str]:
     """``(quantity, how it was found)``: for a preset, the torch-free estimate
     (:func:`npu_lora.api.memory.preset_estimate`, ``moe.hostDtype: auto`` sized as its widest
-    choice, float32) + 25 % + 2 GiB, rounded up to a GiB; ``policy.memoryWhenUnknown`` for a
+    choice, float32; the processes' runtime included) × 1.25, rounded up to a GiB; ``policy.memoryWhenUnknown`` for a
     model given by path (its config is on a volume the operator does not mount: the worker's
     pre-flight checks it against this limit before loading and names the field to set). The
     podTemplate's ``medium: Memory`` emptyDir volumes are added (tmpfs is charged to the pod's
@@ -43,7 +44,9 @@ def auto_memory(spec: Any, policy: PodPolicy) -> tuple[str, str]:
         if tmpfs:
             unknown = gib((quantity_bytes(unknown) or 0) + tmpfs)
         return unknown, f"policy.memoryWhenUnknown (model size unknown){plus}"
-    return gib(recommended_limit(est) + tmpfs), f"estimated from the model ({est.describe()}){plus}"
+    return gib(
+        recommended_limit(est) + tmpfs
+    ), f"estimated from the model ({est.with_limit()}){plus}"
 
 
 def default_resources(spec: Any, res: Mapping[str, Any], policy: PodPolicy) -> Body:

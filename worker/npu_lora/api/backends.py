@@ -87,7 +87,10 @@ class BackendEntry:
     at (the compiler's own cache; the graph cache is its ``npu-lora/``; default: the name);
     ``node_keys``/``taint_keys``: the node-label keys (globs) its nodes carry that a run may
     select on, the taint keys a run may tolerate (the policy's defaults); ``sandbox_cards``:
-    cards of it on the sandbox's node (0: none)."""
+    cards of it on the sandbox's node (0: none);
+    ``runtime_bytes``: one worker process's own host memory on this backend (python, torch,
+    transformers, the backend's runtime: ``npu_lora.api.memory``'s runtime term), measured; None
+    where nobody has measured it (``api.memory.UNMEASURED_RUNTIME_BYTES`` is assumed)."""
 
     name: str
     implementation: str
@@ -105,6 +108,7 @@ class BackendEntry:
     node_keys: tuple[str, ...] = ()
     taint_keys: tuple[str, ...] = ()
     sandbox_cards: int = 0
+    runtime_bytes: int | None = None
 
     @property
     def cache_dir(self) -> str:
@@ -315,4 +319,6 @@ RNGD_NODE = NodeFacts(
 )
 register(BackendEntry("furiosa", "npu_lora.backends.furiosa:FuriosaBackend", cards=True, resource="furiosa.ai/rngd", device_gather=False, compiler="furiosa-torch", precompile=True, summary="RNGD via furiosa-torch", sdpa=False, node=RNGD_NODE, cache_folder="furiosa", node_keys=("furiosa.ai/*",), taint_keys=("furiosa.ai/*",), sandbox_cards=8))  # fmt: skip
 register(BackendEntry("cuda", "npu_lora.backends.cuda:CudaBackend", cards=True, resource="nvidia.com/gpu", compile_device="cuda", node_keys=("nvidia.com/*",), taint_keys=("nvidia.com/gpu",)))  # fmt: skip
-register(BackendEntry("cpu", "npu_lora.backends.cpu:CpuBackend", summary="the host stands in for the device", host=True, compile_device="cpu"))  # fmt: skip
+# the cpu backend's runtime: peak RSS of `npu-lora run` of the tiny preset less its estimated
+# terms, 496-540 MiB at seqLen 256-4,096 (experiments/2026-12-05-memory-fit.md)
+register(BackendEntry("cpu", "npu_lora.backends.cpu:CpuBackend", summary="the host stands in for the device", host=True, compile_device="cpu", runtime_bytes=520 << 20))  # fmt: skip

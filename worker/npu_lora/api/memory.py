@@ -29,14 +29,32 @@ layers::
                                       sizing.SDPA_MIN_SEQ; sdpa keeps O(S)), and the LM head's
                                       chunk (3 × its fp32 logits) + dhn B·N·H fp32
     data         = examples × seqLen × 24 (input ids, labels, attention mask as int64)
-    estimate     = weights + trainable + activations + data
+    transient    = one layer's expert gate_up_proj (E × 2I × H in the host dtype: the experts
+                   are copied into huge pages one tensor at a time), + one more copy of the
+                   experts with more than one rank sharing them (every other rank builds its
+                   own before it points at the shared one): load_transient_bytes
+    runtime      = the backend's runtime (the interpreter, torch, transformers, peft, tokenizers,
+                   the stream kernel's extension, the data pipeline, the run's summary plot and
+                   TensorBoard writer: RUNTIME_BYTES measured on cpu; UNMEASURED_RUNTIME_BYTES
+                   where not measured: furiosa, cuda, auto) + a Hugging Face tokenizer's
+                   TOKENIZER_BYTES_PER_TOKEN × vocabulary (a model given by path; a preset's
+                   byte-level tokenizer is in the constant)
+    estimate     = weights + trainable + activations + data + transient + runtime
+
+With ``R`` > 1 ranks in the worker (``distributed.ranksPerWorker``) every rank holds its own
+trainable state, activations, data, runtime and (``device.backend: cpu``) non-expert weights;
+the experts are shared (one copy a worker, not with ``lora.trainExperts``), and the launcher
+process adds :data:`LAUNCHER_BYTES`.
 
 with ``H`` hidden size, ``k`` experts per token, ``I`` the expert intermediate size; ``Lk`` = L
 with ``moe.keepGraph: true`` (and with ``auto`` when no memory limit is given), 0 with ``false``,
-and with ``auto`` under a limit the most layers that fit it (:func:`kept_graph_layers`). It leaves
-out the framework's own overhead and transient buffers, so it is a lower bound: a run refused by
-it cannot fit. :func:`recommended_limit` adds 25 % and :data:`RUNTIME_BYTES` for the
-interpreter, torch, transformers and peft, rounded up to a whole GiB.
+and with ``auto`` under a limit the most layers that fit it (:func:`kept_graph_layers`).
+
+The estimate is what a run's peak RSS is expected to be (measured within 15 % at tiny and
+Qwen3 widths: experiments/2026-12-05-memory-fit.md); it leaves out the step's short-lived buffers and the
+allocator's slack. :func:`recommended_limit` (``memory: auto``) is the estimate × :data:`HEADROOM`
+rounded up to a whole GiB; the worker's pre-flight refuses a run whose estimate exceeds its
+memory limit, and ``moe.keepGraph`` auto keeps graphs while estimate × HEADROOM fits it.
 
 The host dtype: ``moe.hostDtype`` when the spec sets it. ``auto`` is resolved by the worker on
 its own CPU (:mod:`npu_lora.moe.host_dtype`: bfloat16 with the stream kernel's extension or
@@ -55,6 +73,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from npu_lora.api import backends
 from npu_lora.api.backends import is_host
 from npu_lora.api.sizing import attention_impl, head_chunk_rows, hot_count, tokens_per_pass
 from npu_lora.api.volumes import volume_root
@@ -66,9 +85,23 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1, "float8_e4m
 Q8_SCALE_BLOCKS = {"int8": (1, 0), "float8_e4m3fn": (128, 128)}
 #: what ``moe.hostDtype: auto`` is sized as without the worker's CPU: its widest choice
 AUTO_HOST_DTYPE = "float32"
-#: the allowance for the interpreter, torch, transformers and peft themselves
-RUNTIME_BYTES = 2 * GiB
-#: the margin over the estimate (a lower bound) in a recommended limit
+MiB = 1 << 20
+#: one training process's runtime on the ``cpu`` backend: python, torch, transformers, peft,
+#: tokenizers (a preset's byte-level one), the stream kernel's extension, the data pipeline,
+#: the summary plot and the TensorBoard writer. Measured: the peak RSS of ``npu-lora run`` of the
+#: tiny preset less its other terms, 496-540 MiB at seqLen 256-4,096 (the cpu backend's
+#: ``runtime_bytes``, :mod:`npu_lora.api.backends`; experiments/2026-12-05-memory-fit.md)
+RUNTIME_BYTES = backends.entry("cpu").runtime_bytes or 520 * MiB
+#: the runtime assumed where it has not been measured (``furiosa``: furiosa-torch and the RNGD
+#: runtime; ``cuda``: the CUDA libraries; ``auto``, which may pick either): the allowance
+#: ``memory: auto`` has always made for them
+UNMEASURED_RUNTIME_BYTES = 2 * GiB
+#: a Hugging Face fast tokenizer (``model.path`` / ``model.tokenizer``) per vocabulary entry,
+#: loaded: measured on a 151,936-entry byte-level BPE (Qwen3's size)
+TOKENIZER_BYTES_PER_TOKEN = 1024
+#: the launcher of a worker with more than one local rank (torch imported, no model)
+LAUNCHER_BYTES = 224 * MiB
+#: ``memory: auto`` = the estimate × this, rounded up to a GiB (transients, allocator slack)
 HEADROOM = 1.25
 
 
@@ -83,18 +116,42 @@ class MemoryEstimate:
     host_dtype: str = AUTO_HOST_DTYPE
     #: decoder layers whose MoE block keeps its graph (``moe.keepGraph``)
     kept_layers: int | None = None
+    #: the processes' own memory (the module doc's ``runtime``, all ranks and the launcher)
+    runtime: int = 0
+    #: training processes in the worker (``distributed.ranksPerWorker``)
+    ranks: int = 1
+    #: what building the engine holds above the weights for a moment (:func:`load_transient_bytes`)
+    transient: int = 0
 
     @property
     def total(self) -> int:
-        return self.weights + self.trainable + self.activations + self.data
+        return (
+            self.weights
+            + self.trainable
+            + self.activations
+            + self.data
+            + self.runtime
+            + self.transient
+        )
+
+    @property
+    def limit(self) -> int:
+        """``memory: auto``: :func:`recommended_limit`."""
+        return recommended_limit(self)
 
     def describe(self) -> str:
-        g = lambda b: f"{b / GiB:.1f} GiB"  # noqa: E731
+        g = lambda b: f"{b / GiB:.1f} GiB" if b >= GiB // 10 else f"{b / MiB:.0f} MiB"  # noqa: E731
+        ranks = f" × {self.ranks} ranks" if self.ranks > 1 else ""
         return (
             f"{g(self.total)} (weights {g(self.weights)} in {self.host_dtype} + optimizer "
             f"{g(self.trainable)} + activations {g(self.activations)} for {self.tokens} tokens "
-            f"per micro-batch × {self.layers} layers{self._kept()} + data {g(self.data)})"
+            f"per micro-batch × {self.layers} layers{self._kept()}{ranks} + data "
+            f"{g(self.data)} + runtime {g(self.runtime)} + load transient {g(self.transient)})"
         )
+
+    def with_limit(self) -> str:
+        """The estimate and ``memory: auto``'s limit, as printed."""
+        return f"estimate {self.describe()}; limit {self.limit // GiB} GiB (× {HEADROOM})"
 
     def _kept(self) -> str:
         k = self.kept_layers
@@ -175,6 +232,7 @@ def estimate(
     on_host_all = is_host(spec.device.backend)  # the host stands in for the device
     t = spec.training
     tokens = tokens_per_pass(t.batch_size, t.seq_len)
+    ranks = worker_ranks(spec)
 
     experts = L * (3 * E * I_moe * H + E * H)
     attn_dims = {"q_proj": (H, nh * hd), "k_proj": (H, nkv * hd), "v_proj": (H, nkv * hd)}
@@ -182,8 +240,10 @@ def estimate(
     attention = L * sum(a * b for a, b in attn_dims.values())
     embed_head = V * H * (1 if cfg.get("tie_word_embeddings") else 2)
     weights = _expert_weight_bytes(host, L, E, H, I_moe)
+    if spec.lora.train_experts:  # trained experts are per rank (not shared)
+        weights *= ranks
     if on_host_all:
-        weights += (attention + embed_head + 2 * L * H) * DTYPE_BYTES[spec.device.dtype]
+        weights += ranks * (attention + embed_head + 2 * L * H) * DTYPE_BYTES[spec.device.dtype]
 
     r = spec.lora.r
     lora = L * sum(r * (a + b) for n, (a, b) in attn_dims.items() if n in spec.lora.target_modules)
@@ -201,7 +261,64 @@ def estimate(
     activations = 4 * tokens * (L * attn_per_token + L * H + kept * k * 3 * I_moe)
     activations += long_row_bytes(spec, cfg)
     data = examples * t.seq_len * 24
-    return MemoryEstimate(weights, trainable, activations, data, tokens, L, host, kept)
+    runtime = ranks * (runtime_bytes(spec) + tokenizer_bytes(spec, V)) + (
+        LAUNCHER_BYTES if ranks > 1 else 0
+    )
+    return MemoryEstimate(
+        weights,
+        ranks * trainable,
+        ranks * activations,
+        ranks * data,
+        tokens,
+        L,
+        host,
+        kept,
+        runtime,
+        ranks,
+        load_transient_bytes(spec, host, L, E, H, I_moe, ranks),
+    )
+
+
+def load_transient_bytes(
+    spec: Any, host: str, L: int, E: int, H: int, inter: int, ranks: int
+) -> int:
+    """What building the engine holds above the weights for a moment: the expert tensors are
+    copied into huge pages one at a time (:func:`npu_lora.moe.pages.place_experts`: THP
+    ``madvise`` or hugetlb), so one layer's ``gate_up_proj`` (E × 2I × H in the host dtype) is
+    there twice; and in a worker of more than one rank sharing its experts, every other rank
+    builds its own copy of the experts before it points at the shared one (one rank at a time:
+    one more copy; ``npu_lora.distributed.launch.build_shared``). Measured: an int8 run at
+    Qwen3-30B-A3B widths peaked one ``gate_up_proj`` (384 MiB) above its other terms."""
+    width = 1 if host in Q8_SCALE_BLOCKS else DTYPE_BYTES[host]
+    out = E * 2 * inter * H * width
+    if ranks > 1 and not spec.lora.train_experts:
+        out += _expert_weight_bytes(host, L, E, H, inter)
+    return out
+
+
+def worker_ranks(spec: Any) -> int:
+    """Training processes in one worker (pod): ``distributed.ranksPerWorker``, else
+    ``device.cards`` (at least 1)."""
+    d = getattr(spec, "distributed", None)
+    return d.ranks(spec.device.cards) if d is not None else 1
+
+
+def runtime_bytes(spec: Any) -> int:
+    """One training process's own memory on ``device.backend`` (its registry entry's measured
+    ``runtime_bytes``; :data:`UNMEASURED_RUNTIME_BYTES` where none was measured, and for
+    ``auto``)."""
+    name = spec.device.backend
+    if name not in backends.names():
+        return UNMEASURED_RUNTIME_BYTES
+    measured = backends.entry(name).runtime_bytes
+    return measured if measured is not None else UNMEASURED_RUNTIME_BYTES
+
+
+def tokenizer_bytes(spec: Any, vocab: int) -> int:
+    """A Hugging Face tokenizer's memory (``model.path`` or ``model.tokenizer``: one of
+    ``vocab`` entries); 0 for a preset's byte-level tokenizer (in :data:`RUNTIME_BYTES`)."""
+    m = spec.model
+    return TOKENIZER_BYTES_PER_TOKEN * vocab if (m.path or m.tokenizer) else 0
 
 
 def long_row_bytes(spec: Any, cfg: dict[str, Any]) -> int:
@@ -229,14 +346,14 @@ def kept_graph_layers(
     host_dtype: str | None = None,
 ) -> int:
     """``moe.keepGraph`` omitted (auto): the most decoder layers whose MoE block may keep its graph
-    with the run's estimate + 25 % + :data:`RUNTIME_BYTES` within ``limit`` bytes;
+    with the run's estimate × :data:`HEADROOM` within ``limit`` bytes;
     every layer when no limit is known. The others recompute their block in backward."""
     L = _int(cfg, "num_hidden_layers", 0) or 0
     if limit is None:
         return L
     for n in range(L, 0, -1):
         est = estimate(spec, cfg, examples, host_dtype, kept_layers=n)
-        if est is not None and int(est.total * HEADROOM) + RUNTIME_BYTES <= limit:
+        if est is not None and int(est.total * HEADROOM) <= limit:
             return n
     return 0
 
@@ -264,8 +381,9 @@ def preset_estimate(spec: Any) -> MemoryEstimate | None:
 
 
 def recommended_limit(est: MemoryEstimate) -> int:
-    """Bytes, a whole number of GiB: the estimate + 25 % + :data:`RUNTIME_BYTES`."""
-    return max(1, math.ceil((int(est.total * HEADROOM) + RUNTIME_BYTES) / GiB)) * GiB
+    """``memory: auto``: bytes, a whole number of GiB: the estimate × :data:`HEADROOM`, rounded
+    up (the estimate includes the runtime)."""
+    return max(1, math.ceil(int(est.total * HEADROOM) / GiB)) * GiB
 
 
 def device_weight_bytes(spec: Any, cfg: dict[str, Any]) -> int | None:

@@ -235,6 +235,20 @@ RECORD: tuple[Column, ...] = (
     ),
     Column("keep_graph", "bool", "", "moe.keepGraph of the step.", source="engine"),
     Column("placement", "str", "", "moe.placement of the step.", source="engine"),
+    Column(
+        "expert_dtype",
+        "str",
+        "",
+        "The host experts' dtype as resolved (moe.hostDtype; auto: what the worker chose): "
+        "float32, bfloat16, int8 or float8_e4m3fn (status.host.dtype).",
+    ),
+    Column(
+        "expert_layout",
+        "str",
+        "",
+        "8-bit host experts: their layout and where it came from (status.host.layout, e.g. "
+        "'int8 per output channel, quantised at load, expert by expert'); null otherwise.",
+    ),
     Column("lr", "float", "", "Learning rate of the step."),
     Column("grad_norm", "float", "", "Gradient norm before clipping (null when not finite)."),
     Column("time", "str", "", "When the step ended (RFC 3339, UTC, milliseconds)."),

@@ -294,6 +294,38 @@ def _world_note(run_plan: Any, world: int, global_rows: int) -> str | None:
     )
 
 
+def memory_record(
+    spec: Any, examples: int, host: Any, keep_graph: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """summary.json ``memory``: the run's estimate (:mod:`npu_lora.api.memory`, with the host
+    dtype the engine chose and the kept-graph layers) and ``memory: auto``'s limit for it;
+    logged. None without the model's widths."""
+    from npu_lora.api.memory import estimate, model_widths
+
+    cfg = model_widths(spec)
+    if cfg is None:
+        return None
+    kept = keep_graph.get("kept_layers") if keep_graph else None
+    est = estimate(spec, cfg, examples, host.dtype if host is not None else None, kept)
+    if est is None:
+        return None
+    log.info("memory: %s", est.with_limit())
+    return {
+        "estimate_bytes": est.total,
+        "auto_limit_bytes": est.limit,
+        "terms": {
+            "weights": est.weights,
+            "trainable": est.trainable,
+            "activations": est.activations,
+            "data": est.data,
+            "runtime": est.runtime,
+            "transient": est.transient,
+        },
+        "host_dtype": est.host_dtype,
+        "ranks": est.ranks,
+    }
+
+
 def total_steps(spec: Any, examples: int, world: int, plan: Any) -> int:
     """The run's optimizer steps (``training.steps``, or ``epochs`` over ``examples``); checks
     ``moe.warmupSteps``, ``training.warmupSteps`` and the checkpoint against it (SpecError)."""
@@ -382,6 +414,9 @@ def _train(args: argparse.Namespace, manifest: Any, ctx: Any, callbacks: Any) ->
     if compiled is not None:  # summary.json "compile"
         ctx.extra["compile"] = compiled
     host = getattr(engine, "host_choice", None)
+    mem = memory_record(spec, len(dataset), host, ctx.extra.get("keep_graph"))
+    if mem is not None:  # summary.json "memory" (peak_rss_bytes added at the end)
+        ctx.extra["memory"] = mem
     if host is not None:  # status.host (the reporter's on_start); the log line is in the engine
         ctx.extra["host"] = host.status()
         if host.warning:

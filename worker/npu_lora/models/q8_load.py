@@ -88,6 +88,11 @@ def checkpoint_layout(path: Path) -> tuple[str | None, tuple[int, int] | None]:
     raise refuse(f"quant_method {method}")
 
 
+#: experts converted between two :meth:`_Reader.release` calls (16 bf16 experts at Qwen3-30B-A3B
+#: widths: 151 MB of checkpoint pages mapped at most)
+RELEASE_EXPERTS = 16
+
+
 class _Reader:
     """Tensors by name across the directory's safetensors files (opened lazily, read one at a
     time)."""
@@ -103,17 +108,32 @@ class _Reader:
             files = sorted(p.name for p in path.glob("*.safetensors"))
         if not files:
             raise FileNotFoundError(f"{path}: no safetensors files")
+        self._path, self._touched = path, set()
         self._handles = {f: safe_open(str(path / f), "pt") for f in files}
         self.where: dict[str, str] = {}
         for f, h in self._handles.items():
             for k in h.keys():  # noqa: SIM118 (a safe_open handle)
                 self.where[k] = f
 
+    def release(self) -> None:
+        """Reopen the files read since the last call: a handle maps its whole file, and the
+        pages read through it stay in this process's RSS (clean page cache, but counted) until
+        the handle is dropped. Called every :data:`RELEASE_EXPERTS` experts and after each
+        layer, so a load's RSS holds at most that many experts' checkpoint pages."""
+        from safetensors import safe_open
+
+        for f in self._touched:
+            del self._handles[f]  # the old mapping goes first
+            self._handles[f] = safe_open(str(self._path / f), "pt")
+        self._touched.clear()
+
     def __contains__(self, key: str) -> bool:
         return key in self.where
 
     def get(self, key: str) -> torch.Tensor:
-        return self._handles[self.where[key]].get_tensor(key)
+        f = self.where[key]
+        self._touched.add(f)
+        return self._handles[f].get_tensor(key)
 
 
 def _scale_key(reader: _Reader, weight_key: str) -> str | None:
@@ -191,6 +211,9 @@ def _fill_experts(
             q_gu[e], s_gu[e] = quant.quantize_expert(gu_w, fmt)
             q_dn[e], s_dn[e] = quant.quantize_expert(_dequant_plain(d, ds, ck_block), fmt)
             kept_all = False
+        if (e + 1) % RELEASE_EXPERTS == 0:
+            del parts, g, u, d, gs, us, ds  # no view into the old mapping outlives it
+            reader.release()
     return kept_all
 
 
@@ -255,6 +278,7 @@ def load_quantized(
             else:
                 source = f"re-quantised at load from a {ck_layout}"
             b.experts.quant_source = source
+            reader.release()
         # non-persistent buffers (rotary inv_freq): from a freshly built module
         for mod in model.modules():
             if hasattr(mod, "inv_freq") and hasattr(mod, "config"):

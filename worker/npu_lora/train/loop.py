@@ -144,6 +144,15 @@ def _iso(t: float) -> str:
     return rfc3339(t, millis=True)
 
 
+def _peak_rss() -> int | None:
+    """This process's peak resident set so far (bytes; getrusage ``ru_maxrss``, KiB on Linux)."""
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return None
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
 def _deterministic() -> bool:
     import torch
 
@@ -386,6 +395,7 @@ class Trainer:
                 "hot_experts": int(last.get("hot_experts") or 0),
                 "keep_graph": bool(last.get("keep_graph", self.spec.moe.keep_graph)),
                 "placement": str(last.get("placement", self.spec.moe.placement)),
+                **self._host_columns(),
                 "lr": lr,
                 "grad_norm": grad_norm if grad_norm is None or _finite(grad_norm) else None,
                 "time": _iso(time.time()),
@@ -403,6 +413,14 @@ class Trainer:
             rec["nonfinite"] = nonfinite
             rec["nonfinite_value"] = repr(loss if nonfinite == "loss" else grad_norm)
         return rec
+
+    def _host_columns(self) -> dict[str, str | None]:
+        """The record's ``expert_dtype`` / ``expert_layout``: the engine's host choice
+        (``status.host``); the spec's ``moe.hostDtype`` and null without one."""
+        choice = getattr(self.engine, "host_choice", None)
+        if choice is None:
+            return {"expert_dtype": str(self.spec.moe.host_dtype), "expert_layout": None}
+        return {"expert_dtype": str(choice.dtype), "expert_layout": choice.layout}
 
     # ------------------------------------------------------------------------------------------
     def run(self) -> TrainResult:
@@ -579,6 +597,8 @@ class Trainer:
             extra["compile"] = ctx.extra["compile"]
         if ctx.extra.get("keep_graph") is not None:  # moe.keepGraph omitted: auto (engine.build)
             extra["keep_graph"] = ctx.extra["keep_graph"]
+        if ctx.extra.get("memory") is not None:  # the estimate (commands.run) and the peak
+            extra["memory"] = {**ctx.extra["memory"], "peak_rss_bytes": _peak_rss()}
         t = self.spec.training
         extra["schedule"] = {
             "scheduler": t.scheduler,

@@ -245,7 +245,7 @@ def check_memory(spec: Any, examples: int = 0) -> MemoryEstimate | None:
     raise SpecError(
         f"spec.resources.limits.memory: the run needs an estimated {est.describe()}, more than "
         f"the memory limit {limit / GiB:.1f} GiB ({source}). Set spec.resources.limits.memory "
-        f"(and requests.memory) to {need} (the estimate + 25 % + 2 GiB for the runtime), or "
+        f"(and requests.memory) to {need} (the estimate × 1.25, rounded up to a GiB: memory: auto), or "
         f"shrink the run: spec.training.batchSize: {t.batch_size} × spec.training.seqLen: "
         f"{t.seq_len} (spec.training.gradAccumulation keeps the effective batch), "
         "moe.hostDtype: bfloat16, or fewer model layers. "
