@@ -44,7 +44,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from npu_lora.api.sizing import HEAD_CHUNK_BYTES, attention_impl, head_chunk_rows
+from npu_lora.api.sizing import (
+    HEAD_CHUNK_BYTES,
+    attention_impl,
+    head_chunk_rows,
+    head_loss_blocks,
+    head_vocab_rows,
+)
 
 from .ops import (
     cross_entropy_int32,
@@ -340,8 +346,12 @@ class DeviceHead(nn.Module):
         vocab_size: int,
         linear: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
         chunk_bytes: int = HEAD_CHUNK_BYTES,
+        backend: str = "furiosa",
     ) -> None:
         super().__init__()
+        #: the backend's registry name: how a long row's loss is chunked
+        #: (``api.sizing.head_loss_blocks``: vocabulary blocks on cpu/cuda, positions on furiosa)
+        self.backend = backend
         self.norm = norm
         self.lm_head = lm_head
         self.vocab_size = vocab_size
@@ -390,10 +400,16 @@ class DeviceHead(nn.Module):
     ) -> torch.Tensor:
         """The loss ``rows`` label positions at a time. A frozen plain head with weights (the
         training loss): ``_ChunkedHeadCE``, which forms each chunk's gradient while its logits
-        exist (no logits kept for backward, no recompute). Otherwise (a LoRA-wrapped or trained
+        exist (no logits kept for backward, no recompute); on backends whose form is
+        ``"vocab"`` (``api.sizing.head_loss_blocks``: cpu, cuda) ``_VocabBlockedHeadCE``
+        instead, every position at once against blocks of the vocabulary. Otherwise (a LoRA-wrapped or trained
         head; the per-position losses of evaluation): each chunk under activation
         checkpointing (its logits recomputed, one chunk at a time, in backward)."""
         lm = self.lm_head
+        if plain and w_BN is not None and head_loss_blocks(self.backend) == "vocab":
+            B, N, _ = hn_BND.shape
+            block = head_vocab_rows(B * N, self.vocab_size, self.chunk_bytes)
+            return _VocabBlockedHeadCE.apply(hn_BND, lm.weight, labels_BN, w_BN, block)
         if plain and w_BN is not None:
             return _ChunkedHeadCE.apply(hn_BND, lm.weight, labels_BN, w_BN, rows, self.linear)
 
@@ -462,6 +478,74 @@ class _ChunkedHeadCE(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             dhn = (dhn_BND * g.float()).to(ctx.hn_dtype)
         return dhn, None, None, None, None, None
+
+
+class _VocabBlockedHeadCE(torch.autograd.Function):
+    """``_ChunkedHeadCE``'s loss and gradient with the chunks cut across the vocabulary: all
+    ``M = B·N`` label positions against ``block`` weight rows at a time
+    (``api.sizing.head_vocab_rows``: the block's fp32 logits ``[M, block]`` within the same byte
+    budget), so the weight is read once and every matmul has all positions as its rows (position
+    chunks of 64 re-read the 1.2 GB Qwen3 head twice a chunk, in skinny matmuls). Per block, with
+    the running max ``m`` and sum ``l`` of an online log-sum-exp (FlashAttention's rule)::
+
+        z = hn Wbᵀ              m' = max(m, rowmax z)        a = exp(m - m')
+        p = exp(z - m')         l  = a·l + rowsum p          acc = a·acc + p Wb
+        → lse = m + log l,  dhn = w · acc / l - w · W[label]   (= w·softmax(z) W - w·W[label])
+
+    Only ``dhn [B, N, D]`` is kept for backward, as in ``_ChunkedHeadCE``. Same products as the
+    unchunked head in a different summation order (``p`` rounded to the weight's dtype before
+    ``p Wb``, as the unchunked backward rounds ``dz``); gradients equal to rounding (tested)."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        hn_BND: torch.Tensor,
+        weight_VD: torch.Tensor,
+        labels_BN: torch.Tensor,
+        w_BN: torch.Tensor,
+        block: int,
+    ) -> torch.Tensor:
+        B, N, D = hn_BND.shape
+        x_MD = hn_BND.reshape(B * N, D)
+        w_M = w_BN.reshape(B * N).float()
+        need = ctx.needs_input_grad[0]
+        dev = hn_BND.device
+        m_M = torch.full((B * N,), -torch.inf, dtype=torch.float32, device=dev)
+        l_M = torch.zeros(B * N, dtype=torch.float32, device=dev)
+        acc_MD = torch.zeros(B * N, D, dtype=torch.float32, device=dev) if need else None
+        for v0 in range(0, weight_VD.shape[0], block):
+            w_bD = weight_VD[v0 : v0 + block]
+            z = F.linear(x_MD, w_bD).float()  # [M, block]: the only logits alive
+            m_new = torch.maximum(m_M, z.amax(dim=1))
+            alpha = torch.exp(m_M - m_new)  # 0 on the first block (m = -inf)
+            p = z.sub_(m_new[:, None]).exp_()
+            l_M = l_M * alpha + p.sum(dim=1)
+            if acc_MD is not None:
+                acc_MD.mul_(alpha[:, None])
+                if weight_VD.dtype == torch.float32:
+                    acc_MD.addmm_(p, w_bD)
+                else:
+                    acc_MD.add_(torch.mm(p.to(weight_VD.dtype), w_bD).float())
+            m_M = m_new
+            del z, p
+        lse_M = m_M + torch.log(l_M)
+        picked_M = head_label_logits(hn_BND, weight_VD, labels_BN).float().reshape(B * N)
+        loss = ((lse_M - picked_M) * w_M).sum()
+        dhn_BND = torch.empty(0)
+        if acc_MD is not None:
+            w_lab = F.embedding(labels_BN.reshape(B * N), weight_VD).float()
+            dhn_BND = (acc_MD.mul_((w_M / l_M)[:, None]) - w_M[:, None] * w_lab).view(B, N, D)
+        ctx.save_for_backward(dhn_BND)
+        ctx.hn_dtype = hn_BND.dtype
+        return loss
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor):  # type: ignore[override]
+        (dhn_BND,) = ctx.saved_tensors
+        dhn = None
+        if ctx.needs_input_grad[0]:
+            dhn = (dhn_BND * g.float()).to(ctx.hn_dtype)
+        return dhn, None, None, None, None
 
 
 class DeviceHeadNLL(nn.Module):

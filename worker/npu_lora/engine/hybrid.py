@@ -163,6 +163,7 @@ class HybridEngine:
             self.lm.lm_head,
             int(self.lm.lm_head.weight.shape[0]),
             linear=self.hooks.head_linear(backend),
+            backend=backend.name,
         ).to(backend.device)
         self.head = backend.compile(head)
         self._head_module = head
