@@ -284,3 +284,31 @@ def test_keep_graph_auto_recomputes_the_layers_over_budget(deterministic):
         grads.append([p.grad.clone() for p in eng.trainable_parameters()])
     for a, b in zip(*grads, strict=True):
         assert torch.equal(a, b)
+
+
+def test_plain_causal_rows_run_sdpa_is_causal_without_a_mask():
+    from npu_lora.device.graphs import attention_mask_input, causal_mask
+
+    S = SDPA_MIN_SEQ
+    ones = torch.ones(1, S, dtype=torch.long)
+    assert attention_mask_input(ones, 1, S, torch.float32, None, "cpu") is None
+    assert attention_mask_input(None, 1, S, torch.float32, None, "cuda") is None
+    padded = ones.clone()
+    padded[0, -3:] = 0
+    packed = torch.cat([torch.arange(S // 2), torch.arange(S // 2)])[None]
+    for am, pid, backend, s in (
+        (padded, None, "cpu", S),  # padding: the additive mask
+        (ones, packed, "cpu", S),  # packed rows: block-diagonal
+        (ones, None, "furiosa", S),  # the eager core takes a mask
+        (ones[:, : S // 2], None, "cpu", S // 2),  # short rows: eager
+    ):
+        m = attention_mask_input(am, 1, s, torch.float32, pid, backend)
+        torch.testing.assert_close(m, causal_mask(am, 1, s, torch.float32, pid), rtol=0, atol=0)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, n, 64, 16, generator=g, requires_grad=True) for n in (4, 2, 2))
+    res = []
+    for mask in (causal_mask(None, 1, 64, torch.float32), None):
+        o, _ = sdpa_attention(q, k, v, mask, 0.25)
+        res.append([o, *torch.autograd.grad(o.square().sum(), (q, k, v))])
+    for a, b in zip(res[1], res[0], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -89,6 +89,25 @@ def causal_mask(
     return torch.where(allowed, zero, torch.tensor(torch.finfo(dtype).min, dtype=dtype))
 
 
+def attention_mask_input(
+    attention_mask_BS: torch.Tensor | None,
+    B: int,
+    S: int,
+    dtype: torch.dtype,
+    position_ids_BS: torch.Tensor | None,
+    backend: str,
+) -> torch.Tensor | None:
+    """The ``mask_B1SS`` the attention blocks get: ``None`` where the block runs sdpa
+    (``api.sizing.attention_impl``) and the mask would be plain causal (every token real, one
+    example a row), so sdpa runs ``is_causal`` and skips the key blocks above the diagonal
+    (half the scores of an additive mask, which the kernel must compute whole); else
+    :func:`causal_mask`. transformers' own sdpa path drops an all-ones mask the same way."""
+    plain = position_ids_BS is None and (attention_mask_BS is None or bool(attention_mask_BS.all()))
+    if plain and attention_impl(backend, S) == "sdpa":
+        return None
+    return causal_mask(attention_mask_BS, B, S, dtype, position_ids_BS)
+
+
 def positions(B: int, S: int, position_ids_BS: torch.Tensor | None = None) -> torch.Tensor:
     """``[B, S] int32`` positions 0..S-1 (what transformers uses without a cache), or the given
     ``position_ids_BS`` (packed rows: restarting at 0 per example, so RoPE matches unpacked)."""
@@ -216,8 +235,9 @@ class DeviceAttentionBlock(nn.Module):
         h_BSD: torch.Tensor,
         moe_BSD: torch.Tensor,
         pos_BS: torch.Tensor,
-        mask_B1SS: torch.Tensor,
+        mask_B1SS: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``mask_B1SS`` None: plain causal, sdpa rows only (``attention_mask_input``)."""
         h = h_BSD + moe_BSD
         cos, sin = self.rope(pos_BS, h.dtype)
         h_mid = h + self.attend(self.input_layernorm(h), cos, sin, mask_B1SS)
@@ -228,7 +248,7 @@ class DeviceAttentionBlock(nn.Module):
         x_BSD: torch.Tensor,
         cos_BSd: torch.Tensor,
         sin_BSd: torch.Tensor,
-        mask_B1SS: torch.Tensor,
+        mask_B1SS: torch.Tensor | None,
     ) -> torch.Tensor:
         """``Qwen3MoeAttention.forward`` (transformers 5.x, eager, no cache) written out with the
         module's own q/k/v/o projections (peft LoRA included) and q/k norms::
@@ -264,6 +284,8 @@ class DeviceAttentionBlock(nn.Module):
         q_BHSd = q_BHSd * cos + torch.matmul(q_BHSd, rot) * sin
         k_BKSd = k_BKSd * cos + torch.matmul(k_BKSd, rot) * sin
         core = sdpa_attention if attention_impl(self.backend, S) == "sdpa" else eager_attention
+        if mask_B1SS is None and core is eager_attention:
+            raise ValueError(f"attention at S={S} on {self.backend}: the eager core needs a mask")
         o_BSHd, _ = core(q_BHSd, k_BKSd, v_BKSd, mask_B1SS, sa.scaling)
         return sa.o_proj(o_BSHd.reshape(B, S, -1))
 
