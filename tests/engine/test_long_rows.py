@@ -10,6 +10,7 @@ from npu_lora.api.sizing import (
     head_chunk_rows,
     head_loss_blocks,
     head_vocab_rows,
+    label_gather_impl,
 )
 from npu_lora.device.graphs import DeviceAttentionBlock, DeviceHead, label_gather
 from npu_lora.device.ops import eager_attention, sdpa_attention
@@ -32,6 +33,7 @@ def test_head_chunk_rows_rule():
 def test_head_loss_blocks_rule():
     assert head_loss_blocks("cpu") == "vocab" and head_loss_blocks("cuda") == "vocab"
     assert head_loss_blocks("furiosa") == "rows"  # the static position chunks the plan lists
+    assert label_gather_impl("cpu") == "index" and label_gather_impl("furiosa") == "onehot"
     V = 151_936
     assert head_vocab_rows(512, V) == 32_768  # 512 × 32,768 × 4 B = 64 MiB
     assert head_vocab_rows(4096, V) == 4096
@@ -127,9 +129,10 @@ def test_chunked_head_never_holds_all_logits(monkeypatch, backend):
         assert sum(s[-1] for s in seen) == V  # the weight read once
 
 
-def test_chunked_head_per_position_losses_equal():
+@pytest.mark.parametrize("backend", ["furiosa", "cpu"])  # one-hot bmm, index gather
+def test_chunked_head_per_position_losses_equal(backend):
     V = 97
-    whole, chunked = _head(V=V), _head(V=V, chunk_bytes=2 * 8 * V * 4)
+    whole, chunked = _head(V=V), _head(V=V, chunk_bytes=2 * 8 * V * 4, backend=backend)
     h, moe, lg = _inputs(V=V)
     with torch.no_grad():
         a = whole(h, moe, lg.sel_BNS, lg.labels_BN, None)

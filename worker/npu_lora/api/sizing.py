@@ -55,6 +55,16 @@ def head_loss_blocks(backend: str) -> str:
     return "rows"
 
 
+def label_gather_impl(backend: str) -> str:
+    """``"index"`` or ``"onehot"``: how the LM head picks the label positions' rows of ``h``.
+    ``"index"`` (``torch.gather``, backward a scatter-add) on backends whose registry entry has
+    ``device_gather`` (index gathers verified on the device: cpu, cuda); ``"onehot"`` (a
+    ``bmm`` by the one-hot ``sel_BNS``, the form RNGD's compiler takes) elsewhere."""
+    if backend in registry.names() and registry.entry(backend).device_gather:
+        return "index"
+    return "onehot"
+
+
 def head_vocab_rows(positions: int, vocab: int, limit: int = HEAD_CHUNK_BYTES) -> int:
     """Vocabulary rows per block of the ``"vocab"`` form: the most whose fp32 logits for
     ``positions`` label positions (batch included) fit ``limit`` bytes, a multiple of 64 when
