@@ -19,7 +19,9 @@ def test_each_variant_peak_rss_comes_from_its_own_process():
         assert r["steps"] == 1 and r["step_s"] > 0
     assert len(logged) == 2 and all(line.startswith("peak RSS ") for line in logged)
     md = rss_lines(recs)
-    assert any("host-only+keep_graph / peer@grouped_mm peak RSS: " in line for line in md)
+    assert any("host-only+keep_graph / peer@grouped_mm steps' peak RSS: " in line for line in md)
+    for r in recs:
+        assert r["step_peak_rss_bytes"] >= r["step_start_rss_bytes"] > 0
 
 
 def test_a_failing_child_gives_a_record_with_its_error():

@@ -6,9 +6,12 @@ first starts, per variant, a child process (``python -m npu_lora.bench.peak_rss`
 engine as the bench does, switches it to that variant (our engine, or the stock
 transformers + peft peer on the same model) and runs ``steps`` steps on the bench's first batch;
 the child reports the kernel's high-water mark of its resident set (``getrusage`` ``ru_maxrss``,
-what ``/usr/bin/time -v`` prints as "Maximum resident set size") and the mark once the engine was
-built, before any step (``/proc/self/status`` ``VmHWM``). Both include the imports, the model and
-the engine's weights; the difference is what the steps added at their peak. The children run one
+what ``/usr/bin/time -v`` prints as "Maximum resident set size": imports, model build, engine,
+steps) and, separately, the steps' own: the resident set when the steps start (``VmRSS``), then
+the mark reset (``/proc/self/clear_refs`` ← 5, Linux ≥ 4.0) and read after the steps
+(``VmHWM``). The build of a Qwen3-widths engine peaks above its steps (fp32 weights made, then the
+experts cast), so the process peak alone hides the step: ``step_peak_rss_bytes`` is the figure
+that tells two variants' steps apart (both include the model and weights). The children run one
 after the other, before the parent builds its own engine, so two models are never resident at
 once. Host-only and peer variants only (a ``hot`` variant needs the parent's hot set).
 """
@@ -32,12 +35,21 @@ from npu_lora.bench.variant import Variant
 MARK = "PEAK_RSS "
 
 
-def _hwm_bytes() -> int:
-    """``VmHWM`` of this process (its peak resident set so far), bytes."""
+def _status_bytes(field: str) -> int:
+    """``VmHWM`` (peak resident set so far) or ``VmRSS`` of this process, bytes."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) * 1024
     return 0
+
+
+def _reset_hwm() -> bool:
+    """Reset this process's ``VmHWM`` to its current RSS (``clear_refs`` 5); False if refused."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
 
 
 def child(cfg: BenchConfig, name: str, steps: int = 1) -> dict[str, Any]:
@@ -59,7 +71,7 @@ def child(cfg: BenchConfig, name: str, steps: int = 1) -> dict[str, Any]:
     torch.manual_seed(cfg.seed)
     impl = (None if v.is_peer else v.experts_impl) or cfg.experts_impl
     engine = build_engine(build_spec(cfg, placement="host-only"), experts_implementation=impl)
-    built = _hwm_bytes()
+    built = _status_bytes("VmHWM")
     batch = make_batches(
         1,
         batch=cfg.batch,
@@ -70,16 +82,24 @@ def child(cfg: BenchConfig, name: str, steps: int = 1) -> dict[str, Any]:
     )[0]
     runner = VariantRunner(engine, cfg, None)
     runner.apply(v)
+    import gc
+
+    gc.collect()
+    start = _status_bytes("VmRSS")
+    reset = _reset_hwm()
     t0 = time.perf_counter()
     for _ in range(steps):
         runner.step(v, batch)
+    step_s = (time.perf_counter() - t0) / max(steps, 1)
     return {
         "kind": "peak_rss",
         "variant": name,
         "steps": steps,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "built_rss_bytes": built,
-        "step_s": (time.perf_counter() - t0) / max(steps, 1),
+        "step_start_rss_bytes": start,
+        "step_peak_rss_bytes": _status_bytes("VmHWM") if reset else None,
+        "step_s": step_s,
     }
 
 
@@ -111,10 +131,17 @@ def rss_line(rec: dict[str, Any]) -> str:
     if "error" in rec:
         return f"peak RSS {rec['variant']}: failed ({rec['error']})"
     gib = 1 << 30
-    peak, built = rec["peak_rss_bytes"], rec["built_rss_bytes"]
+    peak, built, start = rec["peak_rss_bytes"], rec["built_rss_bytes"], rec["step_start_rss_bytes"]
+    step = rec.get("step_peak_rss_bytes")
+    steps = (
+        f"steps' peak {step / gib:.2f} GiB (from {start / gib:.2f} at their start: "
+        f"+{(step - start) / gib:.2f})"
+        if step is not None
+        else "steps' peak not measurable here (clear_refs refused)"
+    )
     return (
-        f"peak RSS {rec['variant']} (own process, {rec['steps']} step(s)): {peak / gib:.2f} GiB "
-        f"(after the engine build {built / gib:.2f} GiB; the step added {(peak - built) / gib:.2f})"
+        f"peak RSS {rec['variant']} (own process, {rec['steps']} step(s)): {steps}; "
+        f"process peak {peak / gib:.2f} GiB (engine build {built / gib:.2f})"
     )
 
 
@@ -127,10 +154,12 @@ def rss_lines(recs: list[dict[str, Any]]) -> list[str]:
     ok = [r for r in recs if "error" not in r]
     peers = [r for r in ok if Variant.parse(r["variant"]).is_peer]
     ours = [r for r in ok if not Variant.parse(r["variant"]).is_peer]
+    key = "step_peak_rss_bytes" if all(r.get("step_peak_rss_bytes") for r in ok) else None
     for o in ours:
         for p in peers:
-            ratio = o["peak_rss_bytes"] / p["peak_rss_bytes"]
-            md.append(f"- {o['variant']} / {p['variant']} peak RSS: {ratio:.2f}")
+            k = key or "peak_rss_bytes"
+            what = "steps' peak RSS" if key else "process peak RSS"
+            md.append(f"- {o['variant']} / {p['variant']} {what}: {o[k] / p[k]:.2f}")
     return md
 
 
