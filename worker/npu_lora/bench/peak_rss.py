@@ -5,9 +5,9 @@ variant's plus the other's leftovers, never one variant's own. With ``--peak-rss
 first starts, per variant, a child process (``python -m npu_lora.bench.peak_rss``) that builds the
 engine as the bench does, switches it to that variant (our engine, or the stock
 transformers + peft peer on the same model) and runs ``steps`` steps on the bench's first batch;
-the child reports the kernel's high-water mark of its resident set (``getrusage`` ``ru_maxrss``,
-what ``/usr/bin/time -v`` prints as "Maximum resident set size": imports, model build, engine,
-steps) and, separately, the steps' own: the resident set when the steps start (``VmRSS``), then
+the child reports the process's peak resident set (what ``/usr/bin/time -v`` prints as "Maximum
+resident set size": imports, model build, engine, steps; the larger of the build's ``VmHWM`` and
+the steps' peak, since the reset below resets ``ru_maxrss`` too) and, separately, the steps' own: the resident set when the steps start (``VmRSS``), then
 the mark reset (``/proc/self/clear_refs`` ← 5, Linux ≥ 4.0) and read after the steps
 (``VmHWM``). The build of a Qwen3-widths engine peaks above its steps (fp32 weights made, then the
 experts cast), so the process peak alone hides the step: ``step_peak_rss_bytes`` is the figure
@@ -95,7 +95,8 @@ def child(cfg: BenchConfig, name: str, steps: int = 1) -> dict[str, Any]:
         "kind": "peak_rss",
         "variant": name,
         "steps": steps,
-        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        # the reset also resets ru_maxrss: the process peak is the larger of the two phases'
+        "peak_rss_bytes": max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, built),
         "built_rss_bytes": built,
         "step_start_rss_bytes": start,
         "step_peak_rss_bytes": _status_bytes("VmHWM") if reset else None,
@@ -149,7 +150,7 @@ def rss_lines(recs: list[dict[str, Any]]) -> list[str]:
     """``bench.md``'s section: one line per variant, and our/peer ratios of the peaks."""
     if not recs:
         return []
-    md = ["", "Peak RSS, each variant in its own process (`ru_maxrss`; `--peak-rss`):"]
+    md = ["", "Peak RSS, each variant in its own process (`VmHWM`; `--peak-rss`):"]
     md += [f"- {rss_line(r)}" for r in recs]
     ok = [r for r in recs if "error" not in r]
     peers = [r for r in ok if Variant.parse(r["variant"]).is_peer]
