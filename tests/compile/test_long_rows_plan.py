@@ -35,6 +35,9 @@ def test_qwen3_chat_4k_plan_lists_the_long_row_graphs():
         chunks = {e.inputs[2]["shape"][1]: e.params["chunk_rows"] for e in heads}
         assert all(chunks[n] == n for n in chunks if n <= 64)  # 64 × 608 KB <= 64 MiB
         assert all(chunks[n] == 64 for n in chunks if n > 64)
+        blocks = {e.params.get("loss_blocks") for e in heads if e.inputs[2]["shape"][1] > 64}
+        assert blocks == {"rows" if backend == "furiosa" else "vocab"}  # api.sizing
+        assert all("loss_blocks" not in e.params for e in heads if e.inputs[2]["shape"][1] <= 64)
         assert len(set(plan.keys)) == len(plan.keys)
     # the forms are in the keys: the same graphs at S=512 (eager everywhere) differ in keys
     cpu = {e.name: e.key for e in P.compile_plan(spec, backend="cpu", cfg=_qwen_cfg()).entries}
@@ -49,7 +52,10 @@ def test_compile_plan_command_prints_the_long_row_forms(capsys):
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "[attention sdpa]" in out
-    assert "head_n4096" in out and "[loss in chunks of 64]" in out
+    assert "head_n4096" in out and "[loss in vocabulary blocks]" in out
+    args[-1] = "furiosa"
+    assert main(args) == 0
+    assert "[loss in chunks of 64]" in capsys.readouterr().out
 
 
 def test_qwen3_chat_4k_memory_is_the_estimate():

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from npu_lora.api.sizing import SDPA_MIN_SEQ, attention_impl, head_chunk_rows
+from npu_lora.api.sizing import (
+    SDPA_MIN_SEQ,
+    attention_impl,
+    head_chunk_rows,
+    head_loss_blocks,
+    head_vocab_rows,
+    label_gather_impl,
+)
 from npu_lora.device.graphs import DeviceAttentionBlock, DeviceHead, label_gather
 from npu_lora.device.ops import eager_attention, sdpa_attention
 from torch import nn
@@ -21,6 +28,18 @@ def test_head_chunk_rows_rule():
     for n in (3, 48, 4096):  # a power of two dividing n (S may be any length)
         c = head_chunk_rows(1, n, V, limit=V * 4 * 16)
         assert n % c == 0 and c <= 16
+
+
+def test_head_loss_blocks_rule():
+    assert head_loss_blocks("cpu") == "vocab" and head_loss_blocks("cuda") == "vocab"
+    assert head_loss_blocks("furiosa") == "rows"  # the static position chunks the plan lists
+    assert label_gather_impl("cpu") == "index" and label_gather_impl("furiosa") == "onehot"
+    V = 151_936
+    assert head_vocab_rows(512, V) == 32_768  # 512 × 32,768 × 4 B = 64 MiB
+    assert head_vocab_rows(4096, V) == 4096
+    assert head_vocab_rows(3, V) == V  # one block: the whole vocabulary
+    assert head_vocab_rows(16, 97, limit=16 * 4 * 10) == 10  # under 64: as it comes
+    assert head_vocab_rows(1 << 30, V) == 1
 
 
 def test_attention_impl_rule():
@@ -53,12 +72,14 @@ def _inputs(B=2, S=96, D=32, V=97, dtype=torch.float32, seed=1):
     return h, moe, lg
 
 
+@pytest.mark.parametrize("backend", ["furiosa", "cpu"])  # position chunks, vocabulary blocks
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("lora_head", [False, True])
-def test_chunked_head_loss_and_gradients_equal_unchunked(dtype, lora_head):
+def test_chunked_head_loss_and_gradients_equal_unchunked(dtype, lora_head, backend):
     V = 97
     whole = _head(V=V, dtype=dtype)
-    chunked = _head(V=V, dtype=dtype, chunk_bytes=2 * 8 * V * 4)  # 8 positions a chunk
+    # furiosa: 8 positions a chunk; cpu: every position against blocks of the vocabulary
+    chunked = _head(V=V, dtype=dtype, chunk_bytes=2 * 8 * V * 4, backend=backend)
     if lora_head:  # a trained head: the checkpointed chunks (logits recomputed in backward)
         for m in (whole, chunked):
             m.lm_head.weight.requires_grad_(True)
@@ -79,30 +100,39 @@ def test_chunked_head_loss_and_gradients_equal_unchunked(dtype, lora_head):
         torch.testing.assert_close(a, b, **tol)
 
 
-def test_chunked_head_never_holds_all_logits(monkeypatch):
-    """The largest logits tensor the head makes is one chunk's (the head's F.linear calls)."""
+@pytest.mark.parametrize("backend", ["furiosa", "cpu"])
+def test_chunked_head_never_holds_all_logits(monkeypatch, backend):
+    """The largest logits tensor the head makes is one chunk's (the head's F.linear calls): 8
+    positions' on furiosa, a vocabulary block of the same bytes for every position on cpu."""
     import npu_lora.device.graphs as graphs
 
     V = 97
-    head = _head(V=V, chunk_bytes=2 * 8 * V * 4)
+    budget = 2 * 8 * V * 4
+    head = _head(V=V, chunk_bytes=budget, backend=backend)
     h, moe, lg = _inputs(V=V)
-    N = lg.sel_BNS.shape[1]
+    B, N = lg.labels_BN.shape
     seen = []
     real = graphs.F.linear
 
     def spy(x, w, *a):
         out = real(x, w, *a)
-        seen.append(out.shape[-2])
+        seen.append(out.shape)
         return out
 
     monkeypatch.setattr(graphs.F, "linear", spy)
     head(h, moe, lg.sel_BNS, lg.labels_BN, lg.w_BN).backward()
-    assert seen and max(seen) == 8 < N
+    assert seen and max(s.numel() for s in seen) * 4 <= budget < B * N * V * 4
+    if backend == "furiosa":
+        assert max(s[-2] for s in seen) == 8 < N
+    else:  # every position in each call, the vocabulary in blocks
+        assert all(s[0] == B * N and s[-1] < V for s in seen)
+        assert sum(s[-1] for s in seen) == V  # the weight read once
 
 
-def test_chunked_head_per_position_losses_equal():
+@pytest.mark.parametrize("backend", ["furiosa", "cpu"])  # one-hot bmm, index gather
+def test_chunked_head_per_position_losses_equal(backend):
     V = 97
-    whole, chunked = _head(V=V), _head(V=V, chunk_bytes=2 * 8 * V * 4)
+    whole, chunked = _head(V=V), _head(V=V, chunk_bytes=2 * 8 * V * 4, backend=backend)
     h, moe, lg = _inputs(V=V)
     with torch.no_grad():
         a = whole(h, moe, lg.sel_BNS, lg.labels_BN, None)
@@ -256,3 +286,31 @@ def test_keep_graph_auto_recomputes_the_layers_over_budget(deterministic):
         grads.append([p.grad.clone() for p in eng.adapter.parameters()])
     for a, b in zip(*grads, strict=True):
         assert torch.equal(a, b)
+
+
+def test_plain_causal_rows_run_sdpa_is_causal_without_a_mask():
+    from npu_lora.device.graphs import attention_mask_input, causal_mask
+
+    S = SDPA_MIN_SEQ
+    ones = torch.ones(1, S, dtype=torch.long)
+    assert attention_mask_input(ones, 1, S, torch.float32, None, "cpu") is None
+    assert attention_mask_input(None, 1, S, torch.float32, None, "cuda") is None
+    padded = ones.clone()
+    padded[0, -3:] = 0
+    packed = torch.cat([torch.arange(S // 2), torch.arange(S // 2)])[None]
+    for am, pid, backend, s in (
+        (padded, None, "cpu", S),  # padding: the additive mask
+        (ones, packed, "cpu", S),  # packed rows: block-diagonal
+        (ones, None, "furiosa", S),  # the eager core takes a mask
+        (ones[:, : S // 2], None, "cpu", S // 2),  # short rows: eager
+    ):
+        m = attention_mask_input(am, 1, s, torch.float32, pid, backend)
+        torch.testing.assert_close(m, causal_mask(am, 1, s, torch.float32, pid), rtol=0, atol=0)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, n, 64, 16, generator=g, requires_grad=True) for n in (4, 2, 2))
+    res = []
+    for mask in (causal_mask(None, 1, 64, torch.float32), None):
+        o, _ = sdpa_attention(q, k, v, mask, 0.25)
+        res.append([o, *torch.autograd.grad(o.square().sum(), (q, k, v))])
+    for a, b in zip(res[1], res[0], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -28,6 +28,10 @@ layers::
                                       L·B·heads·S·S + one layer's fp32 scores (rows under
                                       sizing.SDPA_MIN_SEQ; sdpa keeps O(S)), and the LM head's
                                       chunk (3 × its fp32 logits) + dhn B·N·H fp32
+                                      (the vocabulary-blocked form cpu runs holds one block
+                                      of the same 64 MiB budget + B·N·H fp32 sums: within
+                                      it; the mask is counted though plain causal sdpa rows
+                                      run without one: an over-count of B·S·S·(dt + 2))
     data         = examples × seqLen × 24 (input ids, labels, attention mask as int64)
     transient    = one layer's expert gate_up_proj (E × 2I × H in the host dtype: the experts
                    are copied into huge pages one tensor at a time), + one more copy of the

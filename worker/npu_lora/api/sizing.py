@@ -33,6 +33,15 @@ Long rows:
 chunk are ``B × rows × V`` fp32; the head computes them one chunk at a time when all ``N`` would
 exceed :data:`HEAD_CHUNK_BYTES` (a power of two that divides the label bucket ``N``, itself a
 power of two or ``S``), so a row's logits are never all alive at once.
+
+``head_loss_blocks(backend)``: how those chunks are cut. ``"vocab"`` (cpu, cuda: the backends
+whose registry entry has ``sdpa``, i.e. that run torch's own forms rather than only what RNGD's
+compiler takes): every label position at once against blocks of the vocabulary
+(:func:`head_vocab_rows` weight rows a block, the same byte budget), an online log-sum-exp, the
+gradient ``softmax(z) W`` accumulated online (FlashAttention's output rule): one pass over the
+weight with all positions as the matmul's rows, instead of two passes per chunk of
+``head_chunk_rows`` positions (measured 2026-12-05, experiments/2026-12-05-long-step.md).
+``"rows"`` (furiosa): the position chunks, the static-shape form the compile plan lists.
 """
 
 from __future__ import annotations
@@ -68,6 +77,33 @@ def attention_impl(backend: str, seq_len: int) -> str:
     if backend in registry.names() and registry.entry(backend).sdpa and seq_len >= SDPA_MIN_SEQ:
         return "sdpa"
     return "eager"
+
+
+def head_loss_blocks(backend: str) -> str:
+    """``"vocab"`` or ``"rows"``: how the LM-head loss is chunked on ``backend`` (module doc)."""
+    if backend in registry.names() and registry.entry(backend).sdpa:
+        return "vocab"
+    return "rows"
+
+
+def label_gather_impl(backend: str) -> str:
+    """``"index"`` or ``"onehot"``: how the LM head picks the label positions' rows of ``h``.
+    ``"index"`` (``torch.gather``, backward a scatter-add) on backends whose registry entry has
+    ``device_gather`` (index gathers verified on the device: cpu, cuda); ``"onehot"`` (a
+    ``bmm`` by the one-hot ``sel_BNS``, the form RNGD's compiler takes) elsewhere."""
+    if backend in registry.names() and registry.entry(backend).device_gather:
+        return "index"
+    return "onehot"
+
+
+def head_vocab_rows(positions: int, vocab: int, limit: int = HEAD_CHUNK_BYTES) -> int:
+    """Vocabulary rows per block of the ``"vocab"`` form: the most whose fp32 logits for
+    ``positions`` label positions (batch included) fit ``limit`` bytes, a multiple of 64 when
+    that is at least 64 (at least 1, at most ``vocab``)."""
+    rows = max(limit // max(positions * 4, 1), 1)
+    if rows >= 64:
+        rows -= rows % 64
+    return min(rows, vocab)
 
 
 def head_chunk_rows(batch: int, n: int, vocab: int, limit: int = HEAD_CHUNK_BYTES) -> int:

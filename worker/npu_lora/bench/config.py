@@ -35,6 +35,7 @@ class BenchConfig:
     memory: bool = True
     layer_probe: bool = True  # one layer's host MoE in the engine vs the kernel alone (host_layer)
     answer_tokens: int = 8  # label positions per sequence (at its end)
+    peak_rss: bool = False  # each host-only/peer variant's peak RSS in a process of its own
     seed: int = 0
     out: str = "bench-out"
     title: str | None = None

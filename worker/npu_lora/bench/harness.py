@@ -218,6 +218,19 @@ def _layer_probe(
     return run_probe(runner.engine, batch, rounds=cfg.rounds, emit=emit, log=log, seed=cfg.seed)
 
 
+def _peak_rss(
+    cfg: BenchConfig, names: list[str], emit: Emitter, log: Callable[[str], None]
+) -> list[dict]:
+    """``--peak-rss``: each host-only/peer variant's peak RSS in a process of its own
+    (:mod:`npu_lora.bench.peak_rss`), before this process builds its engine."""
+    from npu_lora.bench.peak_rss import measure
+
+    recs = measure(cfg, names, log)
+    for r in recs:
+        emit(r)
+    return recs
+
+
 def bench_plan_record(cfg: BenchConfig, engine: Any, any_hot: bool) -> dict[str, Any]:
     """The bench's device graphs: the compile plan (``npu_lora.compile.plan``) of the spec the
     engine was built from, on its backend: the same list ``compile-plan``, ``precompile`` and
@@ -270,6 +283,7 @@ def run_bench(
             "machine": machine_facts(),
         }
     )
+    rss = _peak_rss(cfg, names, emit, log) if cfg.peak_rss and engine is None else []
     limits = bandwidth_before(emit, log) if cfg.limits else None
     if engine is None:
         # built for the first variant's kernel, so that the build's hostDtype resolution and its
@@ -322,6 +336,8 @@ def run_bench(
         summary["targets"] += pass_lines(engine, probe)
     summary["limits"] = limits
     summary["memory"] = memory
+    if rss:
+        summary["peak_rss"] = rss
     emit({"kind": "summary", **summary})
     emit.close()
     write_report(cfg, summary, records, names, log)

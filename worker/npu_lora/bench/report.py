@@ -10,6 +10,7 @@ from typing import Any
 
 from npu_lora.bench.config import BenchConfig
 from npu_lora.bench.disturbance import DISTURBED_SHARE
+from npu_lora.bench.peak_rss import rss_lines
 from npu_lora.bench.stats import TABLE_COLUMNS, column_cell, column_heading, hot_dispatch_lines
 
 
@@ -147,6 +148,7 @@ def write_report(
     elif summary.get("rounds"):
         md.append(rounds_line(summary["rounds"]))
     md += hot_dispatch_lines(records, names)
+    md += rss_lines(summary.get("peak_rss") or [])
     md += ["", "Targets:", *[f"- {t}" for t in summary["targets"]], ""]
     (out / "bench.md").write_text("\n".join(md))
     try:

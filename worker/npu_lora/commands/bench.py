@@ -113,6 +113,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "draw its roofline for this machine into DIR (roofline.png, roofline.jsonl, roofline.md)",
     )
     parser.add_argument("--answer-tokens", type=int, default=8, help="label positions per sequence")
+    parser.add_argument(
+        "--peak-rss",
+        action="store_true",
+        help="first, each host-only/peer variant in a process of its own: its peak RSS "
+        "(ru_maxrss) after one step, in bench.md (npu_lora.bench.peak_rss)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--title")
     parser.add_argument("--out", metavar="DIR", default="bench-out")
@@ -145,6 +151,7 @@ def config_from_args(args: argparse.Namespace):
         memory=args.memory,
         layer_probe=args.layer_probe,
         answer_tokens=args.answer_tokens,
+        peak_rss=args.peak_rss,
         seed=args.seed,
         out=args.out,
         title=args.title,

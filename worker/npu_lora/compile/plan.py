@@ -49,6 +49,7 @@ from npu_lora.api import backends as registry
 from npu_lora.api.sizing import (
     attention_impl,
     head_chunk_rows,
+    head_loss_blocks,
     hot_buckets,
     hot_count,
     label_buckets,
@@ -338,6 +339,9 @@ def compile_plan(
         libraries=libs,
     )
     for n in label_buckets(S):
+        rows = head_chunk_rows(B, n, V)
+        # long rows on cpu/cuda: the same budget cut across the vocabulary (api.sizing)
+        blocks = {"loss_blocks": head_loss_blocks(be)} if rows < n else {}
         add(
             name=f"head_n{n}",
             graph="DeviceHead",
@@ -353,7 +357,8 @@ def compile_plan(
                 "rms_norm_eps": w["rms_norm_eps"],
                 "lora_head": "lm_head" in lora.target_modules,
                 # api.sizing: the loss over label positions `chunk_rows` at a time
-                "chunk_rows": head_chunk_rows(B, n, V),
+                "chunk_rows": rows,
+                **blocks,
             },
             directions=["forward", "backward"],
             depends_on=["training.batchSize", "training.seqLen", "device.dtype", "vocab", "hidden"],
@@ -431,7 +436,9 @@ def format_plan(plan: Plan) -> str:
         if "attention" in e.params:
             how.append(f"attention {e.params['attention']}")
         n = e.inputs[2]["shape"][1] if e.graph == "DeviceHead" else None
-        if n is not None and e.params.get("chunk_rows", n) < n:
+        if n is not None and e.params.get("loss_blocks") == "vocab":
+            how.append("loss in vocabulary blocks")
+        elif n is not None and e.params.get("chunk_rows", n) < n:
             how.append(f"loss in chunks of {e.params['chunk_rows']}")
         tail = f"  [{'; '.join(how)}]" if how else ""
         lines.append(f"{e.index:>3}  {e.name:<20} {e.key[:16]}  {dirs:<4}  {shapes}{tail}")

@@ -44,7 +44,15 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from npu_lora.api.sizing import HEAD_CHUNK_BYTES, attention_impl, head_chunk_rows, label_bucket
+from npu_lora.api.sizing import (
+    HEAD_CHUNK_BYTES,
+    attention_impl,
+    head_chunk_rows,
+    head_loss_blocks,
+    head_vocab_rows,
+    label_bucket,
+    label_gather_impl,
+)
 
 from .ops import (
     cross_entropy_int32,
@@ -81,6 +89,25 @@ def causal_mask(
         allowed = allowed & (seg_BS[:, None, :, None] == seg_BS[:, None, None, :])
     zero = torch.zeros((), dtype=dtype)
     return torch.where(allowed, zero, torch.tensor(torch.finfo(dtype).min, dtype=dtype))
+
+
+def attention_mask_input(
+    attention_mask_BS: torch.Tensor | None,
+    B: int,
+    S: int,
+    dtype: torch.dtype,
+    position_ids_BS: torch.Tensor | None,
+    backend: str,
+) -> torch.Tensor | None:
+    """The ``mask_B1SS`` the attention blocks get: ``None`` where the block runs sdpa
+    (``api.sizing.attention_impl``) and the mask would be plain causal (every token real, one
+    example a row), so sdpa runs ``is_causal`` and skips the key blocks above the diagonal
+    (half the scores of an additive mask, which the kernel must compute whole); else
+    :func:`causal_mask`. transformers' own sdpa path drops an all-ones mask the same way."""
+    plain = position_ids_BS is None and (attention_mask_BS is None or bool(attention_mask_BS.all()))
+    if plain and attention_impl(backend, S) == "sdpa":
+        return None
+    return causal_mask(attention_mask_BS, B, S, dtype, position_ids_BS)
 
 
 def positions(B: int, S: int, position_ids_BS: torch.Tensor | None = None) -> torch.Tensor:
@@ -206,8 +233,9 @@ class DeviceAttentionBlock(nn.Module):
         h_BSD: torch.Tensor,
         moe_BSD: torch.Tensor,
         pos_BS: torch.Tensor,
-        mask_B1SS: torch.Tensor,
+        mask_B1SS: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``mask_B1SS`` None: plain causal, sdpa rows only (``attention_mask_input``)."""
         h = h_BSD + moe_BSD
         cos, sin = self.rope(pos_BS, h.dtype)
         h_mid = h + self.attend(self.input_layernorm(h), cos, sin, mask_B1SS)
@@ -218,7 +246,7 @@ class DeviceAttentionBlock(nn.Module):
         x_BSD: torch.Tensor,
         cos_BSd: torch.Tensor,
         sin_BSd: torch.Tensor,
-        mask_B1SS: torch.Tensor,
+        mask_B1SS: torch.Tensor | None,
     ) -> torch.Tensor:
         """``Qwen3MoeAttention.forward`` (transformers 5.x, eager, no cache) written out with the
         module's own q/k/v/o projections (peft LoRA included) and q/k norms::
@@ -254,6 +282,8 @@ class DeviceAttentionBlock(nn.Module):
         q_BHSd = q_BHSd * cos + torch.matmul(q_BHSd, rot) * sin
         k_BKSd = k_BKSd * cos + torch.matmul(k_BKSd, rot) * sin
         core = sdpa_attention if attention_impl(self.backend, S) == "sdpa" else eager_attention
+        if mask_B1SS is None and core is eager_attention:
+            raise ValueError(f"attention at S={S} on {self.backend}: the eager core needs a mask")
         o_BSHd, _ = core(q_BHSd, k_BKSd, v_BKSd, mask_B1SS, sa.scaling)
         return sa.o_proj(o_BSHd.reshape(B, S, -1))
 
@@ -336,8 +366,12 @@ class DeviceHead(nn.Module):
         vocab_size: int,
         linear: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
         chunk_bytes: int = HEAD_CHUNK_BYTES,
+        backend: str = "furiosa",
     ) -> None:
         super().__init__()
+        #: the backend's registry name: how a long row's loss is chunked
+        #: (``api.sizing.head_loss_blocks``: vocabulary blocks on cpu/cuda, positions on furiosa)
+        self.backend = backend
         self.norm = norm
         self.lm_head = lm_head
         self.vocab_size = vocab_size
@@ -345,11 +379,24 @@ class DeviceHead(nn.Module):
         #: the most bytes of fp32 logits held at once (``api.sizing.head_chunk_rows``)
         self.chunk_bytes = chunk_bytes
 
+    def gather(self, sel_BNS: torch.Tensor, h_BSD: torch.Tensor) -> torch.Tensor:
+        """``bmm(sel, h)``: the label positions' rows (zero rows where ``sel`` is). On backends
+        that take index gathers (``label_gather_impl``: cpu, cuda) as ``torch.gather`` at each
+        row's one position (backward a scatter-add), exact as the one-hot matmul and without its
+        ``B·N·S·D`` multiply-adds each way (4.3 GFLOP at S=2,048, N=512, Qwen3 widths); on
+        furiosa the one-hot ``bmm`` the compiler takes."""
+        if label_gather_impl(self.backend) == "onehot":
+            return torch.bmm(sel_BNS.to(h_BSD.dtype), h_BSD)
+        B, N, _ = sel_BNS.shape
+        idx_BN = sel_BNS.argmax(dim=-1)
+        hs_BND = torch.gather(h_BSD, 1, idx_BN[..., None].expand(B, N, h_BSD.shape[-1]))
+        return hs_BND * (sel_BNS.sum(dim=-1, keepdim=True) > 0).to(h_BSD.dtype)
+
     def logits(
         self, h_BSD: torch.Tensor, moe_BSD: torch.Tensor, sel_BNS: torch.Tensor
     ) -> torch.Tensor:
         h = h_BSD + moe_BSD
-        hs_BND = torch.bmm(sel_BNS.to(h.dtype), h)
+        hs_BND = self.gather(sel_BNS, h)
         return self.lm_head(self.norm(hs_BND)).float()
 
     def forward(
@@ -366,12 +413,12 @@ class DeviceHead(nn.Module):
         rows = head_chunk_rows(B, N, self.vocab_size, self.chunk_bytes)
         if rows < N:  # long rows: never all N label positions' logits at once
             h = h_BSD + moe_BSD
-            hn_BND = self.norm(torch.bmm(sel_BNS.to(h.dtype), h))
+            hn_BND = self.norm(self.gather(sel_BNS, h))
             return self._chunked(hn_BND, labels_BN, w_BN, rows, plain)
         if not plain:  # LoRA-wrapped or trained head: pick the label logit from z (one-hot)
             return cross_entropy_int32(self.logits(h_BSD, moe_BSD, sel_BNS), labels_BN, w_BN)
         h = h_BSD + moe_BSD
-        hn_BND = self.norm(torch.bmm(sel_BNS.to(h.dtype), h))
+        hn_BND = self.norm(self.gather(sel_BNS, h))
         z_BNV = (lm(hn_BND) if self.linear is None else self.linear(hn_BND, lm.weight)).float()
         picked_BN = head_label_logits(hn_BND, lm.weight, labels_BN)
         return cross_entropy_int32(z_BNV, labels_BN, w_BN, label_logits=picked_BN)
@@ -386,10 +433,16 @@ class DeviceHead(nn.Module):
     ) -> torch.Tensor:
         """The loss ``rows`` label positions at a time. A frozen plain head with weights (the
         training loss): ``_ChunkedHeadCE``, which forms each chunk's gradient while its logits
-        exist (no logits kept for backward, no recompute). Otherwise (a LoRA-wrapped or trained
+        exist (no logits kept for backward, no recompute); on backends whose form is
+        ``"vocab"`` (``api.sizing.head_loss_blocks``: cpu, cuda) ``_VocabBlockedHeadCE``
+        instead, every position at once against blocks of the vocabulary. Otherwise (a LoRA-wrapped or trained
         head; the per-position losses of evaluation): each chunk under activation
         checkpointing (its logits recomputed, one chunk at a time, in backward)."""
         lm = self.lm_head
+        if plain and w_BN is not None and head_loss_blocks(self.backend) == "vocab":
+            B, N, _ = hn_BND.shape
+            block = head_vocab_rows(B * N, self.vocab_size, self.chunk_bytes)
+            return _VocabBlockedHeadCE.apply(hn_BND, lm.weight, labels_BN, w_BN, block)
         if plain and w_BN is not None:
             return _ChunkedHeadCE.apply(hn_BND, lm.weight, labels_BN, w_BN, rows, self.linear)
 
@@ -458,6 +511,74 @@ class _ChunkedHeadCE(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             dhn = (dhn_BND * g.float()).to(ctx.hn_dtype)
         return dhn, None, None, None, None, None
+
+
+class _VocabBlockedHeadCE(torch.autograd.Function):
+    """``_ChunkedHeadCE``'s loss and gradient with the chunks cut across the vocabulary: all
+    ``M = B·N`` label positions against ``block`` weight rows at a time
+    (``api.sizing.head_vocab_rows``: the block's fp32 logits ``[M, block]`` within the same byte
+    budget), so the weight is read once and every matmul has all positions as its rows (position
+    chunks of 64 re-read the 1.2 GB Qwen3 head twice a chunk, in skinny matmuls). Per block, with
+    the running max ``m`` and sum ``l`` of an online log-sum-exp (FlashAttention's rule)::
+
+        z = hn Wbᵀ              m' = max(m, rowmax z)        a = exp(m - m')
+        p = exp(z - m')         l  = a·l + rowsum p          acc = a·acc + p Wb
+        → lse = m + log l,  dhn = w · acc / l - w · W[label]   (= w·softmax(z) W - w·W[label])
+
+    Only ``dhn [B, N, D]`` is kept for backward, as in ``_ChunkedHeadCE``. Same products as the
+    unchunked head in a different summation order (``p`` rounded to the weight's dtype before
+    ``p Wb``, as the unchunked backward rounds ``dz``); gradients equal to rounding (tested)."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        hn_BND: torch.Tensor,
+        weight_VD: torch.Tensor,
+        labels_BN: torch.Tensor,
+        w_BN: torch.Tensor,
+        block: int,
+    ) -> torch.Tensor:
+        B, N, D = hn_BND.shape
+        x_MD = hn_BND.reshape(B * N, D)
+        w_M = w_BN.reshape(B * N).float()
+        need = ctx.needs_input_grad[0]
+        dev = hn_BND.device
+        m_M = torch.full((B * N,), -torch.inf, dtype=torch.float32, device=dev)
+        l_M = torch.zeros(B * N, dtype=torch.float32, device=dev)
+        acc_MD = torch.zeros(B * N, D, dtype=torch.float32, device=dev) if need else None
+        for v0 in range(0, weight_VD.shape[0], block):
+            w_bD = weight_VD[v0 : v0 + block]
+            z = F.linear(x_MD, w_bD).float()  # [M, block]: the only logits alive
+            m_new = torch.maximum(m_M, z.amax(dim=1))
+            alpha = torch.exp(m_M - m_new)  # 0 on the first block (m = -inf)
+            p = z.sub_(m_new[:, None]).exp_()
+            l_M = l_M * alpha + p.sum(dim=1)
+            if acc_MD is not None:
+                acc_MD.mul_(alpha[:, None])
+                if weight_VD.dtype == torch.float32:
+                    acc_MD.addmm_(p, w_bD)
+                else:
+                    acc_MD.add_(torch.mm(p.to(weight_VD.dtype), w_bD).float())
+            m_M = m_new
+            del z, p
+        lse_M = m_M + torch.log(l_M)
+        picked_M = head_label_logits(hn_BND, weight_VD, labels_BN).float().reshape(B * N)
+        loss = ((lse_M - picked_M) * w_M).sum()
+        dhn_BND = torch.empty(0)
+        if acc_MD is not None:
+            w_lab = F.embedding(labels_BN.reshape(B * N), weight_VD).float()
+            dhn_BND = (acc_MD.mul_((w_M / l_M)[:, None]) - w_M[:, None] * w_lab).view(B, N, D)
+        ctx.save_for_backward(dhn_BND)
+        ctx.hn_dtype = hn_BND.dtype
+        return loss
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor):  # type: ignore[override]
+        (dhn_BND,) = ctx.saved_tensors
+        dhn = None
+        if ctx.needs_input_grad[0]:
+            dhn = (dhn_BND * g.float()).to(ctx.hn_dtype)
+        return dhn, None, None, None, None
 
 
 class DeviceHeadNLL(nn.Module):

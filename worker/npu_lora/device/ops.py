@@ -170,9 +170,16 @@ def sdpa_attention(
     """``eager_attention``'s contract through ``F.scaled_dot_product_attention`` (additive mask,
     GQA without repeating K/V): torch's flash-attention kernel on cpu, flash/memory-efficient on
     cuda, which never hold the ``[B, H, S, S]`` scores; for long rows (``api.sizing``). Equal to
-    the eager core to rounding (the softmax is computed blockwise, online)."""
+    the eager core to rounding (the softmax is computed blockwise, online). ``mask_B1SS`` None:
+    plain causal (``is_causal``: the kernel skips the key blocks above the diagonal)."""
     o_BHSd = F.scaled_dot_product_attention(
-        q_BHSd, k_BKSd, v_BKSd, attn_mask=mask_B1SS, scale=scaling, enable_gqa=True
+        q_BHSd,
+        k_BKSd,
+        v_BKSd,
+        attn_mask=mask_B1SS,
+        scale=scaling,
+        enable_gqa=True,
+        is_causal=mask_B1SS is None,  # plain causal rows (graphs.attention_mask_input)
     )
     return o_BHSd.transpose(1, 2).contiguous(), None
 

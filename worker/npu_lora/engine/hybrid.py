@@ -33,7 +33,7 @@ from npu_lora.device.graphs import (
     DeviceEmbed,
     DeviceHead,
     DeviceHeadNLL,
-    causal_mask,
+    attention_mask_input,
     label_gather,
     positions,
 )
@@ -127,6 +127,7 @@ class HybridEngine:
             self.lm.lm_head,
             int(self.lm.lm_head.weight.shape[0]),
             linear=self.hooks.head_linear(backend),
+            backend=backend.name,
         ).to(backend.device)
         self.head = backend.compile(head)
         self._head_module = head
@@ -270,7 +271,8 @@ class HybridEngine:
 
         # host-side inputs (static shapes), then to the device
         pid = batch.get("position_ids")  # packed rows (data.packing): block-diagonal attention
-        mask = be.to_device(causal_mask(am, B, S, dt, pid))
+        mask = attention_mask_input(am, B, S, dt, pid, be.name)  # None: plain causal on sdpa
+        mask = None if mask is None else be.to_device(mask)
         pos = be.to_device(positions(B, S, pid))
         lg = label_gather(labels, dt)
         sel, lab, w = (be.to_device(t) for t in (lg.sel_BNS, lg.labels_BN, lg.w_BN))
@@ -350,7 +352,8 @@ class HybridEngine:
                 labels = batch["labels"]
                 B, S = ids.shape
                 dt = self.device_dtype
-                mask = be.to_device(causal_mask(batch.get("attention_mask"), B, S, dt))
+                mask = attention_mask_input(batch.get("attention_mask"), B, S, dt, None, be.name)
+                mask = None if mask is None else be.to_device(mask)
                 pos = be.to_device(positions(B, S))
                 lg = label_gather(labels, dt)
                 sel, lab = be.to_device(lg.sel_BNS), be.to_device(lg.labels_BN)
