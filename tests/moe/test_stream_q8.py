@@ -4,6 +4,8 @@ kernel's 8-bit drivers on every instance this CPU runs (forced with the ISA swit
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from npu_lora.models import quant
@@ -308,3 +310,34 @@ def test_functional_matches_fallback(monkeypatch):
         outs.append((y.detach(), xx.grad, ww.grad))
     for a, b in zip(*outs, strict=True):
         assert _rel(a, b) < TOL
+
+
+@pytest.mark.skipif(kernels.load() is None, reason="extension unavailable")
+def test_roofline_sweep_counts_8bit_bytes_as_held(tmp_path):
+    """``npu-lora bench --roofline-dtypes bfloat16,int8,float8_e4m3fn``: the 8-bit rows count 1
+    byte a weight plus the fp32 scales (the hit experts' bytes, as held), bf16 2 bytes."""
+    from npu_lora.bench.roofline import run_roofline
+
+    H, inter, E = 128, 64, 8
+    res = run_roofline(
+        out=tmp_path, tokens=(16,), dtypes=("bfloat16", "int8", "float8_e4m3fn"), rounds=1,
+        H=H, inter=inter, E=E, K=2, log=lambda s: None, save_machine=False, peak_n=128,
+    )  # fmt: skip
+    rows = {r["dtype"]: r for r in res["rows"]}
+    w = 3 * H * inter
+    scales = {"int8": 2 * inter + H, "float8_e4m3fn": 1 + 1}  # per expert: rows; 128-blocks
+    assert rows["bfloat16"]["bytes"] == rows["bfloat16"]["hit"] * 2 * w
+    for d in ("int8", "float8_e4m3fn"):
+        assert rows[d]["bytes"] == rows[d]["hit"] * (w + 4 * scales[d])
+        assert math.isfinite(rows[d]["fwd_s"]) and rows[d]["bound"] in ("bandwidth", "compute")
+    assert set(res["machine"]["peak_gflops"]) == {"bfloat16", "int8", "float8_e4m3fn"}
+
+
+def test_roofline_dtypes_option_refuses_other_names():
+    import argparse
+
+    from npu_lora.commands.bench import _roofline_dtypes
+
+    assert _roofline_dtypes("bfloat16,int8") == "bfloat16,int8"
+    with pytest.raises(argparse.ArgumentTypeError, match="int4"):
+        _roofline_dtypes("bfloat16,int4")
