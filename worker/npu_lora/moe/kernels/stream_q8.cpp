@@ -9,6 +9,9 @@
 // stream_q8_isa.h: each weight vector is loaded as bytes and dequantised in registers (never a
 // wider copy of an expert in memory). Operands (hidden states, activations, gradients) and every
 // accumulation are fp32: the result is "dequantise to fp32, then matmul" up to fp32 rounding.
+// Except with bf16 activations on AVX512-BF16 (avx512bf16 and amx codes): the kernels of
+// stream_q8_avx512bf16.cpp, bf16 operands (tokens, SiLU·up activations, dX coefficients rounded
+// to bf16 as the bf16 kernel rounds them), the bytes widened to bf16, fp32 accumulation.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
