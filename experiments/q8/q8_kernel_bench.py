@@ -4,12 +4,18 @@ I=768, top-8), L layers, T tokens: forward and input-gradient wall time, paired 
 output / dX error against the bf16 kernel. Prints one JSON line per round and a summary.
 
     python experiments/q8/q8_kernel_bench.py --layers 2 --tokens 128 --rounds 7
+
+``--cache DIR``: the weights (bf16 + both 8-bit copies, quantised in torch, minutes) are saved
+there on the first run and memory-mapped on the next (build them outside the bench lock).
+``--old``: also the 8-bit variants on the fp32-operand ``avx512`` kernels (``int8/avx512``,
+``fp8/avx512``: the kernels before the bf16-operand ones), in the same rounds.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -29,19 +35,32 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--inter", type=int, default=768)
     ap.add_argument("--topk", type=int, default=8)
+    ap.add_argument("--cache", default=None, help="directory for the weights (saved / mapped)")
+    ap.add_argument("--old", action="store_true", help="also the fp32-operand avx512 kernels")
+    ap.add_argument("--prepare", action="store_true", help="only write the --cache weights")
     a = ap.parse_args()
     E, H, inter, K, T = a.experts, a.hidden, a.inter, a.topk, a.tokens
-    isa = kernels.isa()
-    code = kernels.ISA_CODES[isa]
-    mod = kernels.load()
+    isa = None if a.prepare else kernels.isa()
+    code = kernels.ISA_CODES[isa] if isa else 0
+    mod = None if a.prepare else kernels.load()
     g = torch.Generator().manual_seed(0)
     layers = []
-    for _ in range(a.layers):
+    for li in range(a.layers):
         gu = torch.randn(E, 2 * inter, H, generator=g, dtype=torch.bfloat16).mul_(0.02)
         dn = torch.randn(E, H, inter, generator=g, dtype=torch.bfloat16).mul_(0.02)
-        lay = {"bf16": (gu, dn)}
-        for f in (quant.INT8, quant.FP8):
-            lay[f] = (*quant.quantize(gu, f), *quant.quantize(dn, f))
+        path = os.path.join(a.cache, f"layer{li}_E{E}_H{H}_I{inter}.pt") if a.cache else None
+        if path and os.path.exists(path):
+            lay = torch.load(path, mmap=True)
+        else:
+            lay = {"bf16": (gu, dn)}
+            for f in (quant.INT8, quant.FP8):
+                lay[f] = (*quant.quantize(gu, f), *quant.quantize(dn, f))
+            if path:
+                os.makedirs(a.cache, exist_ok=True)
+                torch.save(lay, path)
+        del gu, dn
+        if a.prepare:
+            continue
         idx = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
         w = torch.softmax(torch.randn(T, K, generator=g), -1)
         r = build_routing(idx, E)
@@ -51,6 +70,8 @@ def main() -> None:
         lay["x"] = torch.randn(T, H, generator=g).bfloat16()
         lay["gy"] = torch.randn(T, H, generator=g).bfloat16()
         layers.append(lay)
+    if a.prepare:
+        return
     hit = sum(int((torch.tensor(ly["r"].counts) > 0).sum()) for ly in layers)
     nbytes = {
         "bf16": hit * 3 * H * inter * 2,
@@ -61,6 +82,8 @@ def main() -> None:
 
     def run(variant, ly):
         r = ly["r"]
+        variant, _, forced = variant.partition("/")
+        vcode = kernels.ISA_CODES[forced] if forced else code
         if variant == "bf16":
             gu, dn = ly["bf16"]
             t0 = time.perf_counter()
@@ -110,7 +133,7 @@ def main() -> None:
                 K,
                 blk[0],
                 blk[1],
-                code,
+                vcode,
                 64,
                 256,
             )
@@ -127,7 +150,7 @@ def main() -> None:
                 K,
                 blk[0],
                 blk[1],
-                code,
+                vcode,
                 sd,
                 sgu,
             )
@@ -137,10 +160,14 @@ def main() -> None:
     buf = torch.empty(1 << 28)  # 1 GiB fp32, for the read bandwidth
     buf.fill_(1.0)
     variants = ["bf16", quant.INT8, quant.FP8]
+    if a.old:
+        variants += [f"{quant.INT8}/avx512", f"{quant.FP8}/avx512"]
+    nbytes.update({v: nbytes[v.partition("/")[0]] for v in variants})
     rows = []
     errs: dict[str, list] = {v: [] for v in variants[1:]}
     for rnd in range(a.rounds + 1):
-        order = variants[rnd % 3 :] + variants[: rnd % 3]
+        k = rnd % len(variants)
+        order = variants[k:] + variants[:k]
         with open("/proc/loadavg") as f:
             rec = {"round": rnd, "load1": f.read().split()[0]}
         t0 = time.perf_counter()

@@ -4,6 +4,8 @@ kernel's 8-bit drivers on every instance this CPU runs (forced with the ISA swit
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from npu_lora.models import quant
@@ -18,18 +20,31 @@ FMTS = [quant.INT8, quant.FP8]
 #: relative to each tensor's max |value|: fp32 operands and accumulation, only the summation
 #: order differs from the reference
 TOL = 2e-5
+#: the bf16-operand instance (AVX512-BF16; AMX hosts run it too) for bf16 activations
+NATIVE = [i for i in ISAS if i in kernels.NATIVE_ISAS]
+#: bf16-operand instance against an emulation of its contract (x and the gradient bf16 values,
+#: act = bf16(SiLU(gate)·up), the dX coefficients rounded to bf16 after a per-row scale is folded
+#: in): fp32 summation order, plus room for one bf16 rounding of an activation landing on the
+#: other side of a tie (the kernel's SiLU and torch's differ in the last fp32 bit)
+TOL_NATIVE = 1e-3
+#: ... and against "dequantise to fp32, then matmul" on the bf16-rounded activations: bf16
+#: rounding (2^-9 relative) of act and of the dX coefficients, two in a chain for dx
+TOL_NATIVE_FP32 = 2**-7
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
 
 
-def _problem(fmt: str, *, E=5, H=160, inter=80, T=13, K=2, seed=0, adversarial=False):
+def _problem(fmt: str, *, E=5, H=160, inter=80, T=13, K=2, seed=0, adversarial=False, block=None):
     g = torch.Generator().manual_seed(seed)
     gu = torch.randn(E, 2 * inter, H, generator=g) * 0.05
     dn = torch.randn(E, H, inter, generator=g) * 0.05
-    q_gu, s_gu = quant.quantize(gu, fmt)
-    q_dn, s_dn = quant.quantize(dn, fmt)
+    fm = quant.FORMATS[fmt]
+    if block is not None:  # another block layout of the same format
+        fm = quant.Format(fm.name, fm.dtype, block, fm.qmax)
+    q_gu, s_gu = quant.quantize(gu, fm)
+    q_dn, s_dn = quant.quantize(dn, fm)
     if adversarial:
         for q, s in ((q_gu, s_gu), (q_dn, s_dn)):
             # scales over many decades (incl. fp32-subnormal-free tiny and large ones)
@@ -53,7 +68,7 @@ def _problem(fmt: str, *, E=5, H=160, inter=80, T=13, K=2, seed=0, adversarial=F
     idx = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
     w = torch.rand(T, K, generator=g)
     gy = torch.randn(T, H, generator=g)
-    return (q_gu, s_gu, q_dn, s_dn), quant.FORMATS[fmt].block, x, idx, w, gy
+    return (q_gu, s_gu, q_dn, s_dn), fm.block, x, idx, w, gy
 
 
 def _reference(q, block, x, idx, w, gy):
@@ -64,6 +79,52 @@ def _reference(q, block, x, idx, w, gy):
     g_g = gy.float()[r.token_idx].contiguous()
     dx, dw, dh = _torch_backward(g_g, h, w_g, r, q, block)
     return r, w_g, out, h, dx, dw, dh
+
+
+def _axpy_contract(coef, q, s, block, expert_of):
+    """sum_r coef[s, r] * W[e(s), r, :] as the bf16-operand kernel defines it, in float64: one
+    block per row: bf16(coef * the row's scale) times the 8-bit values; column blocks: bf16(coef)
+    times the dequantised weights (the scale applied to fp32 partial sums)."""
+    R, C = q.shape[1:]
+    br, bc = block
+    qe = q[expert_of]
+    if bc <= 0 or bc >= C:
+        srow = s[:, :, 0].repeat_interleave(max(br, 1), dim=1)[:, :R]
+        cq = (coef.float() * srow[expert_of]).bfloat16().double()
+        vals = quant.dequantize(qe, torch.ones_like(s[expert_of]), block).double()
+    else:
+        cq = coef.float().bfloat16().double()
+        vals = quant.dequantize(qe, s[expert_of], block).double()
+    return torch.einsum("sr,src->sc", cq, vals)
+
+
+def _native_contract(q, block, r, w_g, x, gy, h, T):
+    """The bf16-operand kernel's results as its contract defines them (float64), with the
+    kernel's own pre-activations ``h`` for the activations' rounding."""
+    E = q[0].shape[0]
+    offs = stream._offsets(r).long()
+    expert_of = torch.repeat_interleave(torch.arange(E), offs.diff())
+    S = int(offs[-1])
+    tok = r.token_idx[:S]
+    xs = x[tok].double()  # bf16 values
+    gu = quant.dequantize(q[0], q[1], block).double()
+    dn = quant.dequantize(q[2], q[3], block).double()
+    inter = q[2].shape[2]
+    h_ref = torch.einsum("sc,src->sr", xs, gu[expert_of])
+    hk = h[:S]
+    act = (torch.nn.functional.silu(hk[:, :inter]) * hk[:, inter:]).bfloat16().double()
+    y = torch.einsum("si,sdi->sd", act, dn[expert_of]) * w_g[:S, None].double()
+    out = torch.zeros(T, x.shape[1], dtype=torch.float64).index_add_(0, tok, y)
+    z = _axpy_contract(gy[tok].float(), q[2], q[3], block, expert_of)
+    gt, u = hk[:, :inter].double(), hk[:, inter:].double()
+    sg = torch.sigmoid(gt)
+    silu = gt * sg
+    dw = (silu * u * z).sum(1)
+    da = z * w_g[:S, None].double()
+    dh = torch.cat([da * u * (sg * (1 + gt * (1 - sg))), da * silu], 1)
+    dxs = _axpy_contract(dh.float(), q[0], q[1], block, expert_of)
+    dx = torch.zeros(T, x.shape[1], dtype=torch.float64).index_add_(0, tok, dxs)
+    return out, h_ref, dx, dw, dh
 
 
 def _kernel(isa, q, block, r, w_g, x, gy, T, K):
@@ -86,7 +147,9 @@ def test_extension_has_q8():
     assert mod is not None, kernels.error()
     assert mod.q8_instance(kernels.ISA_CODES["base"]) == "base"
     if "avx512" in ISAS:
-        assert mod.q8_instance(kernels.ISA_CODES[ISAS[-1]]) == "avx512"
+        assert mod.q8_instance(kernels.ISA_CODES["avx512"]) == "avx512"
+    for isa in NATIVE:  # bf16 operands for bf16 activations (fp32 ones: the avx512 kernels)
+        assert mod.q8_instance(kernels.ISA_CODES[isa]) == "avx512bf16"
 
 
 @pytest.mark.parametrize("fmt", FMTS)
@@ -123,7 +186,10 @@ def test_kernel_matches_dequantised_fp32(isa, fmt, adversarial):
 
 
 @pytest.mark.parametrize("fmt", FMTS)
-def test_kernel_bf16_hidden_and_threads_deterministic(fmt):
+@pytest.mark.parametrize("isa", ISAS)
+def test_kernel_bf16_hidden_and_threads_deterministic(isa, fmt):
+    """bf16 activations: bitwise the same on 1 and 2 threads; the widening instances give the
+    fp32 result on the bf16 values, the bf16-operand one its contract."""
     T, K = 40, 2
     q, block, x, idx, w, gy = _problem(fmt, T=T, K=K, E=6, H=256, inter=128, seed=3)
     xb, gb = x.bfloat16(), gy.bfloat16()
@@ -133,13 +199,64 @@ def test_kernel_bf16_hidden_and_threads_deterministic(fmt):
     try:
         for n in (1, 2):
             torch.set_num_threads(n)
-            outs.append(_kernel(ISAS[-1], q, block, r, w_g, xb, gb, T, K))
+            outs.append(_kernel(isa, q, block, r, w_g, xb, gb, T, K))
     finally:
         torch.set_num_threads(prev)
     for a, b in zip(outs[0], outs[1], strict=True):
         assert torch.equal(a, b)
-    for a, b in zip(outs[0], ref, strict=True):
-        assert _rel(a, b) < TOL
+    if isa in NATIVE:
+        ref = _native_contract(q, block, r, w_g, xb, gb, outs[0][1], T)
+        for name, a, b in zip(("out", "h", "dx", "dw", "dh"), outs[0], ref, strict=True):
+            err = _rel(a[: len(b)].double(), b)
+            assert err < (TOL if name == "h" else TOL_NATIVE), (name, err)
+    else:
+        for a, b in zip(outs[0], ref, strict=True):
+            assert _rel(a, b) < TOL
+
+
+#: block layouts for the bf16-operand kernels: the formats' own (int8 per channel; FP8 128 x 128,
+#: whose down_proj rows here are shorter than a block: one block per row), per-channel FP8,
+#: 32 x 32 FP8 blocks (the tiny checkpoints'), and 16 x 16 (not a multiple of 32: the fp32
+#: kernels run instead)
+NATIVE_CASES = [
+    (quant.INT8, None),
+    (quant.FP8, None),
+    (quant.FP8, (1, 0)),
+    (quant.FP8, (32, 32)),
+    (quant.FP8, (16, 16)),
+]
+
+
+@pytest.mark.skipif(not NATIVE, reason="no AVX512-BF16 on this CPU")
+@pytest.mark.parametrize("adversarial", [False, True], ids=["random", "adversarial"])
+@pytest.mark.parametrize(("fmt", "block"), NATIVE_CASES, ids=lambda v: str(v))
+def test_native_kernel_bf16_error_bounds(fmt, block, adversarial):
+    """The bf16-operand kernels (bf16 activations on AVX512-BF16): within TOL_NATIVE of their
+    contract and within TOL_NATIVE_FP32 of "dequantise to fp32, then matmul" on the bf16-rounded
+    activations; pre-activations h (exact products, fp32 sums) within TOL. Shapes with column
+    tails, odd row groups, several token tiles (an expert with > 16 tokens)."""
+    T, K = 45, 2
+    q, blk, x, idx, w, gy = _problem(
+        fmt, T=T, K=K, E=4, H=160, inter=80, seed=7, adversarial=adversarial, block=block
+    )
+    xb, gb = x.bfloat16(), gy.bfloat16()
+    r, w_g, *ref = _reference(q, blk, xb.float(), idx, w, gb.float())
+    got = _kernel(NATIVE[0], q, blk, r, w_g, xb, gb, T, K)
+    names = ("out", "h", "dx", "dw", "dh")
+    for name, a in zip(names, got, strict=True):
+        assert torch.isfinite(a).all(), name
+    if blk == (16, 16):  # the fp32 kernels: the fp32 result on the bf16 values
+        for name, a, b in zip(names, got, ref, strict=True):
+            assert _rel(a, b) < TOL, (name, _rel(a, b))
+        return
+    con = _native_contract(q, blk, r, w_g, xb, gb, got[1], T)
+    S = len(con[3])
+    for name, a, b, c in zip(names, got, ref, con, strict=True):
+        a = a[:S] if name in ("dw", "dh") else a
+        b = b[:S] if name in ("dw", "dh") else b
+        tol = TOL if name == "h" else TOL_NATIVE
+        assert _rel(a.double(), c) < tol, (name, "contract", _rel(a.double(), c))
+        assert _rel(a, b) < (TOL if name == "h" else TOL_NATIVE_FP32), (name, "fp32", _rel(a, b))
 
 
 @pytest.mark.parametrize("fmt", FMTS)
@@ -193,3 +310,34 @@ def test_functional_matches_fallback(monkeypatch):
         outs.append((y.detach(), xx.grad, ww.grad))
     for a, b in zip(*outs, strict=True):
         assert _rel(a, b) < TOL
+
+
+@pytest.mark.skipif(kernels.load() is None, reason="extension unavailable")
+def test_roofline_sweep_counts_8bit_bytes_as_held(tmp_path):
+    """``npu-lora bench --roofline-dtypes bfloat16,int8,float8_e4m3fn``: the 8-bit rows count 1
+    byte a weight plus the fp32 scales (the hit experts' bytes, as held), bf16 2 bytes."""
+    from npu_lora.bench.roofline import run_roofline
+
+    H, inter, E = 128, 64, 8
+    res = run_roofline(
+        out=tmp_path, tokens=(16,), dtypes=("bfloat16", "int8", "float8_e4m3fn"), rounds=1,
+        H=H, inter=inter, E=E, K=2, log=lambda s: None, save_machine=False, peak_n=128,
+    )  # fmt: skip
+    rows = {r["dtype"]: r for r in res["rows"]}
+    w = 3 * H * inter
+    scales = {"int8": 2 * inter + H, "float8_e4m3fn": 1 + 1}  # per expert: rows; 128-blocks
+    assert rows["bfloat16"]["bytes"] == rows["bfloat16"]["hit"] * 2 * w
+    for d in ("int8", "float8_e4m3fn"):
+        assert rows[d]["bytes"] == rows[d]["hit"] * (w + 4 * scales[d])
+        assert math.isfinite(rows[d]["fwd_s"]) and rows[d]["bound"] in ("bandwidth", "compute")
+    assert set(res["machine"]["peak_gflops"]) == {"bfloat16", "int8", "float8_e4m3fn"}
+
+
+def test_roofline_dtypes_option_refuses_other_names():
+    import argparse
+
+    from npu_lora.commands.bench import _roofline_dtypes
+
+    assert _roofline_dtypes("bfloat16,int8") == "bfloat16,int8"
+    with pytest.raises(argparse.ArgumentTypeError, match="int4"):
+        _roofline_dtypes("bfloat16,int4")

@@ -3,7 +3,10 @@ roofline (:mod:`npu_lora.moe.roofline`).
 
     npu-lora bench --roofline docs/roofline --threads 2
 
-Per dtype (fp32, bf16 weights) one Qwen3-30B-A3B experts layer (H=2048, I=768, E=128, top-8;
+Per dtype (fp32, bf16 weights; with ``--roofline-dtypes`` also ``int8`` / ``float8_e4m3fn``: the
+bf16 layer quantised, bf16 activations, its bytes counted as held: 1 byte a weight plus the fp32
+scales, ``models.quant.expert_nbytes``; their FMA line is the bf16 one, the operands they compute
+with) one Qwen3-30B-A3B experts layer (H=2048, I=768, E=128, top-8;
 random weights, softmax-top-k routing of random logits: ``bench.kernels``), T = 64 … 2048 tokens
 per pass; ``rounds`` rounds, each: the read-only bandwidth (``CopyProbe``, ``a.sum()``), then
 every T's forward and backward (frozen experts), order reversed on odd rounds. The FMA peak:
@@ -31,6 +34,13 @@ from npu_lora.moe import roofline as rl
 
 TOKENS = (64, 128, 256, 512, 1024, 2048)
 DTYPES = ("float32", "bfloat16")
+#: 8-bit expert dtypes the sweep accepts (moe.hostDtype names): quantised from the bf16 layer
+Q8_DTYPES = ("int8", "float8_e4m3fn")
+
+
+def _compute_dtype(dname: str) -> torch.dtype:
+    """The dtype a sweep dtype's activations (and FMA line) are in: bf16 for 8-bit experts."""
+    return torch.bfloat16 if dname in Q8_DTYPES else getattr(torch, dname)
 
 
 def fma_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
@@ -76,7 +86,8 @@ def run_roofline(
     from npu_lora.bench.kernels import _inputs, _module
     from npu_lora.bench.limits import CopyProbe
     from npu_lora.machine import machine_facts
-    from npu_lora.moe.experts import expert_bytes, register
+    from npu_lora.models import quant
+    from npu_lora.moe.experts import register
     from npu_lora.moe.stream import NAME
 
     register()
@@ -91,15 +102,18 @@ def run_roofline(
         jf.flush()
 
     emit({"kind": "machine", **machine_facts()})
-    peaks0 = {d: fma_peak(getattr(torch, d), peak_n) for d in dtypes}
+    peaks0 = {d: fma_peak(_compute_dtype(d), peak_n) for d in dtypes}
     probe = CopyProbe()
     reads: list[float] = []
     rows: list[dict[str, Any]] = []
     for dname in dtypes:
-        m, cfg, _pages = _module(H, inter, E, K, getattr(torch, dname), False, seed)
+        cdt = _compute_dtype(dname)
+        m, cfg, _pages = _module(H, inter, E, K, cdt, False, seed)
         cfg._experts_implementation = NAME
-        per_e = expert_bytes(m.gate_up_proj, m.down_proj)
-        ins = {T: _inputs(T, H, E, K, getattr(torch, dname), seed) for T in tokens}
+        if dname in Q8_DTYPES:
+            quant.quantize_experts(m, dname)
+        per_e = quant.expert_nbytes(m)  # as held (8-bit: the bytes and the scales)
+        ins = {T: _inputs(T, H, E, K, cdt, seed) for T in tokens}
         for T in tokens:  # warm-up
             _calls(m, ins[T][:4], K)
         times: dict[int, list[tuple[float, float, float]]] = {T: [] for T in tokens}
@@ -128,7 +142,7 @@ def run_roofline(
             rows.append(row)
             emit(row)
         del m
-    peaks1 = {d: fma_peak(getattr(torch, d), peak_n) for d in dtypes}
+    peaks1 = {d: fma_peak(_compute_dtype(d), peak_n) for d in dtypes}
     machine = rl.Machine(
         read_gbs=statistics.median(reads),
         peak_gflops={d: statistics.median([peaks0[d], peaks1[d]]) for d in dtypes},

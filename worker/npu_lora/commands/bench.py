@@ -112,6 +112,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="instead of the A/B: sweep the stream kernel over tokens per pass (T=64..2048) and "
         "draw its roofline for this machine into DIR (roofline.png, roofline.jsonl, roofline.md)",
     )
+    parser.add_argument(
+        "--roofline-dtypes",
+        type=_roofline_dtypes,
+        default="float32,bfloat16",
+        metavar="LIST",
+        help="with --roofline: the expert dtypes swept, comma-separated, of float32, bfloat16, "
+        "int8, float8_e4m3fn (8-bit: the bf16 layer quantised, bf16 activations, bytes counted "
+        "as held: 1 a weight plus the scales)",
+    )
     parser.add_argument("--answer-tokens", type=int, default=8, help="label positions per sequence")
     parser.add_argument(
         "--peak-rss",
@@ -158,6 +167,18 @@ def config_from_args(args: argparse.Namespace):
     )
 
 
+_ROOFLINE_DTYPES = ("float32", "bfloat16", "int8", "float8_e4m3fn")
+
+
+def _roofline_dtypes(text: str) -> str:
+    bad = [d for d in (x.strip() for x in text.split(",")) if d and d not in _ROOFLINE_DTYPES]
+    if bad or not text.strip(" ,"):
+        raise argparse.ArgumentTypeError(
+            f"--roofline-dtypes: {bad or text!r} not among {', '.join(_ROOFLINE_DTYPES)}"
+        )
+    return text
+
+
 def run(args: argparse.Namespace) -> int:
     from npu_lora.api.outpaths import check_out_dir
     from npu_lora.bench.harness import run_bench
@@ -167,7 +188,13 @@ def run(args: argparse.Namespace) -> int:
     if args.roofline:
         from npu_lora.bench.roofline import run_roofline
 
-        run_roofline(out=args.roofline, threads=args.threads, log=lambda s: print(s, flush=True))
+        dtypes = tuple(d.strip() for d in args.roofline_dtypes.split(",") if d.strip())
+        run_roofline(
+            out=args.roofline,
+            threads=args.threads,
+            dtypes=dtypes,
+            log=lambda s: print(s, flush=True),
+        )
         return 0
     try:
         cfg = config_from_args(args)

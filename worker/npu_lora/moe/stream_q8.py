@@ -5,9 +5,12 @@ Same routing, task lists and autograd contract as :class:`npu_lora.moe.stream.St
 (forward: one pass over each hit expert's ``gate_up_proj`` and ``down_proj`` bytes; backward: dX
 and the routing-weight gradient, one pass over each again), with the C++ drivers of
 ``kernels/stream_q8.cpp``: the weights are read as bytes and dequantised in registers (never a
-wider copy of an expert in memory); hidden states, activations, gradients and every accumulation
-are fp32, so the result is "dequantise to fp32, then matmul" up to fp32 summation order (tested
-per ISA instance: ``avx512`` (also what ``avx512bf16`` and ``amx`` run), ``avx2``, ``base``).
+wider copy of an expert in memory). fp32 activations: operands and every accumulation fp32, so
+the result is "dequantise to fp32, then matmul" up to fp32 summation order (tested per ISA
+instance: ``avx512`` (also what ``avx512bf16`` and ``amx`` run for fp32), ``avx2``, ``base``).
+bf16 activations on ``avx512bf16`` / ``amx``: the bytes widened to bf16 and ``vdpbf16ps``, the
+activations and dX coefficients rounded to bf16 as the bf16 kernel rounds them, scales applied
+in fp32 (``kernels/stream_q8_avx512bf16.cpp``; its error bound in docs/engine.md).
 The weights are frozen: no expert weight gradient (``lora.trainExperts`` is refused with an 8-bit
 host dtype). Without the extension a torch fallback dequantises one hit expert at a time.
 """

@@ -64,6 +64,7 @@ SOURCES = (
     "stream_base.cpp",
     "stream_q8.cpp",
     "stream_q8_avx512.cpp",
+    "stream_q8_avx512bf16.cpp",
     "stream_q8_avx2.cpp",
     "stream_q8_base.cpp",
 )

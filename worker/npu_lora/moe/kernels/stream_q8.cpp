@@ -9,6 +9,9 @@
 // stream_q8_isa.h: each weight vector is loaded as bytes and dequantised in registers (never a
 // wider copy of an expert in memory). Operands (hidden states, activations, gradients) and every
 // accumulation are fp32: the result is "dequantise to fp32, then matmul" up to fp32 rounding.
+// Except with bf16 activations on AVX512-BF16 (avx512bf16 and amx codes): the kernels of
+// stream_q8_avx512bf16.cpp, bf16 operands (tokens, SiLU·up activations, dX coefficients rounded
+// to bf16 as the bf16 kernel rounds them), the bytes widened to bf16, fp32 accumulation.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -31,19 +34,32 @@ NPU_LORA_Q8_DECL(base)
 NPU_LORA_Q8_DECL(avx2)
 NPU_LORA_Q8_DECL(avx512)
 #undef NPU_LORA_Q8_DECL
+// bf16 operands (stream_q8_avx512bf16.cpp): the forward's x as bf16 words, the axpy's fp32
+// coefficients rounded to bf16 inside (after the row scale is folded in, one block per row)
+void avx512bf16_q8_dotn(const signed char*, i64, i64, i64, i64, const float*, i64, i64, i64, bool,
+                        const unsigned short*, i64, i64, float*, i64);
+void avx512bf16_q8_axpyn(const signed char*, i64, i64, i64, i64, const float*, i64, i64, i64,
+                         bool, const float*, i64, i64, float*, i64);
+bool avx512bf16_q8n_supported(i64 L, i64 BC);
 }  // namespace npu_lora_stream
 
 namespace {
 using namespace npu_lora_stream;
 typedef void (*Q8Kernel)(const signed char*, i64, i64, i64, i64, const float*, i64, i64, i64,
                          bool, const float*, i64, i64, float*, i64);
+typedef void (*Q8KernelN)(const signed char*, i64, i64, i64, i64, const float*, i64, i64, i64,
+                          bool, const unsigned short*, i64, i64, float*, i64);
 
 struct Q8Ops {
   Q8Kernel dot, axpy;
   const char* name;
+  // bf16 operands (nullptr: the fp32 kernels above run every call)
+  Q8KernelN dotn = nullptr;
+  Q8Kernel axpyn = nullptr;
 };
 
-// the instance for an ISA code of ISA_CODES (amx and avx512bf16 run the AVX-512 instance)
+// the instance for an ISA code of ISA_CODES: amx and avx512bf16 run the AVX-512 instance for
+// fp32 activations and the AVX512-BF16 kernels (bf16 operands) for bf16 activations
 Q8Ops q8_ops(int64_t isa) {
   static const char* const names[] = {"base", "avx2", "avx512", "avx512bf16", "amx"};
   TORCH_CHECK(isa >= kBase && isa <= kAmx, "npu_lora_stream q8: unknown ISA code ", isa);
@@ -51,6 +67,8 @@ Q8Ops q8_ops(int64_t isa) {
   TORCH_CHECK(std::find(runs.begin(), runs.end(), names[isa]) != runs.end(),
               "npu_lora_stream q8: ISA ", names[isa], " requested, this CPU runs up to ",
               runs.back());
+  if (isa >= kAvx512Bf16)
+    return {avx512_q8_dot, avx512_q8_axpy, "avx512bf16", avx512bf16_q8_dotn, avx512bf16_q8_axpyn};
   if (isa >= kAvx512) return {avx512_q8_dot, avx512_q8_axpy, "avx512"};
   if (isa == kAvx2) return {avx2_q8_dot, avx2_q8_axpy, "avx2"};
   return {base_q8_dot, base_q8_axpy, "base"};
@@ -183,14 +201,25 @@ void combine_f32(const Routed& a, const float* part, i64 P, i64 pstride, i64 ld,
   });
 }
 
+// the bf16-operand kernels run: an ISA that has them, bf16 activations, block layouts they take
+bool native(const Q8Ops& o, const Routed& a, const torch::Tensor& act) {
+  return o.dotn && act.scalar_type() == at::kBFloat16 &&
+         avx512bf16_q8n_supported(a.gu.C, a.gu.BC) && avx512bf16_q8n_supported(a.dn.C, a.dn.BC);
+}
+
 void q8_dot(const Q8Ops& o, const QW& w, i64 e, i64 r0, i64 rows, const float* x, i64 ldx, i64 n,
             float* out, i64 ldo) {
   o.dot(w.row(e, r0), w.C, w.C, r0, rows, w.scales(e), w.SC, w.BR, w.BC, w.fp8, x, ldx, n, out,
         ldo);
 }
+void q8_dotn(const Q8Ops& o, const QW& w, i64 e, i64 r0, i64 rows, const bf16_t* x, i64 ldx,
+             i64 n, float* out, i64 ldo) {
+  o.dotn(w.row(e, r0), w.C, w.C, r0, rows, w.scales(e), w.SC, w.BR, w.BC, w.fp8, x, ldx, n, out,
+         ldo);
+}
 void q8_axpy(const Q8Ops& o, const QW& w, i64 e, i64 r0, i64 rows, const float* c, i64 ldc, i64 n,
-             float* out, i64 ldo) {
-  o.axpy(w.row(e, r0), w.C, w.C, r0, rows, w.scales(e), w.SC, w.BR, w.BC, w.fp8, c, ldc, n, out,
+             float* out, i64 ldo, bool nat = false) {
+  (nat ? o.axpyn : o.axpy)(w.row(e, r0), w.C, w.C, r0, rows, w.scales(e), w.SC, w.BR, w.BC, w.fp8, c, ldc, n, out,
          ldo);
 }
 
@@ -216,26 +245,49 @@ std::vector<torch::Tensor> q8_forward(torch::Tensor hidden, torch::Tensor token_
   auto out = pooled_f32({T, H});
   auto hten = pooled_f32({S, 2 * I});
   float* h = hten.data_ptr<float>();
+  // bf16 activations on an AVX512-BF16 ISA: the tokens and the SiLU·up activations as bf16 words
+  // (rounded, as the bf16 kernel holds them), the bf16-operand kernels
+  const bool N16 = native(o, a, hidden);
   const i64 LX = padded_ld(H, 4), LI = padded_ld(I, 4), LY = padded_ld(H, 4);
-  Buf<float> xf(S * LX), af(S * LI), y(S * LY);
-  gather_f32(a, hidden, H, xf.get(), LX);
+  const i64 LXn = padded_ld(H, 2), LIn = padded_ld(I, 2);
+  Buf<float> xf(N16 ? 0 : S * LX), af(N16 ? 0 : S * LI), y(S * LY);
+  Buf<bf16_t> xn(N16 ? S * LXn : 0), an(N16 ? S * LIn : 0);
+  if (N16) {
+    const bf16_t* src = static_cast<const bf16_t*>(hidden.data_ptr());
+    for_range(Par{}, valid, 16, [&](i64 s) {
+      std::memcpy(xn.get() + s * LXn, src + a.token_idx[s] * H, H * sizeof(bf16_t));
+    });
+  } else {
+    gather_f32(a, hidden, H, xf.get(), LX);
+  }
   if (valid < S) std::memset(h + valid * 2 * I, 0, (S - valid) * 2 * I * sizeof(float));
   {
     for_tasks(Par{}, make_tasks(a.off, I, gu_block), [&](const Task& t) {
       const i64 rows = t.r1 - t.r0;
       float* ht = h + t.s0 * 2 * I;
-      const float* x = xf.get() + t.s0 * LX;
-      q8_dot(o, a.gu, t.e, t.r0, rows, x, LX, t.n, ht + t.r0, 2 * I);
-      q8_dot(o, a.gu, t.e, I + t.r0, rows, x, LX, t.n, ht + I + t.r0, 2 * I);
+      if (N16) {
+        const bf16_t* x = xn.get() + t.s0 * LXn;
+        q8_dotn(o, a.gu, t.e, t.r0, rows, x, LXn, t.n, ht + t.r0, 2 * I);
+        q8_dotn(o, a.gu, t.e, I + t.r0, rows, x, LXn, t.n, ht + I + t.r0, 2 * I);
+      } else {
+        const float* x = xf.get() + t.s0 * LX;
+        q8_dot(o, a.gu, t.e, t.r0, rows, x, LX, t.n, ht + t.r0, 2 * I);
+        q8_dot(o, a.gu, t.e, I + t.r0, rows, x, LX, t.n, ht + I + t.r0, 2 * I);
+      }
       for (i64 s = 0; s < t.n; ++s)
         for (i64 j = t.r0; j < t.r1; ++j) {
           const float g = ht[s * 2 * I + j];
-          af.get()[(t.s0 + s) * LI + j] = g * sigmoid(g) * ht[s * 2 * I + I + j];
+          const float v = g * sigmoid(g) * ht[s * 2 * I + I + j];
+          if (N16) an.get()[(t.s0 + s) * LIn + j] = f32_to_bf16(v);
+          else af.get()[(t.s0 + s) * LI + j] = v;
         }
     });
     for_tasks(Par{}, make_tasks(a.off, H, down_block), [&](const Task& t) {
       float* yt = y.get() + t.s0 * LY;
-      q8_dot(o, a.dn, t.e, t.r0, t.r1 - t.r0, af.get() + t.s0 * LI, LI, t.n, yt + t.r0, LY);
+      if (N16)
+        q8_dotn(o, a.dn, t.e, t.r0, t.r1 - t.r0, an.get() + t.s0 * LIn, LIn, t.n, yt + t.r0, LY);
+      else
+        q8_dot(o, a.dn, t.e, t.r0, t.r1 - t.r0, af.get() + t.s0 * LI, LI, t.n, yt + t.r0, LY);
       for (i64 s = 0; s < t.n; ++s)
         for (i64 d = t.r0; d < t.r1; ++d) yt[s * LY + d] *= a.wr[t.s0 + s];
     });
@@ -269,12 +321,15 @@ std::vector<torch::Tensor> q8_backward(torch::Tensor g, torch::Tensor token_idx,
   float *dw = dwt.data_ptr<float>(), *dh = dht.data_ptr<float>();
   const i64 LG = padded_ld(H, 4), LZ = padded_ld(I, 4), LX = padded_ld(H, 4);
   const i64 P1 = (H + down_split - 1) / down_split, P2 = (2 * I + gu_split - 1) / gu_split;
+  // bf16 gradients on an AVX512-BF16 ISA: the bf16-operand kernels (the coefficients g and dh
+  // rounded to bf16 inside them, after the row scale is folded in for one block per row)
+  const bool N16 = native(o, a, g);
   Buf<float> gg(S * LG), zpart(P1 * S * LZ), dxpart(P2 * S * LX);
   gather_f32(a, g, H, gg.get(), LG);
   // z = g . Wd_e (one partial per row block of Wd)
   for_tasks(Par{}, make_tasks(a.off, H, down_split), [&](const Task& t) {
     float* z = zpart.get() + (t.part * S + t.s0) * LZ;
-    q8_axpy(o, a.dn, t.e, t.r0, t.r1 - t.r0, gg.get() + t.s0 * LG + t.r0, LG, t.n, z, LZ);
+    q8_axpy(o, a.dn, t.e, t.r0, t.r1 - t.r0, gg.get() + t.s0 * LG + t.r0, LG, t.n, z, LZ, N16);
   });
   if (valid < S) {
     std::memset(dh + valid * 2 * I, 0, (S - valid) * 2 * I * sizeof(float));
@@ -299,7 +354,7 @@ std::vector<torch::Tensor> q8_backward(torch::Tensor g, torch::Tensor token_idx,
   // dx = dh . Wgu_e (one partial per row block of Wgu)
   for_tasks(Par{}, make_tasks(a.off, 2 * I, gu_split), [&](const Task& t) {
     float* dx = dxpart.get() + (t.part * S + t.s0) * LX;
-    q8_axpy(o, a.gu, t.e, t.r0, t.r1 - t.r0, dh + t.s0 * 2 * I + t.r0, 2 * I, t.n, dx, LX);
+    q8_axpy(o, a.gu, t.e, t.r0, t.r1 - t.r0, dh + t.s0 * 2 * I + t.r0, 2 * I, t.n, dx, LX, N16);
   });
   combine_f32(a, dxpart.get(), P2, S * LX, LX, H, dxt.data_ptr<float>());
   return {dxt, dwt, dht};
@@ -343,5 +398,6 @@ void npu_lora_q8_bind(pybind11::module_& m) {
   m.def("q8_backward", &q8_backward, "streaming experts backward (dX, dw, dh), 8-bit weights");
   m.def("q8_dequantize", &q8_dequantize, "8-bit experts + scales to fp32 / bf16");
   m.def("q8_instance", [](int64_t isa) { return std::string(q8_ops(isa).name); },
-        "the 8-bit kernel instance an ISA code runs");
+        "the 8-bit kernel instance an ISA code runs (avx512bf16: bf16-operand kernels for bf16 "
+        "activations, the avx512 ones for fp32)");
 }
