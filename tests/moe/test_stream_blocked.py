@@ -1,10 +1,12 @@
 """``npu_lora_stream``'s blocked backward (many rows an expert, T >= 512 tokens a pass at Qwen3
-widths): from ``NPU_LORA_STREAM_BLOCK_TOKENS`` rows an expert (default 32) the AVX-512 and
-AVX512-BF16 axpy kernels pack weight panels into L1 and keep the out tile in registers. Each out
-element still adds the rows (row pairs) in row order, one FMA (``vdpbf16ps``) each, so the
-results are bitwise the streaming kernels' — tested here against the streaming kernel (the switch
-off, in a fresh process: the setting is read once), against the fp32 reference, across thread
-counts, and with experts of 0, 1 and many rows, odd T, odd rows per task and column tails."""
+widths): from ``NPU_LORA_STREAM_BLOCK_TOKENS`` rows an expert (default 32) the AVX512-BF16 axpy
+kernel (bf16 weights) packs weight panels into L1 and keeps the out tile in registers. Each out
+element still adds the row pairs in row order, one ``vdpbf16ps`` each, so the results are bitwise
+the streaming kernel's — tested here against the streaming kernel (the switch off, in a fresh
+process: the setting is read once), against the fp32 reference on every path, across thread
+counts, and with experts of 0, 1 and many rows, odd T, odd rows per task and column tails. (The
+fp32 paths keep the streaming kernels; the fp32 weights case below checks that the switch leaves
+them alone.)"""
 
 from __future__ import annotations
 
@@ -19,8 +21,8 @@ from npu_lora.moe import kernels, stream
 
 from .moe_blocks import run_block, stock_block
 
-BLOCKED_ISAS = [i for i in ("avx512", "avx512bf16") if i in kernels.cpu_isas()]
-needs_blocked = pytest.mark.skipif(not BLOCKED_ISAS, reason="CPU without AVX-512")
+BLOCKED_ISAS = [i for i in ("avx512bf16",) if i in kernels.cpu_isas()]
+needs_blocked = pytest.mark.skipif(not BLOCKED_ISAS, reason="CPU without AVX512-BF16")
 
 # T odd; E=6 with expert 0 unhit, expert 1 one row, the others ~100-200 rows; H=136: two whole
 # 64-column panels and an 8-column tail; inter=72: z's 72 columns = one panel + tail, 2I=144
@@ -78,7 +80,7 @@ def _run_raw(tmp_path: Path, isa: str, dtype: str, threads: int, block_tokens: s
 
 @needs_blocked
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("isa", BLOCKED_ISAS or ["avx512"])
+@pytest.mark.parametrize("isa", BLOCKED_ISAS or ["avx512bf16"])
 def test_blocked_backward_is_bitwise_the_streaming_kernel(tmp_path, isa, dtype):
     """Experts with 0, 1 and ~100-200 rows, odd T and odd rows per task: the blocked backward
     (default) against the streaming one (``NPU_LORA_STREAM_BLOCK_TOKENS=0``), bitwise, on 1 and 2

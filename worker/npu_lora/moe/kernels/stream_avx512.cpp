@@ -7,6 +7,5 @@
 
 #include "stream_avx512_v.h"
 
-#define NPU_LORA_BLOCKED 1  // the blocked kernels for many tokens an expert (stream_isa.h)
 #include "stream_isa.h"
 NPU_LORA_EXPORT(avx512)

@@ -28,6 +28,10 @@
 // on this ISA run the avx512_* kernels of stream_avx512.cpp (stream_core.h: ops_for)
 #include "stream_isa.h"
 
+namespace npu_lora_stream {
+long long blocked_tokens();  // stream_base.cpp: rows an expert from which axpyn_blocked runs
+}
+
 namespace {
 
 constexpr i64 NW = 32;
@@ -181,16 +185,20 @@ static void axpyn_block(const bf16_t* w, i64 ldw, i64 L, i64 R, const bf16_t* co
 // at T=128 in a first trial, hence the threshold.
 constexpr i64 AXPYN_COLS = 256, AXPYN_BLOCK_TOKENS = 12;
 
-// ---- blocked native axpy (many tokens an expert: compute-bound) ------------------------------------
-// For n >= npu_lora_stream::blocked_tokens() rows the weights are packed, panel by panel, into an L1 buffer: KC row pairs x
-// NC columns as interleaved pair words (w[2k, c], w[2k+1, c]) (the permutation the streaming tile
-// repeats for every token tile is done once), and the out tile of MR tokens x NC columns stays in
-// registers (24 accumulators) for the KC pairs of the panel, the coefficient pair of each token a
-// broadcast 32-bit word: per pair 4 panel loads from L1, 6 broadcasts, 24 `vdpbf16ps`. The panel
-// is reused by every token tile of the call. Each out element still adds the pairs in row order,
-// one `vdpbf16ps` each (accumulators go through `out` between panels, exact in fp32), so the
-// results are bitwise those of the streaming kernel above. Columns past the last whole panel run
-// the streaming kernel.
+// ---- blocked native axpy (many rows an expert: compute-bound) -----------------------------------
+// From npu_lora_stream::blocked_tokens() rows an expert (stream_base.cpp; default 32) the weights
+// are packed, panel by panel, into an L1 buffer: KC row pairs x NC columns as interleaved pair
+// words (w[2k, c], w[2k+1, c]) (the permutation the streaming tile repeats for every token tile is
+// done once), and the out tile of MR tokens x NC columns stays in registers (24 accumulators) for
+// the KC pairs of the panel, the coefficient pair of each token a broadcast 32-bit word: per pair
+// 4 panel loads from L1, 6 broadcasts, 24 `vdpbf16ps`. The panel is reused by every token tile of
+// the call. Each out element still adds the pairs in row order, one `vdpbf16ps` each
+// (accumulators go through `out` between panels, exact in fp32), so the results are bitwise those
+// of the streaming kernel above. Columns past the last whole panel run the streaming kernel.
+// Measured (2-core Zen 4, CPU time, load 3.5-4.7, two alternations; experiments/2026-12-05-long-
+// kernel.md): backward 0.82-0.83x the streaming kernel's at T=1,024 and 0.75x at T=2,048 (Qwen3
+// widths). The same panel scheme for the fp32 tiles (AVX-512 FMA) was 1.03-1.08x slower at T=1,024
+// and is not used.
 constexpr int AXB_MR = 6, AXB_NV = 4;
 constexpr i64 AXB_NC = 16 * AXB_NV, AXB_KC = 64;  // panel: 64 pairs x 64 columns = 16 KiB
 

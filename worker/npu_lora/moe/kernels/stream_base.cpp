@@ -27,9 +27,9 @@ struct V {
 #include "stream_isa.h"
 NPU_LORA_EXPORT(base)
 
-// Rows an expert from which the backward's axpy kernels switch to their blocked form (stream_isa.h:
-// axpy_blocked, AVX-512 instance; stream_avx512bf16.cpp: axpyn_blocked; bitwise the streaming
-// kernels' results), read once per process:
+// Rows an expert from which the native bf16 backward axpy switches to its blocked form
+// (stream_avx512bf16.cpp: axpyn_blocked; bitwise the streaming kernel's results), read once per
+// process:
 // NPU_LORA_STREAM_BLOCK_TOKENS (0 = never), default 32 (at T <= 256 tokens a pass, Qwen3's ~16
 // rows an expert keep the streaming kernels). Measured on a 2-core Zen 4:
 // experiments/2026-12-05-long-kernel.md.

@@ -31,10 +31,6 @@
 //   variant (weights copied block by block into an L1 buffer) was 1.1-1.3x slower in interleaved
 //   runs (experiments/2026-12-02-stream-kernel-v2.md).
 
-namespace npu_lora_stream {
-long long blocked_tokens();  // stream_base.cpp: rows an expert from which the blocked kernels run
-}
-
 namespace {
 
 using i64 = long long;
@@ -273,8 +269,8 @@ static inline void axpy_tile_u16(const bf16_t* w, i64 ldw, i64 L, const float* c
 #endif
 
 template <class WT>
-static void axpy_stream(const WT* w, i64 ldw, i64 L, i64 R, const float* coef, i64 ldc, i64 n,
-                        float* out, i64 ldo) {
+static void axpy_rows(const WT* w, i64 ldw, i64 L, i64 R, const float* coef, i64 ldc, i64 n,
+                      float* out, i64 ldo) {
   row_token_tiles<V::AXPY_RR, V::AXPY_NB>(w, ldw, L, R, n, [&](auto rr, auto nb, i64 r0, i64 t0,
                                                                const WT* pf, i64 pc0, i64 pc1) {
 #ifdef NPU_LORA_AXPY_U16
@@ -291,83 +287,6 @@ static void axpy_stream(const WT* w, i64 ldw, i64 L, i64 R, const float* coef, i
   });
 }
 
-#ifdef NPU_LORA_BLOCKED
-// ---- blocked kernels (many tokens an expert: compute-bound; AVX-512 instance) ---------------------
-// From npu_lora_stream::blocked_tokens() rows an expert the streaming tiles above are bound by loads and by the L2:
-// each token tile re-reads its weight rows, and the dot's x tiles / the axpy's out rows do not stay
-// in L1. The blocked kernels keep a whole MR x NV-vector output tile in registers:
-//
-//   axpy_blocked: the weights packed KC rows x NC columns at a time into an L1 panel (a copy; bf16
-//     widened once here instead of once per token tile), reused by every token tile of MR tokens:
-//     per row NV panel loads, MR coefficient broadcasts, MR x NV FMAs. Each out element still adds
-//     the rows in row order, one FMA each, the accumulators going through `out` between panels
-//     (exact), so the results are bitwise the streaming kernel's. Columns past the last whole
-//     panel run the streaming kernel.
-constexpr int BLK_MR = 6, BLK_NV = 4;
-constexpr i64 BLK_NC = V::W * BLK_NV, BLK_KC = 64;  // axpy panel: 64 rows x 64 columns fp32
-template <class WT>
-static inline void pack_panel(const WT* w, i64 ldw, i64 kr, float* panel) {
-  for (i64 k = 0; k < kr; ++k)
-#pragma GCC unroll 4
-    for (int v = 0; v < BLK_NV; ++v) V::store(panel + k * BLK_NC + v * V::W, V::load(w + k * ldw + v * V::W));
-}
-
-template <int MR>
-static inline void axpyb_tile(const float* panel, i64 kr, const float* coef, i64 ldc, float* out,
-                              i64 ldo, bool first) {
-  typename V::reg acc[MR][BLK_NV];
-#pragma GCC unroll 8
-  for (int t = 0; t < MR; ++t)
-#pragma GCC unroll 4
-    for (int v = 0; v < BLK_NV; ++v)
-      acc[t][v] = first ? V::zero() : V::load(out + t * ldo + v * V::W);
-  for (i64 k = 0; k < kr; ++k) {
-    typename V::reg b[BLK_NV];
-#pragma GCC unroll 4
-    for (int v = 0; v < BLK_NV; ++v) b[v] = V::load(panel + k * BLK_NC + v * V::W);
-#pragma GCC unroll 8
-    for (int t = 0; t < MR; ++t) {
-      const typename V::reg cb = V::set1(coef[t * ldc + k]);
-#pragma GCC unroll 4
-      for (int v = 0; v < BLK_NV; ++v) acc[t][v] = V::fma(cb, b[v], acc[t][v]);
-    }
-  }
-#pragma GCC unroll 8
-  for (int t = 0; t < MR; ++t)
-#pragma GCC unroll 4
-    for (int v = 0; v < BLK_NV; ++v) V::store(out + t * ldo + v * V::W, acc[t][v]);
-}
-
-template <class WT>
-static void axpy_blocked(const WT* w, i64 ldw, i64 L, i64 R, const float* coef, i64 ldc, i64 n,
-                         float* out, i64 ldo) {
-  alignas(64) float panel[BLK_KC * BLK_NC];
-  const i64 whole = L / BLK_NC * BLK_NC;
-  for (i64 c0 = 0; c0 < whole; c0 += BLK_NC)
-    for (i64 k0 = 0; k0 < R; k0 += BLK_KC) {
-      const i64 kr = R - k0 < BLK_KC ? R - k0 : BLK_KC;
-      pack_panel(w + k0 * ldw + c0, ldw, kr, panel);
-      token_tiles<BLK_MR>(n, [&](i64, i64 t0, i64 m) {
-        with_width<BLK_MR>(m, [&](auto mr) {
-          axpyb_tile<decltype(mr)::value>(panel, kr, coef + t0 * ldc + k0, ldc,
-                                          out + t0 * ldo + c0, ldo, k0 == 0);
-        });
-      });
-    }
-  if (whole < L) axpy_stream(w + whole, ldw, L - whole, R, coef, ldc, n, out + whole, ldo);
-}
-
-#endif
-
-template <class WT>
-static void axpy_rows(const WT* w, i64 ldw, i64 L, i64 R, const float* coef, i64 ldc, i64 n,
-                      float* out, i64 ldo) {
-#ifdef NPU_LORA_BLOCKED
-  const i64 bt = npu_lora_stream::blocked_tokens();
-  if (bt && n >= bt && L >= BLK_NC) return axpy_blocked<WT>(w, ldw, L, R, coef, ldc, n, out, ldo);
-#endif
-  axpy_stream<WT>(w, ldw, L, R, coef, ldc, n, out, ldo);
-}
 
 }  // namespace
 
