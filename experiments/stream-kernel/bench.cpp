@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <ctime>
 #include <vector>
 
 #include "stream_core.h"
@@ -35,6 +36,13 @@ struct OmpPar {
 
 static double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+// CPU seconds of the whole process (all threads): robust to time slices lost to other tenants on
+// a shared host (run with OMP_WAIT_POLICY=passive so that waiting threads do not spin)
+static double cpu_now() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec + 1e-9 * ts.tv_nsec;
 }
 
 int main(int argc, char** argv) {
@@ -149,24 +157,30 @@ int main(int argc, char** argv) {
   for (i64 e = 0; e < E; e++) hit += off[e + 1] > off[e];
   const double bytes = double(hit) * 3 * H * I * (B ? 2 : 4);
   double pf[4] = {0}, pb[5] = {0};
-  std::vector<double> tf, tb;
+  std::vector<double> tf, tb, cf, cb;
   for (int r = 0; r <= reps; r++) {
-    const double t0 = now();
+    const double c0 = cpu_now(), t0 = now();
     forward(par, o, fa);
-    const double t1 = now();
+    const double c1 = cpu_now(), t1 = now();
     backward(par, o, ba);
-    const double t2 = now();
+    const double c2 = cpu_now(), t2 = now();
     if (r == 0) fa.phase_s = pf, ba.phase_s = pb;  // phases of the measured reps
     if (r) {
       tf.push_back(t1 - t0);
       tb.push_back(t2 - t1);
+      cf.push_back(c1 - c0);
+      cb.push_back(c2 - c1);
     }
   }
   std::sort(tf.begin(), tf.end());
   std::sort(tb.begin(), tb.end());
+  std::sort(cf.begin(), cf.end());
+  std::sort(cb.begin(), cb.end());
   const double f = tf[tf.size() / 2], b = tb[tb.size() / 2];
   printf("T=%lld %s isa=%d threads=%d: fwd %.1f ms %.2f GB/s | bwd %.1f ms %.2f GB/s\n", T,
          dt.c_str(), isa, omp_get_max_threads(), f * 1e3, bytes / f / 1e9, b * 1e3, bytes / b / 1e9);
+  printf("  CPU ms (all threads, median): fwd %.1f | bwd %.1f\n", cf[cf.size() / 2] * 1e3,
+         cb[cb.size() / 2] * 1e3);
   printf("  mean phase ms: fwd gather %.1f gate/up %.1f down %.1f combine %.1f | bwd gather %.1f "
          "z %.1f dh %.1f dx %.1f combine %.1f\n", pf[0] * 1e3 / reps, pf[1] * 1e3 / reps,
          pf[2] * 1e3 / reps, pf[3] * 1e3 / reps, pb[0] * 1e3 / reps, pb[1] * 1e3 / reps,

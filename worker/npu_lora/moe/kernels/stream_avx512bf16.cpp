@@ -28,6 +28,10 @@
 // on this ISA run the avx512_* kernels of stream_avx512.cpp (stream_core.h: ops_for)
 #include "stream_isa.h"
 
+namespace npu_lora_stream {
+long long blocked_tokens();  // stream_base.cpp: rows an expert from which axpyn_blocked runs
+}
+
 namespace {
 
 constexpr i64 NW = 32;
@@ -180,8 +184,101 @@ static void axpyn_block(const bf16_t* w, i64 ldw, i64 L, i64 R, const bf16_t* co
 // round), T=512 0.98x, T=128 1.00x (below the threshold); blocking every expert was 0-9 % slower
 // at T=128 in a first trial, hence the threshold.
 constexpr i64 AXPYN_COLS = 256, AXPYN_BLOCK_TOKENS = 12;
+
+// ---- blocked native axpy (many rows an expert: compute-bound) -----------------------------------
+// From npu_lora_stream::blocked_tokens() rows an expert (stream_base.cpp; default 32) the weights
+// are packed, panel by panel, into an L1 buffer: KC row pairs x NC columns as interleaved pair
+// words (w[2k, c], w[2k+1, c]) (the permutation the streaming tile repeats for every token tile is
+// done once), and the out tile of MR tokens x NC columns stays in registers (24 accumulators) for
+// the KC pairs of the panel, the coefficient pair of each token a broadcast 32-bit word: per pair
+// 4 panel loads from L1, 6 broadcasts, 24 `vdpbf16ps`. The panel is reused by every token tile of
+// the call. Each out element still adds the pairs in row order, one `vdpbf16ps` each
+// (accumulators go through `out` between panels, exact in fp32), so the results are bitwise those
+// of the streaming kernel above. Columns past the last whole panel run the streaming kernel.
+// Measured (2-core Zen 4, CPU time, load 3.5-4.7, two alternations; experiments/2026-12-05-long-
+// kernel.md): backward 0.82-0.83x the streaming kernel's at T=1,024 and 0.75x at T=2,048 (Qwen3
+// widths). The same panel scheme for the fp32 tiles (AVX-512 FMA) was 1.03-1.08x slower at T=1,024
+// and is not used.
+constexpr int AXB_MR = 6, AXB_NV = 4;
+constexpr i64 AXB_NC = 16 * AXB_NV, AXB_KC = 64;  // panel: 64 pairs x 64 columns = 16 KiB
+
+// panel[k * NC + c] = (w[2k, c], w[2k + 1, c]) for k < kp, c < NC; rows >= `rows` are zeros
+static inline void pack_pairs(const bf16_t* w, i64 ldw, i64 rows, i64 kp, unsigned* panel) {
+  const __m512i idx_lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9,
+                                          40, 8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1,
+                                          32, 0);
+  const __m512i idx_hi = _mm512_add_epi16(idx_lo, _mm512_set1_epi16(16));
+  for (i64 k = 0; k < kp; ++k) {
+    const bf16_t* a = w + 2 * k * ldw;
+    const bool hasb = 2 * k + 1 < rows;
+#pragma GCC unroll 2
+    for (i64 c = 0; c < AXB_NC; c += 32) {
+      const __m512i va = _mm512_loadu_si512(a + c);
+      const __m512i vb = hasb ? _mm512_loadu_si512(a + ldw + c) : _mm512_setzero_si512();
+      _mm512_store_si512(panel + k * AXB_NC + c, _mm512_permutex2var_epi16(va, idx_lo, vb));
+      _mm512_store_si512(panel + k * AXB_NC + c + 16, _mm512_permutex2var_epi16(va, idx_hi, vb));
+    }
+  }
+}
+
+// out[t, 0:NC] (+)= sum_k coef-pair[t, k] . panel[k] for t < MR; `odd`: the last pair has no
+// second row (its coefficient word is (coef[2k], 0))
+template <int MR>
+static inline void axb_tile(const unsigned* panel, i64 kp, const bf16_t* coef, i64 ldc, bool odd,
+                            float* out, i64 ldo, bool first) {
+  __m512 acc[MR][AXB_NV];
+#pragma GCC unroll 8
+  for (int t = 0; t < MR; ++t)
+#pragma GCC unroll 4
+    for (int v = 0; v < AXB_NV; ++v)
+      acc[t][v] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(out + t * ldo + 16 * v);
+  auto step = [&](i64 k, bool half) __attribute__((always_inline)) {
+    __m512bh b[AXB_NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < AXB_NV; ++v)
+      b[v] = (__m512bh)_mm512_load_si512(panel + k * AXB_NC + 16 * v);
+#pragma GCC unroll 8
+    for (int t = 0; t < MR; ++t) {
+      unsigned pair;
+      if (half) pair = coef[t * ldc + 2 * k];
+      else __builtin_memcpy(&pair, coef + t * ldc + 2 * k, 4);
+      const __m512bh cb = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
+#pragma GCC unroll 4
+      for (int v = 0; v < AXB_NV; ++v) acc[t][v] = _mm512_dpbf16_ps(acc[t][v], b[v], cb);
+    }
+  };
+  const i64 kf = odd ? kp - 1 : kp;
+  for (i64 k = 0; k < kf; ++k) step(k, false);
+  if (odd) step(kf, true);
+#pragma GCC unroll 8
+  for (int t = 0; t < MR; ++t)
+#pragma GCC unroll 4
+    for (int v = 0; v < AXB_NV; ++v) _mm512_storeu_ps(out + t * ldo + 16 * v, acc[t][v]);
+}
+
+static void axpyn_blocked(const bf16_t* w, i64 ldw, i64 L, i64 R, const bf16_t* coef, i64 ldc,
+                          i64 n, float* out, i64 ldo) {
+  alignas(64) unsigned panel[AXB_KC * AXB_NC];
+  const i64 RP = (R + 1) / 2, whole = L / AXB_NC * AXB_NC;
+  for (i64 c0 = 0; c0 < whole; c0 += AXB_NC)
+    for (i64 k0 = 0; k0 < RP; k0 += AXB_KC) {
+      const i64 kp = std::min(AXB_KC, RP - k0);
+      pack_pairs(w + 2 * k0 * ldw + c0, ldw, R - 2 * k0, kp, panel);
+      const bool odd = (R & 1) && k0 + kp == RP;
+      token_tiles<AXB_MR>(n, [&](i64, i64 t0, i64 m) {
+        with_width<AXB_MR>(m, [&](auto mr) {
+          axb_tile<decltype(mr)::value>(panel, kp, coef + t0 * ldc + 2 * k0, ldc, odd,
+                                        out + t0 * ldo + c0, ldo, k0 == 0);
+        });
+      });
+    }
+  if (whole < L) axpyn_block(w + whole, ldw, L - whole, R, coef, ldc, n, out + whole, ldo);
+}
+
 static void axpyn_rows(const bf16_t* w, i64 ldw, i64 L, i64 R, const bf16_t* coef, i64 ldc,
                        i64 n, float* out, i64 ldo) {
+  const i64 bt = npu_lora_stream::blocked_tokens();
+  if (bt && n >= bt && L >= AXB_NC) return axpyn_blocked(w, ldw, L, R, coef, ldc, n, out, ldo);
   if (n < AXPYN_BLOCK_TOKENS || L <= AXPYN_COLS)
     return axpyn_block(w, ldw, L, R, coef, ldc, n, out, ldo);
   for (i64 c0 = 0; c0 < L; c0 += AXPYN_COLS)

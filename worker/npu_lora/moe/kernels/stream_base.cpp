@@ -26,3 +26,22 @@ struct V {
 
 #include "stream_isa.h"
 NPU_LORA_EXPORT(base)
+
+// Rows an expert from which the native bf16 backward axpy switches to its blocked form
+// (stream_avx512bf16.cpp: axpyn_blocked; bitwise the streaming kernel's results), read once per
+// process:
+// NPU_LORA_STREAM_BLOCK_TOKENS (0 = never), default 32 (at T <= 256 tokens a pass, Qwen3's ~16
+// rows an expert keep the streaming kernels). Measured on a 2-core Zen 4:
+// experiments/2026-12-05-long-kernel.md.
+#include <cstdlib>
+namespace npu_lora_stream {
+long long blocked_tokens() {
+  static const long long v = [] {
+    const char* s = std::getenv("NPU_LORA_STREAM_BLOCK_TOKENS");
+    if (!s || !*s) return 32LL;
+    const long long n = std::strtoll(s, nullptr, 10);
+    return n > 0 ? n : 0LL;
+  }();
+  return v;
+}
+}  // namespace npu_lora_stream
