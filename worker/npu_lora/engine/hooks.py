@@ -1,7 +1,8 @@
 """The engine's one seam for strategies the benchmark swaps (:class:`EngineHooks`).
 
 The engine runs one way; the bench measures it against older or alternative ways (variants
-``+torch_head``, ``+padmax``, ``+fp32``, ``+4k``: ``npu_lora.api.variant``). Those
+``+torch_head``, ``+padmax``, ``+fp32``, ``+4k``, ``+int8``, ``+fp8``:
+``npu_lora.api.variant``). Those
 alternatives are not flags of the engine: the bench implements this protocol
 (``npu_lora.bench.hooks.VariantHooks``) and passes it to ``build_engine(..., hooks=...)``; the
 engine consults it at the start of every micro-batch (``HybridEngine.apply_hooks``) and applies
