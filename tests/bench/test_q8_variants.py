@@ -131,3 +131,22 @@ def test_one_bench_runs_bf16_int8_fp8_paired_with_8bit_reads_and_layer_errors(tm
     md = (tmp_path / "bench.md").read_text()
     assert "| variant | layer | out max | out RMS | dX max | dX RMS |" in md
     assert f"| {INT8} | 0 |" in md and f"| {FP8} | 1 |" in md
+
+
+def test_peak_rss_of_an_8bit_variant_builds_the_8bit_engine_as_run_does(monkeypatch):
+    """``--peak-rss`` measures ``+int8`` in a process whose engine is built with ``moe.hostDtype
+    int8`` (quantised at load, as ``npu-lora run`` holds it), not a bf16 engine plus a copy."""
+    from npu_lora.bench import peak_rss
+    from npu_lora.engine import build as engine_build
+
+    built: list[str] = []
+    real = engine_build.build_engine
+
+    def spy(spec, *a, **kw):
+        built.append(spec.moe.host_dtype)
+        return real(spec, *a, **kw)
+
+    monkeypatch.setattr("npu_lora.engine.build_engine", spy)
+    monkeypatch.setattr(peak_rss, "_reset_hwm", lambda: False)
+    rec = peak_rss.child(_cfg(answer_tokens=4), INT8)
+    assert built == [quant.INT8] and rec["variant"] == INT8 and rec["steps"] == 1

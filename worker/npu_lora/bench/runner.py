@@ -17,7 +17,7 @@ from npu_lora.bench.config import BenchConfig
 from npu_lora.bench.hooks import VariantHooks
 from npu_lora.bench.variant import Variant
 from npu_lora.engine.hooks import ExpertWeights
-from npu_lora.models.quant import expert_nbytes
+from npu_lora.models.quant import Q8_DTYPES, expert_nbytes
 from npu_lora.moe.host_dtype import STREAM
 from npu_lora.moe.mode import EngineMode
 
@@ -178,8 +178,9 @@ class VariantRunner:
         eng.apply_hooks()
         host_dtype = eng.mlps[0].experts.gate_up_proj.dtype  # one dtype for every block
         compute = stream_compute_dtype(host_dtype) if impl == STREAM else host_dtype
-        if v.q8:  # 8-bit experts: the activations ``npu-lora run`` resolves for that hostDtype
-            compute = q8_compute_dtype(v.q8)
+        if host_dtype in Q8_DTYPES:  # 8-bit experts (``+int8``/``+fp8``, or the engine's own):
+            # the activations ``npu-lora run`` resolves for that hostDtype
+            compute = q8_compute_dtype(str(host_dtype).removeprefix("torch."))
         for m in eng.mlps:  # fp32 activations with bf16 weights: the stream kernel only
             m.set_compute_dtype(compute)
         if v.is_peer:
