@@ -33,6 +33,8 @@ def test_defaults_are_the_seeds_four_variants():
         ({"variants": ["hot+fast"]}, "variants"),
         ({"variants": ["host-only", "hot+fp32"]}, "variants[1]: variant 'hot.fp32': .fp32 applies"),
         ({"variants": ["host-only+sequential"]}, "variants[0]: .*sequential applies to hot"),
+        ({"variants": ["host-only", "hot+int8"]}, "variants[1]: variant 'hot.int8': .int8 applies"),
+        ({"variants": ["host-only+fp32+fp8"]}, "variants[0]: .*fp8 and .fp32 exclude each other"),
         ({"variants": ["peer+keep_graph"]}, "variants"),
         ({"variants": ["hot", "hot"]}, "duplicates"),
         ({"baseline": "peer"}, "baseline 'peer' is not one of the variants"),
@@ -65,6 +67,8 @@ def test_variants_take_the_bench_cli_grammar():
     names = [
         "host-only+keep_graph@npu_lora_stream",
         "host-only+keep_graph+fp32+4k@npu_lora_stream",
+        "host-only+keep_graph+int8@npu_lora_stream",
+        "host-only+fp8",
         "host-only+torch_head",
         "hot+keep_graph+overlap+padmax",
         "peer+fp32@grouped_mm",

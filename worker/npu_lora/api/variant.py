@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["HOST_MODIFIERS", "PEER_MODIFIERS", "Variant"]
+__all__ = ["HOST_MODIFIERS", "PEER_MODIFIERS", "Q8_MODIFIERS", "Variant"]
 
 #: Modifiers of ``host-only``/``hot`` variants and of ``peer`` variants.
 HOST_MODIFIERS = (
@@ -22,13 +22,18 @@ HOST_MODIFIERS = (
     "torch_head",
     "fp32",
     "4k",
+    "int8",
+    "fp8",
 )
+#: ``+int8`` / ``+fp8``: the 8-bit format each names (``moe.hostDtype``'s names,
+#: ``npu_lora.models.quant.FORMATS``)
+Q8_MODIFIERS = {"int8": "int8", "fp8": "float8_e4m3fn"}
 PEER_MODIFIERS = ("fp32", "sdpa")
 
 
 @dataclass(frozen=True)
 class Variant:
-    """``<placement>[+keep_graph][+sequential][+fp32][@<experts_impl>]`` or ``peer[+fp32][@...]``.
+    """``<placement>[+keep_graph][+sequential][+fp32|+int8|+fp8][@<experts_impl>]`` or ``peer[+fp32][@...]``.
 
     The A/B modifiers (``+torch_head``, ``+padmax``, ``+fp32``, ``+4k``) are the
     bench's strategies, carried out through the engine's one seam
@@ -53,6 +58,14 @@ class Variant:
     instead of where the engine placed them (huge pages where THP is ``madvise``,
     :mod:`npu_lora.moe.pages`), so the placement is an A/B in one process; host-only only,
     combinable with ``+fp32``.
+    ``+int8`` / ``+fp8``: our engine with its experts in 8 bits (``moe.hostDtype`` ``int8``: per
+    output channel; ``float8_e4m3fn``: 128 x 128 blocks; ``npu_lora.models.quant``) in the same
+    run as the engine's own dtype: an 8-bit copy of each MoE layer's experts, quantised from the
+    engine's own once and kept for the run (the engine's expert tensors, scales and
+    ``quant_block`` are pointed at it for that variant's steps; the bf16 tensors are put back
+    untouched after). Host-only placement only, on the ``npu_lora_stream`` kernel only, not with
+    ``+fp32`` or ``+4k``, one of the two per variant; the bench also reports each layer's output
+    and dX error against the engine's own dtype (``npu_lora.bench.q8``).
     ``peer+sdpa``: the stock model with transformers' default attention (``sdpa``: torch's
     ``scaled_dot_product_attention``, a fused CPU kernel) instead of ``eager``, the
     implementation the engine's models are built with (our device graphs write eager attention
@@ -70,6 +83,7 @@ class Variant:
     fp32: bool = False  # fp32 expert weights (an fp32 copy when hostDtype is bf16)
     plain_pages: bool = False  # +4k: expert weights in the allocator's memory, not placed
     sdpa: bool = False  # peer+sdpa: the stock model on transformers' sdpa attention
+    q8: str | None = None  # +int8 / +fp8: the 8-bit format (``int8`` / ``float8_e4m3fn``)
 
     @property
     def is_peer(self) -> bool:
@@ -89,6 +103,11 @@ class Variant:
                 f"variant {name!r}: +legacy was removed (the hot path before issue 13; "
                 "experiments/2026-12-01-hot-traffic.md has its figures)"
             )
+        if placement == "peer" and flags & set(Q8_MODIFIERS):
+            raise ValueError(
+                f"variant {name!r}: +{min(flags & set(Q8_MODIFIERS))} applies to host-only "
+                "placement only (stock transformers + peft cannot compute on 8-bit experts)"
+            )
         if flags - allowed:
             raise ValueError(
                 f"variant {name!r}: unknown modifiers {sorted(flags - allowed)} "
@@ -103,6 +122,24 @@ class Variant:
             raise ValueError(f"variant {name!r}: +fp32 applies to host-only placement and peers")
         if "4k" in flags and placement != "host-only":
             raise ValueError(f"variant {name!r}: +4k applies to host-only placement only")
+        q8 = sorted(flags & set(Q8_MODIFIERS))
+        if len(q8) > 1:
+            raise ValueError(f"variant {name!r}: +int8 and +fp8 exclude each other (one format)")
+        if q8 and placement != "host-only":
+            raise ValueError(
+                f"variant {name!r}: +{q8[0]} applies to host-only placement only (the hot set's "
+                "device copy was made from the engine's own weights)"
+            )
+        if q8 and "fp32" in flags:
+            raise ValueError(
+                f"variant {name!r}: +{q8[0]} and +fp32 exclude each other (the experts are held "
+                "in one dtype: 8 bits, or an fp32 copy)"
+            )
+        if q8 and "4k" in flags:
+            raise ValueError(
+                f"variant {name!r}: +{q8[0]} and +4k exclude each other (the 8-bit copy is "
+                "placed as the engine places its own weights)"
+            )
         return cls(
             name,
             placement,
@@ -115,4 +152,5 @@ class Variant:
             "fp32" in flags,
             "4k" in flags,
             "sdpa" in flags,
+            Q8_MODIFIERS[q8[0]] if q8 else None,
         )

@@ -231,6 +231,46 @@ def _peak_rss(
     return recs
 
 
+def _q8_errors(
+    runner: VariantRunner,
+    variants: list[Variant],
+    emit: Emitter,
+    log: Callable[[str], None],
+) -> list[dict]:
+    """``+int8`` / ``+fp8``: each layer's output and dX error against the engine's own experts
+    (:func:`npu_lora.bench.q8.layer_errors`), once per 8-bit variant, on ``batch·seqLen`` tokens;
+    one ``q8_error`` record per layer."""
+    from npu_lora.bench.q8 import layer_errors
+
+    cfg = runner.cfg
+    errors: list[dict] = []
+    own = runner.own_weights()
+    reference = str(own[0][0].dtype).removeprefix("torch.") if own else "?"
+    for v in variants:
+        if not v.q8:
+            continue
+        runner.apply(Variant(f"{v.name} (own)", "host-only", True, v.experts_impl))
+        base_compute = runner.engine.mlps[0].compute_dtype
+        runner.apply(v)
+        q8_compute = runner.engine.mlps[0].compute_dtype
+        rows = layer_errors(
+            runner.engine,
+            own,
+            runner.q8_weights(v.q8),
+            cfg.batch * cfg.seq_len,
+            cfg.seed,
+            (base_compute, q8_compute),
+        )
+        for r in rows:
+            rec = {"kind": "q8_error", "variant": v.name, "format": v.q8, "reference": reference}
+            rec.update(r)
+            emit(rec)
+            errors.append(rec)
+        worst = max(max(r["out"]["max_rel"], r["dx"]["max_rel"]) for r in rows)
+        log(f"{v.name}: per-layer error vs {reference} experts, worst max {worst:.2%}")
+    return errors
+
+
 def bench_plan_record(cfg: BenchConfig, engine: Any, any_hot: bool) -> dict[str, Any]:
     """The bench's device graphs: the compile plan (``npu_lora.compile.plan``) of the spec the
     engine was built from, on its backend: the same list ``compile-plan``, ``precompile`` and
@@ -302,6 +342,9 @@ def run_bench(
         names = [v.name for v in variants]
         if baseline not in names:
             baseline = names[0]
+    from npu_lora.bench.q8 import check_q8
+
+    check_q8(engine, engine.expert_weights(), variants, cfg.experts_impl)  # before any copy or step
     copies = check_copy_memory(engine, variants)
     if copies:
         log("weight copies: " + ", ".join(f"{k} {b / 2**30:.2f} GiB" for k, b in copies.items()))
@@ -321,6 +364,7 @@ def run_bench(
         runner.apply(v)
         for i in range(cfg.warmup):
             runner.step(v, batches[i % len(batches)])
+    q8_errors = _q8_errors(runner, variants, emit, log)
     records = run_rounds(runner, variants, batches, emit, log, on_round)
     probe = _layer_probe(runner, variants, batches[0], emit, log) if cfg.layer_probe else None
     if limits is not None:
@@ -336,6 +380,8 @@ def run_bench(
         summary["targets"] += pass_lines(engine, probe)
     summary["limits"] = limits
     summary["memory"] = memory
+    if q8_errors:
+        summary["q8_errors"] = q8_errors
     if rss:
         summary["peak_rss"] = rss
     emit({"kind": "summary", **summary})

@@ -1,7 +1,7 @@
 """The bench's strategies for the engine's one seam (:class:`npu_lora.engine.EngineHooks`).
 
 The variants that A/B the engine against an alternative way (``+torch_head``, ``+padmax``,
-``+fp32``, ``+4k``; :mod:`npu_lora.api.variant`) are not engine
+``+fp32``, ``+4k``, ``+int8``, ``+fp8``; :mod:`npu_lora.api.variant`) are not engine
 flags: :class:`VariantHooks` answers the engine's questions for the variant in use
 (``VariantRunner.apply`` → :meth:`VariantHooks.use`), and the engine applies the answers to the
 objects it owns (``HybridEngine.apply_hooks``).
@@ -25,7 +25,8 @@ class VariantHooks(DefaultHooks):
 
     def use(self, variant: Variant, weights: ExpertWeights | None = None) -> None:
         """Answer for ``variant`` from now on; ``weights``: the expert tensors it computes with
-        (``+fp32``, ``+4k`` copies; None: the engine's own)."""
+        (``+fp32``, ``+4k`` copies, ``+int8`` / ``+fp8`` 8-bit copies with their scales; None:
+        the engine's own)."""
         self.variant = variant
         self._weights = weights
 

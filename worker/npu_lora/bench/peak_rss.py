@@ -70,6 +70,11 @@ def child(cfg: BenchConfig, name: str, steps: int = 1) -> dict[str, Any]:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     impl = (None if v.is_peer else v.experts_impl) or cfg.experts_impl
+    if v.q8:  # what `npu-lora run` holds with moe.hostDtype 8-bit: quantised at load, no bf16 copy
+        from dataclasses import replace
+
+        cfg = replace(cfg, host_dtype=v.q8)
+        v = replace(v, q8=None)
     engine = build_engine(build_spec(cfg, placement="host-only"), experts_implementation=impl)
     built = _status_bytes("VmHWM")
     batch = make_batches(

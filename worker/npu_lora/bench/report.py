@@ -11,6 +11,7 @@ from typing import Any
 from npu_lora.bench.config import BenchConfig
 from npu_lora.bench.disturbance import DISTURBED_SHARE
 from npu_lora.bench.peak_rss import rss_lines
+from npu_lora.bench.q8 import error_lines
 from npu_lora.bench.stats import TABLE_COLUMNS, column_cell, column_heading, hot_dispatch_lines
 
 
@@ -149,6 +150,8 @@ def write_report(
         md.append(rounds_line(summary["rounds"]))
     md += hot_dispatch_lines(records, names)
     md += rss_lines(summary.get("peak_rss") or [])
+    q8 = summary.get("q8_errors") or []
+    md += error_lines(q8, q8[0]["reference"] if q8 else "")
     md += ["", "Targets:", *[f"- {t}" for t in summary["targets"]], ""]
     (out / "bench.md").write_text("\n".join(md))
     try:

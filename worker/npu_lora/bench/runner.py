@@ -16,7 +16,8 @@ import torch
 from npu_lora.bench.config import BenchConfig
 from npu_lora.bench.hooks import VariantHooks
 from npu_lora.bench.variant import Variant
-from npu_lora.moe.experts import expert_bytes
+from npu_lora.engine.hooks import ExpertWeights
+from npu_lora.models.quant import Q8_DTYPES, expert_nbytes
 from npu_lora.moe.host_dtype import STREAM
 from npu_lora.moe.mode import EngineMode
 
@@ -28,6 +29,14 @@ def stream_compute_dtype(host_dtype: torch.dtype) -> torch.dtype:
 
     name = "bfloat16" if host_dtype == torch.bfloat16 else "float32"
     return getattr(torch, resolve_host_dtype(name, STREAM, log_it=False).compute_dtype)
+
+
+def q8_compute_dtype(fmt: str) -> torch.dtype:
+    """The activations' dtype of 8-bit experts (``fmt``) on the stream kernel on this CPU, as
+    ``build_engine`` resolves it for ``moe.hostDtype: fmt``."""
+    from npu_lora.moe.host_dtype import resolve_host_dtype
+
+    return getattr(torch, resolve_host_dtype(fmt, STREAM, log_it=False).compute_dtype)
 
 
 def copy_bytes(engine: Any, variants: Sequence[Variant]) -> dict[str, int]:
@@ -44,6 +53,12 @@ def copy_bytes(engine: Any, variants: Sequence[Variant]) -> dict[str, int]:
         need["+4k copy of the experts"] = stored
     if any(v.plain_pages and v.fp32 for v in variants):
         need["+fp32+4k copy of the experts"] = fp32
+    from npu_lora.bench.q8 import q8_copy_bytes
+
+    for fmt in dict.fromkeys(v.q8 for v in variants if v.q8):
+        need[f"{fmt} copy of the experts (+{'int8' if fmt == 'int8' else 'fp8'})"] = q8_copy_bytes(
+            engine.expert_weights(), fmt
+        )
     return need
 
 
@@ -74,10 +89,11 @@ def check_copy_memory(engine: Any, variants: Sequence[Variant]) -> dict[str, int
     gib = 1 << 30
     parts = ", ".join(f"{k} {b / gib:.1f} GiB" for k, b in need.items())
     raise ValueError(
-        f"variants {[v.name for v in variants if v.fp32 or v.plain_pages]}: their weight copies "
+        f"variants {[v.name for v in variants if v.fp32 or v.plain_pages or v.q8]}: their "
+        "weight copies "
         f"need {sum(need.values()) / gib:.1f} GiB ({parts}), more than 90 % of the "
         f"{avail / gib:.1f} GiB still available ({source}). Run fewer +fp32/+4k variants per "
-        "process (e.g. one storage dtype per run) or fewer --layers; NPU_LORA_MEMORY_LIMIT=none "
+        "process (e.g. one storage dtype per run; +int8/+fp8 likewise) or fewer --layers; NPU_LORA_MEMORY_LIMIT=none "
         "skips this check."
     )
 
@@ -94,6 +110,7 @@ class VariantRunner:
         self.params = engine.adapter.parameters()
         self._fp32_blocks: list[torch.nn.Module] | None = None
         self._plain: dict[bool, list[tuple[torch.Tensor, torch.Tensor]]] = {}  # +4k, by fp32
+        self._q8: dict[str, ExpertWeights] = {}  # +int8 / +fp8 copies, by format
         # the engine's own expert tensors, restored after a +fp32 variant
         self._stored = engine.expert_weights()
         self.hooks = VariantHooks()
@@ -129,6 +146,19 @@ class VariantRunner:
             self._plain[fp32] = [(gu.clone(), dn.clone()) for gu, dn in self._weights(fp32)]
         return self._plain[fp32]
 
+    def q8_weights(self, fmt: str) -> ExpertWeights:
+        """``+int8`` / ``+fp8``: an 8-bit copy of the engine's own experts, made on first use
+        (:func:`npu_lora.bench.q8.q8_copy`)."""
+        if fmt not in self._q8:
+            from npu_lora.bench.q8 import q8_copy
+
+            self._q8[fmt] = q8_copy(self._stored, fmt)
+        return self._q8[fmt]
+
+    def own_weights(self) -> ExpertWeights:
+        """The engine's own expert tensors (as they were when the runner was made)."""
+        return self._stored
+
     def apply(self, v: Variant) -> None:
         """Switch the engine to ``v``: its experts kernel, its hooks' answers (applied now: the
         expert weights on the fp32 copies (``+fp32``), on copies in the allocator's memory
@@ -137,10 +167,20 @@ class VariantRunner:
         impl = v.experts_impl or self.cfg.experts_impl
         eng.set_experts_implementation(impl)
         fp32 = v.fp32 and not v.is_peer
-        self.hooks.use(v, self.plain_weights(fp32) if v.plain_pages else self._weights(fp32))
+        if v.q8:
+            from npu_lora.bench.q8 import check_q8
+
+            check_q8(eng, self._stored, [v], self.cfg.experts_impl)
+            weights = self.q8_weights(v.q8)
+        else:
+            weights = self.plain_weights(fp32) if v.plain_pages else self._weights(fp32)
+        self.hooks.use(v, weights)
         eng.apply_hooks()
         host_dtype = eng.mlps[0].experts.gate_up_proj.dtype  # one dtype for every block
         compute = stream_compute_dtype(host_dtype) if impl == STREAM else host_dtype
+        if host_dtype in Q8_DTYPES:  # 8-bit experts (``+int8``/``+fp8``, or the engine's own):
+            # the activations ``npu-lora run`` resolves for that hostDtype
+            compute = q8_compute_dtype(str(host_dtype).removeprefix("torch."))
         for m in eng.mlps:  # fp32 activations with bf16 weights: the stream kernel only
             m.set_compute_dtype(compute)
         if v.is_peer:
@@ -182,10 +222,8 @@ class VariantRunner:
             d = [b - a for a, b in zip(hot_stats0, self._hot_stats(), strict=True)]
             rec["hot_pairs_device"], rec["hot_pairs_overflow"], rec["hot_rows_padded"] = d
         rec["host_hit_experts"] = int(hits.sum())
-        experts = eng.mlps[0].experts  # the stored dtype of this variant (+fp32)
-        rec["host_hit_bytes"] = int(hits.sum()) * expert_bytes(
-            experts.gate_up_proj, experts.down_proj
-        )
+        experts = eng.mlps[0].experts  # the stored dtype of this variant (+fp32, +int8, +fp8)
+        rec["host_hit_bytes"] = int(hits.sum()) * expert_nbytes(experts)  # 8-bit: + the scales
         return rec
 
     def _hot_stats(self) -> tuple[int, int, int]:

@@ -10,7 +10,10 @@ device after a host-only warm-up; ``+overlap`` issues the hot device call asynch
 host computes the cold experts, only on a non-CPU device; ``+sequential`` names the default;
 ``+padmax`` pads every hot expert's tokens to the largest group instead of the cost rule;
 ``+torch_head`` computes the
-LM head with torch's ``mm`` instead of the backend's streaming kernel, for A/B),
+LM head with torch's ``mm`` instead of the backend's streaming kernel, for A/B; ``+fp32``,
+``+4k``, ``+int8`` / ``+fp8``: host-only with fp32, unplaced or 8-bit expert weights beside the
+engine's own, the 8-bit ones with each layer's output and dX error against them; the full
+grammar and its refusals: ``npu_lora.api.variant.Variant``),
 and ``peer@<experts_impl>`` (stock transformers + peft on the same model; added by ``--peers``).
 Experts kernels: keys of transformers' ``ALL_EXPERTS_FUNCTIONS`` (``grouped_mm``, ``eager``,
 ``batched_mm``) and ours (``npu_lora_stream``, ``npu_lora_sorted``, ``npu_lora_sorted_grouped``,

@@ -37,7 +37,13 @@ from npu_lora.device.graphs import (
     label_gather,
     positions,
 )
-from npu_lora.engine.hooks import DefaultHooks, EngineHooks, ExpertWeights
+from npu_lora.engine.hooks import (
+    DefaultHooks,
+    EngineHooks,
+    ExpertWeights,
+    experts_tensors,
+    set_experts_tensors,
+)
 from npu_lora.engine.hotset import HOT_DECAY, HotSet
 from npu_lora.engine.mode import ModeControl
 from npu_lora.engine.placement import AUTO_ROUNDS, AutoPlacement
@@ -163,14 +169,14 @@ class HybridEngine:
             self._head_module.linear = want
         self.hotset.use_path(self.hooks.hot_path())
         weights = self.hooks.expert_weights(self._own_weights)
-        for m, (want_gu, want_dn) in zip(self.mlps, weights or (), strict=bool(weights)):
-            if m.experts.gate_up_proj.data_ptr() != want_gu.data_ptr():
-                m.experts.gate_up_proj.data = want_gu
-                m.experts.down_proj.data = want_dn
+        for m, pair in zip(self.mlps, weights or (), strict=bool(weights)):
+            if m.experts.gate_up_proj.data_ptr() != pair[0].data_ptr():
+                set_experts_tensors(m.experts, pair)  # 8-bit: with the scales and block
 
     def expert_weights(self) -> ExpertWeights:
-        """Per layer the tensors the experts compute with now (``gate_up_proj``, ``down_proj``)."""
-        return [(m.experts.gate_up_proj.data, m.experts.down_proj.data) for m in self.mlps]
+        """Per layer the tensors the experts compute with now (``gate_up_proj``, ``down_proj``;
+        8-bit experts as :class:`~npu_lora.engine.hooks.Q8Weight`, with their scales)."""
+        return [experts_tensors(m.experts) for m in self.mlps]
 
     def share_expert_weights(self, weights: ExpertWeights) -> None:
         """Compute with ``weights`` (per layer ``gate_up_proj``, ``down_proj``; same shapes and

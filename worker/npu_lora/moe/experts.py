@@ -253,10 +253,15 @@ def expert_bytes(gate_up_proj: torch.Tensor, down_proj: torch.Tensor) -> int:
 
 
 def hit_expert_bytes(
-    top_k_index: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor
+    top_k_index: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    per_expert: int | None = None,
 ) -> int:
-    """Bytes of expert weights one forward must read: only the experts that tokens hit."""
+    """Bytes of expert weights one forward must read: only the experts that tokens hit
+    (``per_expert``: one expert's bytes, default :func:`expert_bytes`; 8-bit experts pass
+    ``models.quant.expert_nbytes``, the bytes plus their scales)."""
     num_experts = gate_up_proj.shape[0]
     ids = top_k_index.reshape(-1)
     hit = int((torch.bincount(ids[ids < num_experts], minlength=num_experts) > 0).sum())
-    return hit * expert_bytes(gate_up_proj, down_proj)
+    return hit * (per_expert if per_expert is not None else expert_bytes(gate_up_proj, down_proj))

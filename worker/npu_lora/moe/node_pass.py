@@ -61,6 +61,7 @@ import torch
 from torch import nn
 
 from npu_lora.api.v1alpha1 import EXIT_RENDEZVOUS_TIMEOUT
+from npu_lora.models.quant import expert_nbytes
 from npu_lora.moe.experts import hit_expert_bytes
 
 __all__ = [
@@ -219,7 +220,9 @@ class LocalPass:
         self, experts: nn.Module, layer: int, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor
     ) -> torch.Tensor:
         y = experts(x, idx, w)
-        nbytes = hit_expert_bytes(idx, experts.gate_up_proj, experts.down_proj)
+        nbytes = hit_expert_bytes(
+            idx, experts.gate_up_proj, experts.down_proj, expert_nbytes(experts)
+        )
         self.streamed_bytes += nbytes
         if y.requires_grad:  # the backward streams the hit experts once more
             y.register_hook(lambda _g: self._add(nbytes))
@@ -370,7 +373,9 @@ class NodePass(LocalPass):
             ids.append(seg.idx[:Tr])
             ws.append(seg.w[:Tr].to(w_TK.dtype))
         x_UH, idx_UK, w_UK = torch.cat(xs), torch.cat(ids).to(idx_TK.dtype), torch.cat(ws)
-        nbytes = hit_expert_bytes(idx_UK, experts.gate_up_proj, experts.down_proj)
+        nbytes = hit_expert_bytes(
+            idx_UK, experts.gate_up_proj, experts.down_proj, expert_nbytes(experts)
+        )
         with self._node_threads():
             if graph is None:
                 with torch.no_grad():

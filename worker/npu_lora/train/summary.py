@@ -65,8 +65,8 @@ def host_moe_pass(records: list[dict[str, Any]], engine: Any) -> dict[str, Any] 
     ]
     if not mlps or not per:
         return None
+    from npu_lora.models.quant import expert_nbytes
     from npu_lora.moe import roofline
-    from npu_lora.moe.experts import expert_bytes
 
     T = int(statistics.median(t for t, _ in per))
     E, _, H = mlps[0].experts.gate_up_proj.shape
@@ -86,7 +86,7 @@ def host_moe_pass(records: list[dict[str, Any]], engine: Any) -> dict[str, Any] 
         E=int(E),
         H=int(H),
         inter=int(inter),
-        expert_bytes=expert_bytes(mlps[0].experts.gate_up_proj, mlps[0].experts.down_proj),
+        expert_bytes=expert_nbytes(mlps[0].experts),  # 8-bit: the bytes plus the scales
         dtype=dtype,
         m=roofline.load(),
         measured_s=measured,

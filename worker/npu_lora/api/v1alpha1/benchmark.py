@@ -37,8 +37,11 @@ class BenchmarkSpec(_Model):
         max_length=16,
         description=(
             "Variants: `<host-only|hot>[+keep_graph][+sequential|+overlap][+padmax]"
-            "[+torch_head][+fp32][+4k][@kernel]` or `peer[+fp32][+sdpa][@kernel]` (stock "
-            "transformers + peft, cpu backend only); `+fp32` and `+4k` with host-only only, "
+            "[+torch_head][+fp32|+int8|+fp8][+4k][@kernel]` or `peer[+fp32][+sdpa][@kernel]` "
+            "(stock transformers + peft, cpu backend only); `+fp32` and `+4k` with host-only "
+            "only, `+int8` / `+fp8` (8-bit experts quantised from the engine's own, with each "
+            "layer's error against them) with host-only and `npu_lora_stream` only, not with "
+            "`+fp32` or `+4k`, "
             "`+sequential`, `+overlap`, `+padmax` with hot only (`npu-lora bench` modifiers). "
             "Default: the seed's four (host-only, host-only+keep_graph, hot, hot+keep_graph)."
         ),
