@@ -463,6 +463,15 @@ class DeviceHead(nn.Module):
         return torch.cat(parts, dim=1) if w_BN is None else torch.stack(parts).sum()
 
 
+def _saved_input_grad(ctx: Any, g: torch.Tensor) -> torch.Tensor | None:
+    """Backward of a head loss whose input gradient ``dhn [B, N, D]`` (fp32) was formed in its
+    forward and saved: ``dhn · g`` in the hidden states' dtype (None where no input needs it)."""
+    (dhn_BND,) = ctx.saved_tensors
+    if not ctx.needs_input_grad[0]:
+        return None
+    return (dhn_BND * g.float()).to(ctx.hn_dtype)
+
+
 class _ChunkedHeadCE(torch.autograd.Function):
     """``sum(w * (logsumexp(hn Wᵀ) - hn·W[label]))`` for a frozen head ``W [V, D]``, ``rows``
     label positions at a time (``api.sizing.head_chunk_rows``). Each chunk's logits
@@ -506,11 +515,7 @@ class _ChunkedHeadCE(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor):  # type: ignore[override]
-        (dhn_BND,) = ctx.saved_tensors
-        dhn = None
-        if ctx.needs_input_grad[0]:
-            dhn = (dhn_BND * g.float()).to(ctx.hn_dtype)
-        return dhn, None, None, None, None, None
+        return _saved_input_grad(ctx, g), None, None, None, None, None
 
 
 class _VocabBlockedHeadCE(torch.autograd.Function):
@@ -574,11 +579,7 @@ class _VocabBlockedHeadCE(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor):  # type: ignore[override]
-        (dhn_BND,) = ctx.saved_tensors
-        dhn = None
-        if ctx.needs_input_grad[0]:
-            dhn = (dhn_BND * g.float()).to(ctx.hn_dtype)
-        return dhn, None, None, None, None
+        return _saved_input_grad(ctx, g), None, None, None, None
 
 
 class DeviceHeadNLL(nn.Module):

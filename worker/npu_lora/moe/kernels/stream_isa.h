@@ -31,6 +31,8 @@
 //   variant (weights copied block by block into an L1 buffer) was 1.1-1.3x slower in interleaved
 //   runs (experiments/2026-12-02-stream-kernel-v2.md).
 
+#include "stream_tiles.h"
+
 namespace {
 
 using i64 = long long;
@@ -51,19 +53,6 @@ template <>
 struct IsBf16<bf16_t> {
   static constexpr bool value = true;
 };
-
-// Balanced token tiles: n tokens in ceil(n / NBM) tiles of floor/ceil sizes (each <= NBM).
-// `body(t0, m)` runs each tile; the sizes depend on n only.
-template <int NBM, class F>
-static inline void token_tiles(i64 n, F body) {
-  const i64 tiles = (n + NBM - 1) / NBM;
-  i64 t0 = 0;
-  for (i64 k = 0; k < tiles; ++k) {
-    const i64 m = (n - t0) / (tiles - k);
-    body(k, t0, m);
-    t0 += m;
-  }
-}
 
 // ---- dot, fp32 weights and activations ----------------------------------------------------------
 // RB weight rows x NB tokens of accumulators; x loaded once per step and used for RB rows.
@@ -100,26 +89,6 @@ static inline void dot_tile(const WT* w, i64 ldw, i64 L, const float* x, i64 ldx
       for (i64 cc = c; cc < L; ++cc) s += widen(w[r * ldw + cc]) * x[t * ldx + cc];
       out[t * ldo + r] = s;
     }
-}
-
-template <int N>
-struct IntC {
-  static constexpr int value = N;
-};
-
-// f(IntC<m>{}) for a run-time token-tile width m in [1, NBM] (NBM <= 8).
-template <int NBM, class F>
-static inline void with_width(i64 m, F f) {
-  switch (m) {
-#define NPU_LORA_T(mm) \
-  case mm:             \
-    if constexpr (mm <= NBM) f(IntC<mm>{}); \
-    break;
-    NPU_LORA_T(1) NPU_LORA_T(2) NPU_LORA_T(3) NPU_LORA_T(4)
-    NPU_LORA_T(5) NPU_LORA_T(6) NPU_LORA_T(7) NPU_LORA_T(8)
-#undef NPU_LORA_T
-    default: break;
-  }
 }
 
 // The loop both kernels share: rows [0, R) of w in row tiles of RB (the remainder one row at a

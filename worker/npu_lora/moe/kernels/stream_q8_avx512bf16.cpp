@@ -34,6 +34,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "stream_tiles.h"
+
 namespace {
 
 using i64 = long long;
@@ -41,11 +43,6 @@ typedef signed char q8_t;
 typedef unsigned short bf16_t;
 constexpr i64 NW = 32;  // bf16 words per zmm register
 constexpr float kE4m3Mul = 256.f;  // the e4m3 widening returns value / 2^8
-
-template <int N>
-struct IC {
-  static constexpr int value = N;
-};
 
 static inline __mmask32 tail_mask(i64 n) { return static_cast<__mmask32>((1ull << n) - 1u); }
 
@@ -75,34 +72,6 @@ static inline __m512i widen_tail(const q8_t* p, i64 n) {
 }
 
 static inline float scale_mul(bool fp8) { return fp8 ? kE4m3Mul : 1.f; }
-
-// f(IC<m>) for m in [1, M] (M <= 16)
-template <int M, class F>
-static inline void width(i64 m, F f) {
-  switch (m) {
-#define NPU_LORA_W(mm)                     \
-  case mm:                                 \
-    if constexpr (mm <= M) f(IC<mm>{});    \
-    break;
-    NPU_LORA_W(1) NPU_LORA_W(2) NPU_LORA_W(3) NPU_LORA_W(4) NPU_LORA_W(5) NPU_LORA_W(6)
-    NPU_LORA_W(7) NPU_LORA_W(8) NPU_LORA_W(9) NPU_LORA_W(10) NPU_LORA_W(11) NPU_LORA_W(12)
-    NPU_LORA_W(13) NPU_LORA_W(14) NPU_LORA_W(15) NPU_LORA_W(16)
-#undef NPU_LORA_W
-    default: break;
-  }
-}
-
-// balanced token tiles of at most M tokens: body(t0, m); sizes depend on n only
-template <int M, class F>
-static inline void token_tiles(i64 n, F body) {
-  const i64 tiles = (n + M - 1) / M;
-  i64 t0 = 0;
-  for (i64 k = 0; k < tiles; ++k) {
-    const i64 m = (n - t0) / (tiles - k);
-    body(t0, m);
-    t0 += m;
-  }
-}
 
 // ---- forward (dot) -----------------------------------------------------------------------------
 
@@ -186,8 +155,8 @@ static void q8n_dot_rows(const q8_t* q, i64 ldq, i64 L, i64 r0, i64 R, const flo
     const i64 rows = std::min<i64>(PR, R - p);
     const q8_t* pf = p + 2 * PR <= R ? q + (p + PR) * ldq : nullptr;
     widen_panel<FP8>(q + p * ldq, ldq, L, rows, ws, LP, pf);
-    token_tiles<NBM>(n, [&](i64 t0, i64 m) {
-      width<NBM>(m, [&](auto nb) {
+    token_tiles<NBM>(n, [&](i64, i64 t0, i64 m) {
+      with_width<NBM>(m, [&](auto nb) {
         constexpr int NB = decltype(nb)::value;
         auto tile = [&](auto rb, i64 rr) {
           const i64 ra = r0 + p + rr;  // absolute row of the tile's first row
@@ -196,8 +165,8 @@ static void q8n_dot_rows(const q8_t* q, i64 ldq, i64 L, i64 r0, i64 R, const flo
               [&](int r, i64 cb) { return s[(ra + r) / BR * lds + cb] * mul; });
         };
         i64 rr = 0;
-        for (; rr + RB <= rows; rr += RB) tile(IC<RB>{}, rr);
-        for (; rr < rows; ++rr) tile(IC<1>{}, rr);
+        for (; rr + RB <= rows; rr += RB) tile(IntC<RB>{}, rr);
+        for (; rr < rows; ++rr) tile(IntC<1>{}, rr);
       });
     });
   }
@@ -316,8 +285,8 @@ static void q8n_axpy_rows(const q8_t* q, i64 ldq, i64 L, i64 r0, i64 R, const fl
       const q8_t* pf = k + 2 < G ? q + g0[k + 2] * ldq : nullptr;
       const i64 rb = (r0 + r) / BR;
       auto sc = [&](i64 c) { return s[rb * lds + c / BC] * mul; };
-      token_tiles<NBM>(n, [&](i64 t0, i64 m) {
-        width<NBM>(m, [&](auto nb) {
+      token_tiles<NBM>(n, [&](i64, i64 t0, i64 m) {
+        with_width<NBM>(m, [&](auto nb) {
           constexpr int NB = decltype(nb)::value;
           auto run = [&](auto pp, auto odd) {
             axpy_tile<FP8, decltype(pp)::value, NB, decltype(odd)::value, MB>(
@@ -325,14 +294,14 @@ static void q8n_axpy_rows(const q8_t* q, i64 ldq, i64 L, i64 r0, i64 R, const fl
                 t0 == 0 ? pf : nullptr, sc);
           };
           switch (g) {
-            case 1: run(IC<1>{}, std::true_type{}); break;
-            case 2: run(IC<1>{}, std::false_type{}); break;
-            case 3: run(IC<2>{}, std::true_type{}); break;
-            case 4: run(IC<2>{}, std::false_type{}); break;
-            case 5: run(IC<3>{}, std::true_type{}); break;
-            case 6: run(IC<3>{}, std::false_type{}); break;
-            case 7: run(IC<4>{}, std::true_type{}); break;
-            default: run(IC<4>{}, std::false_type{}); break;
+            case 1: run(IntC<1>{}, std::true_type{}); break;
+            case 2: run(IntC<1>{}, std::false_type{}); break;
+            case 3: run(IntC<2>{}, std::true_type{}); break;
+            case 4: run(IntC<2>{}, std::false_type{}); break;
+            case 5: run(IntC<3>{}, std::true_type{}); break;
+            case 6: run(IntC<3>{}, std::false_type{}); break;
+            case 7: run(IntC<4>{}, std::true_type{}); break;
+            default: run(IntC<4>{}, std::false_type{}); break;
           }
         });
       });

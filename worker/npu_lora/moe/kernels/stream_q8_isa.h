@@ -21,6 +21,8 @@
 // BC must be a multiple of W (it is: 128, or the whole row); columns past the last whole vector
 // of a block run a scalar tail with the same dequantisation.
 
+#include "stream_tiles.h"
+
 namespace {
 
 using i64 = long long;
@@ -104,38 +106,6 @@ static inline void q8_dot_tile(const q8_t* q, i64 ldq, i64 L, const float* s, i6
     for (int t = 0; t < NB; ++t) out[t * ldo + r] = Q::hsum(acc[r][t]) + tail[r][t];
 }
 
-template <int N>
-struct QIntC {
-  static constexpr int value = N;
-};
-
-// f(QIntC<m>) for m in [1, NBM] (NBM <= 8)
-template <int NBM, class F>
-static inline void q8_width(i64 m, F f) {
-  switch (m) {
-#define NPU_LORA_Q(mm) \
-  case mm:             \
-    if constexpr (mm <= NBM) f(QIntC<mm>{}); \
-    break;
-    NPU_LORA_Q(1) NPU_LORA_Q(2) NPU_LORA_Q(3) NPU_LORA_Q(4)
-    NPU_LORA_Q(5) NPU_LORA_Q(6) NPU_LORA_Q(7) NPU_LORA_Q(8)
-#undef NPU_LORA_Q
-    default: break;
-  }
-}
-
-// balanced token tiles of at most NBM tokens: body(t0, m); sizes depend on n only
-template <int NBM, class F>
-static inline void q8_token_tiles(i64 n, F body) {
-  const i64 tiles = (n + NBM - 1) / NBM;
-  i64 t0 = 0;
-  for (i64 k = 0; k < tiles; ++k) {
-    const i64 m = (n - t0) / (tiles - k);
-    body(t0, m);
-    t0 += m;
-  }
-}
-
 // rows [r0, r0 + R) of one expert (q points at row r0; the scales' row index is absolute)
 template <bool FP8>
 static void q8_dot_rows(const q8_t* q, i64 ldq, i64 L, i64 r0, i64 R, const float* s, i64 lds,
@@ -144,8 +114,8 @@ static void q8_dot_rows(const q8_t* q, i64 ldq, i64 L, i64 r0, i64 R, const floa
   auto rows = [&](auto rb, i64 r) {
     constexpr int RBv = decltype(rb)::value;
     const q8_t* pf = r + 2 * RB + RBv <= R ? q + (r + 2 * RB) * ldq : nullptr;
-    q8_token_tiles<NBM>(n, [&](i64 t0, i64 m) {
-      q8_width<NBM>(m, [&](auto nb) {
+    token_tiles<NBM>(n, [&](i64, i64 t0, i64 m) {
+      with_width<NBM>(m, [&](auto nb) {
         q8_dot_tile<FP8, RBv, decltype(nb)::value>(q + r * ldq, ldq, L, s, lds, BR, r0 + r, BC,
                                                   x + t0 * ldx, ldx, out + t0 * ldo + r, ldo,
                                                   t0 == 0 ? pf : nullptr);
@@ -153,8 +123,8 @@ static void q8_dot_rows(const q8_t* q, i64 ldq, i64 L, i64 r0, i64 R, const floa
     });
   };
   i64 r = 0;
-  for (; r + RB <= R; r += RB) rows(QIntC<RB>{}, r);
-  for (; r < R; ++r) rows(QIntC<1>{}, r);
+  for (; r + RB <= R; r += RB) rows(IntC<RB>{}, r);
+  for (; r < R; ++r) rows(IntC<1>{}, r);
 }
 
 // axpy tile: RR weight rows x NB tokens; the out rows (L1) are the accumulators, the RR x NB
@@ -216,8 +186,8 @@ static void q8_axpy_rows(const q8_t* q, i64 ldq, i64 L, i64 r0, i64 R, const flo
   auto rows = [&](auto rr, i64 r) {
     constexpr int RRv = decltype(rr)::value;
     const q8_t* pf = r + 2 * RR + RRv <= R ? q + (r + 2 * RR) * ldq : nullptr;
-    q8_token_tiles<NBM>(n, [&](i64 t0, i64 m) {
-      q8_width<NBM>(m, [&](auto nb) {
+    token_tiles<NBM>(n, [&](i64, i64 t0, i64 m) {
+      with_width<NBM>(m, [&](auto nb) {
         q8_axpy_tile<FP8, RRv, decltype(nb)::value>(q + r * ldq, ldq, L, s, lds, BR, r0 + r, BC,
                                                    coef + t0 * ldc + r, ldc, out + t0 * ldo, ldo,
                                                    r == 0, t0 == 0 ? pf : nullptr);
@@ -225,8 +195,8 @@ static void q8_axpy_rows(const q8_t* q, i64 ldq, i64 L, i64 r0, i64 R, const flo
     });
   };
   i64 r = 0;
-  for (; r + RR <= R; r += RR) rows(QIntC<RR>{}, r);
-  for (; r < R; ++r) rows(QIntC<1>{}, r);
+  for (; r + RR <= R; r += RR) rows(IntC<RR>{}, r);
+  for (; r < R; ++r) rows(IntC<1>{}, r);
 }
 
 }  // namespace
