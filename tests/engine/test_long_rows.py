@@ -11,6 +11,7 @@ from npu_lora.api.sizing import (
     head_loss_blocks,
     head_vocab_rows,
     label_gather_impl,
+    rope_impl,
 )
 from npu_lora.device.graphs import DeviceAttentionBlock, DeviceHead, label_gather
 from npu_lora.device.ops import eager_attention, sdpa_attention
@@ -184,6 +185,35 @@ def test_attention_block_switches_to_sdpa_on_long_rows(monkeypatch):
         pos = torch.arange(S, dtype=torch.int32)[None]
         blk(h, torch.zeros_like(h), pos, graphs.causal_mask(None, 1, S, h.dtype))
     assert used == ["eager", "sdpa"]
+
+
+def test_rope_rule_and_both_forms_are_bitwise_equal():
+    """cpu/cuda write rotate_half as transformers does (slices); furiosa as ``x @ R``, the form
+    its compiler schedules. Same values, bit for bit, forward and backward, in fp32 and bf16."""
+    assert rope_impl("cpu") == "slice" and rope_impl("cuda") == "slice"
+    assert rope_impl("furiosa") == "matmul"
+    from npu_lora.engine import build_engine
+
+    tiny = build_engine(make_spec())
+    blk = tiny.attn[0]
+    blk = getattr(blk, "_orig_mod", blk)
+    D, S = tiny.config.hidden_size, 16
+    g = torch.Generator().manual_seed(3)
+    h0 = torch.randn(1, S, D, generator=g)
+    pos = torch.arange(S, dtype=torch.int32)[None]
+    from npu_lora.device.graphs import causal_mask
+
+    mask = causal_mask(None, 1, S, h0.dtype)
+    outs = []
+    for backend in ("cpu", "furiosa"):
+        blk.backend = backend
+        h = h0.clone().requires_grad_(True)
+        h_mid, x = blk(h, torch.zeros_like(h), pos, mask)
+        (h_mid.square().sum() + x.sum()).backward()
+        outs.append((h_mid.detach(), x.detach(), h.grad))
+    blk.backend = "cpu"
+    for a, b in zip(*outs, strict=True):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("S", [1024, 2048, 4096])

@@ -62,6 +62,7 @@ __all__ = [
     "label_bucket",
     "label_buckets",
     "next_pow2",
+    "rope_impl",
     "tokens_per_pass",
 ]
 
@@ -84,6 +85,16 @@ def head_loss_blocks(backend: str) -> str:
     if backend in registry.names() and registry.entry(backend).sdpa:
         return "vocab"
     return "rows"
+
+
+def rope_impl(backend: str) -> str:
+    """``"slice"`` or ``"matmul"``: how attention's rotate_half is written on ``backend``.
+    ``"slice"`` (transformers' ``cat(-x2, x1)``) where the backend runs stock ops (registry
+    ``sdpa``: cpu, cuda); ``"matmul"`` (``x @ R``, a fixed signed permutation: bitwise the same
+    values) elsewhere, the form RNGD's compiler schedules (the slice form's backward fails it)."""
+    if backend in registry.names() and registry.entry(backend).sdpa:
+        return "slice"
+    return "matmul"
 
 
 def label_gather_impl(backend: str) -> str:

@@ -52,6 +52,7 @@ from npu_lora.api.sizing import (
     head_vocab_rows,
     label_bucket,
     label_gather_impl,
+    rope_impl,
 )
 
 from .ops import (
@@ -276,11 +277,16 @@ class DeviceAttentionBlock(nn.Module):
         # compiler fails to verify (experiments/2026-11-30-rngd-compile-tiny.md, attempts).
         v_BKSd = headwise_linear(sa.v_proj, x_BSD, d)
         cos, sin = cos_BSd[:, None], sin_BSd[:, None]
-        # rotate_half as a matmul by a fixed signed permutation (bitwise the same values): the
-        # slice/neg/cat backward of rotate_half fails RNGD's scheduler, the matmul compiles.
-        rot = self.rot_dd.to(q_BHSd.dtype)
-        q_BHSd = q_BHSd * cos + torch.matmul(q_BHSd, rot) * sin
-        k_BKSd = k_BKSd * cos + torch.matmul(k_BKSd, rot) * sin
+        if rope_impl(self.backend) == "slice":  # cpu, cuda: the stock form (no d x d matmuls)
+            q_BHSd = q_BHSd * cos + rotate_half(q_BHSd) * sin
+            k_BKSd = k_BKSd * cos + rotate_half(k_BKSd) * sin
+        else:
+            # rotate_half as a matmul by a fixed signed permutation (bitwise the same values):
+            # the slice/neg/cat backward of rotate_half fails RNGD's scheduler, the matmul
+            # compiles.
+            rot = self.rot_dd.to(q_BHSd.dtype)
+            q_BHSd = q_BHSd * cos + torch.matmul(q_BHSd, rot) * sin
+            k_BKSd = k_BKSd * cos + torch.matmul(k_BKSd, rot) * sin
         core = sdpa_attention if attention_impl(self.backend, S) == "sdpa" else eager_attention
         if mask_B1SS is None and core is eager_attention:
             raise ValueError(f"attention at S={S} on {self.backend}: the eager core needs a mask")
@@ -321,6 +327,12 @@ def headwise_linear(linear: nn.Module, x_BSD: torch.Tensor, d: int) -> torch.Ten
         lora_BKSd = torch.matmul(a_BSr[:, None], B_Kdr.transpose(1, 2))
         y_BKSd = y_BKSd + lora_BKSd * linear.scaling[name]
     return y_BKSd.to(out_dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """transformers' ``rotate_half``: ``cat(-x[..., d/2:], x[..., :d/2])``."""
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
 
 def rotate_half_matrix(
