@@ -58,6 +58,30 @@ def test_variant_parse():
             h.Variant.parse(bad)
 
 
+def test_long_rows_add_the_sdpa_peer_beside_the_eager_one():
+    """From SDPA_MIN_SEQ our attention runs sdpa on cpu: the bench then pairs us with stock on
+    transformers' default (sdpa) attention too, not only with the eager peer."""
+    from npu_lora.api.sizing import SDPA_MIN_SEQ
+    from npu_lora.bench.config import BenchConfig
+
+    short = BenchConfig(variants=["host-only"], peer_impls=["grouped_mm"], seq_len=128)
+    assert [v.name for v in h._variants(short)[0]] == ["host-only", "peer@grouped_mm"]
+    long = BenchConfig(variants=["host-only"], peer_impls=["grouped_mm"], seq_len=SDPA_MIN_SEQ)
+    names = [v.name for v in h._variants(long)[0]]
+    assert names == ["host-only", "peer@grouped_mm", "peer+sdpa@grouped_mm"]
+    assert h._variants(long)[0][2].sdpa
+    given = BenchConfig(
+        variants=["host-only", "peer+sdpa@grouped_mm"],
+        peer_impls=["grouped_mm"],
+        seq_len=SDPA_MIN_SEQ,
+    )
+    assert [v.name for v in h._variants(given)[0]].count("peer+sdpa@grouped_mm") == 1
+    assert [
+        v.name
+        for v in h._variants(BenchConfig(variants=["host-only"], seq_len=4096, peers=False))[0]
+    ] == ["host-only"]
+
+
 def test_summarize_paired_deltas():
     recs = []
     # a drifting machine: every round slower, B always 0.5 s faster than A within the round

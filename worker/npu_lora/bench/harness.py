@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 
+from npu_lora.api.sizing import attention_impl
 from npu_lora.bench.config import (
     DEFAULT_PEERS,
     DEFAULT_VARIANTS,
@@ -95,11 +96,17 @@ __all__ = [
 
 
 def _variants(cfg: BenchConfig) -> tuple[list[Variant], str]:
-    """The variants to run (peers appended) and the baseline's name."""
+    """The variants to run (peers appended) and the baseline's name. Rows our engine runs on
+    sdpa (``api.sizing.attention_impl``: S >= ``SDPA_MIN_SEQ`` on cpu) get each peer twice: as
+    built (eager attention, the seed's peer) and ``peer+sdpa`` (transformers' default attention,
+    the same attention core as ours): the fair peer at long S."""
     variants = [Variant.parse(v) for v in cfg.variants]
     if cfg.peers:
         have = {v.name for v in variants}
-        variants += [Variant.parse(f"peer@{i}") for i in cfg.peer_impls if f"peer@{i}" not in have]
+        peers = [f"peer@{i}" for i in cfg.peer_impls]
+        if attention_impl(cfg.backend, cfg.seq_len) == "sdpa":
+            peers += [f"peer+sdpa@{i}" for i in cfg.peer_impls]
+        variants += [Variant.parse(p) for p in peers if p not in have]
     names = [v.name for v in variants]
     if len(set(names)) != len(names):
         raise ValueError(f"duplicate variants: {names}")
