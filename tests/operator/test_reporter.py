@@ -166,8 +166,13 @@ def test_real_client_network_error(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     rep = StatusReporter("r1", total_steps=1, retry_seconds=0.05, flush_timeout=1.0)
     rep.on_start(SimpleNamespace(total_steps=1, start_step=1))
     rep.on_step(record(1), None)
-    assert rep.flush(1.0) is False
+    # the sender thread's first attempt (the client's set-up included) may take seconds on a
+    # loaded machine: wait for it, then a flush against the closed port must give up
+    deadline = time.monotonic() + 30
+    while rep.failures < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert rep.failures >= 1
+    assert rep.flush(1.0) is False
     rep.close(0.2)
 
 
