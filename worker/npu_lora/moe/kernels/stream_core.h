@@ -56,6 +56,7 @@ NPU_LORA_DECL(avx512)
 // native bf16 x bf16 (AVX512-BF16 only): the operands x / coef are bf16 too
 void avx512bf16_dot_bf16n(const bf16_t*, i64, i64, i64, const bf16_t*, i64, i64, float*, i64);
 void avx512bf16_axpy_bf16n(const bf16_t*, i64, i64, i64, const bf16_t*, i64, i64, float*, i64);
+float avx512bf16_dh_row(const float*, const float*, i64, i64, i64, float, float*, bf16_t*);
 // AMX tiles (stream_amx.cpp): the dot takes its tokens packed (pack_tokens), the axpy reads 16
 // coefficient rows per token block (the drivers pad 16 rows past the end)
 void amx_dot_bf16n(const bf16_t*, i64, i64, i64, const bf16_t*, i64, i64, float*, i64);
@@ -92,8 +93,9 @@ inline Ops ops_for(int isa) {
     return {avx512_dot_f32, avx512_dot_bf16f, avx512_axpy_f32, avx512_axpy_bf16,
             amx_dot_bf16n,  amx_axpy_bf16n,   amx_pack_tokens, amx_act_packed,  amx_dh_row};
   if (isa == kAvx512Bf16)
-    return {avx512_dot_f32,       avx512_dot_bf16f,     avx512_axpy_f32, avx512_axpy_bf16,
-            avx512bf16_dot_bf16n, avx512bf16_axpy_bf16n};
+    return {avx512_dot_f32,       avx512_dot_bf16f,      avx512_axpy_f32, avx512_axpy_bf16,
+            avx512bf16_dot_bf16n, avx512bf16_axpy_bf16n, nullptr,         nullptr,
+            avx512bf16_dh_row};
   if (isa == kAvx512) return {avx512_dot_f32, avx512_dot_bf16f, avx512_axpy_f32, avx512_axpy_bf16};
   if (isa == kAvx2) {
     Ops o{avx2_dot_f32, avx2_dot_bf16f, avx2_axpy_f32, avx2_axpy_bf16};
