@@ -27,7 +27,7 @@
 // only the tile loops (token_tiles, with_width, row_token_tiles); fp32 and widened-bf16 weights
 // on this ISA run the avx512_* kernels of stream_avx512.cpp (stream_core.h: ops_for)
 #include "stream_isa.h"
-#include "stream_silu512.h"  // dh_row: the backward's elementwise part, vectorised
+#include "stream_silu512.h"  // act_row, dh_row: the elementwise parts, vectorised
 
 namespace npu_lora_stream {
 long long blocked_tokens();  // stream_base.cpp: rows an expert from which axpyn_blocked runs
@@ -187,24 +187,28 @@ static void axpyn_block(const bf16_t* w, i64 ldw, i64 L, i64 R, const bf16_t* co
 constexpr i64 AXPYN_COLS = 256, AXPYN_BLOCK_TOKENS = 12;
 
 // ---- blocked native axpy (many rows an expert: compute-bound) -----------------------------------
-// From npu_lora_stream::blocked_tokens() rows an expert (stream_base.cpp; default 32) the weights
+// From npu_lora_stream::blocked_tokens() rows an expert (stream_base.cpp; default 10) the weights
 // are packed, panel by panel, into an L1 buffer: KC row pairs x NC columns as interleaved pair
 // words (w[2k, c], w[2k+1, c]) (the permutation the streaming tile repeats for every token tile is
-// done once), and the out tile of MR tokens x NC columns stays in registers (24 accumulators) for
+// done once), and the out tile of MR tokens x NC columns stays in registers (20 accumulators) for
 // the KC pairs of the panel, the coefficient pair of each token a broadcast 32-bit word: per pair
-// 4 panel loads from L1, 6 broadcasts, 24 `vdpbf16ps`. The panel is reused by every token tile of
-// the call. Each out element still adds the pairs in row order, one `vdpbf16ps` each
-// (accumulators go through `out` between panels, exact in fp32), so the results are bitwise those
-// of the streaming kernel above. Columns past the last whole panel run the streaming kernel.
-// Measured (2-core Zen 4, CPU time, load 3.5-4.7, two alternations; experiments/2026-12-05-long-
-// kernel.md): backward 0.82-0.83x the streaming kernel's at T=1,024 and 0.75x at T=2,048 (Qwen3
-// widths). The same panel scheme for the fp32 tiles (AVX-512 FMA) was 1.03-1.08x slower at T=1,024
-// and is not used.
-constexpr int AXB_MR = 6, AXB_NV = 4;
+// 4 panel loads from L1, 5 broadcasts, 20 `vdpbf16ps`. The panel is reused by every token tile of
+// the call; while its tiles run, each tile prefetches its share of the next panel's rows into L2
+// (panels in the order column block, then row pairs), so the packing reads L2, not DRAM. Each out
+// element still adds the pairs in row order, one `vdpbf16ps` each (accumulators go through `out`
+// between panels, exact in fp32), so the results are bitwise those of the streaming kernel above.
+// Columns past the last whole panel run the streaming kernel.
+// Measured (2-core Zen 4, Qwen3 widths, CPU time of the two passes, paired in one process;
+// experiments/2026-12-05-bwd-tune.md): without the prefetch the passes ran at 158-166 GFLOP/s a
+// core at 64 rows an expert (T=1,024) and 185-190 at 128, with it 190-196 and 201-206 (0.83-0.87x
+// and 0.91-0.94x the time); packing nothing (timing only) 213-216, a `vdpbf16ps` loop alone 234.
+// Prefetch into L1 (t0) was 0.88x, into L2 (t1, t2) 0.83-0.87x; MR 5 x 4 was 0.98x the time of
+// 6 x 4 (24 accumulators); panels of 32 or 128 pairs were 0.99-1.04x, packing the next panel
+// into a second buffer a tile's share at a time (the L1 then holds two panels) 1.03-1.09x. The
+// same panel scheme for the fp32 tiles (AVX-512 FMA) was 1.03-1.08x slower at T=1,024 (experiments/
+// 2026-12-05-long-kernel.md) and is not used.
+constexpr int AXB_MR = 5, AXB_NV = 4;
 constexpr i64 AXB_NC = 16 * AXB_NV, AXB_KC = 64;  // panel: 64 pairs x 64 columns = 16 KiB
-#ifndef AXB_PF_HINT
-#define AXB_PF_HINT 2
-#endif
 
 // panel[k * NC + c] = (w[2k, c], w[2k + 1, c]) for k < kp, c < NC; rows >= `rows` are zeros
 static inline void pack_pairs(const bf16_t* w, i64 ldw, i64 rows, i64 kp, unsigned* panel) {
@@ -239,10 +243,10 @@ static inline void axb_tile(const unsigned* panel, i64 kp, const bf16_t* coef, i
   auto step = [&](i64 k, bool half) __attribute__((always_inline)) {
     if (k < npf) {  // two rows (2 x 128 bytes) of the next panel, into L2
       const bf16_t* q = pf + 2 * k * ldw;
-      __builtin_prefetch(q, 0, AXB_PF_HINT);
-      __builtin_prefetch(q + 32, 0, AXB_PF_HINT);
-      __builtin_prefetch(q + ldw, 0, AXB_PF_HINT);
-      __builtin_prefetch(q + ldw + 32, 0, AXB_PF_HINT);
+      __builtin_prefetch(q, 0, 2);
+      __builtin_prefetch(q + 32, 0, 2);
+      __builtin_prefetch(q + ldw, 0, 2);
+      __builtin_prefetch(q + ldw + 32, 0, 2);
     }
     __m512bh b[AXB_NV];
 #pragma GCC unroll 4
@@ -263,10 +267,10 @@ static inline void axb_tile(const unsigned* panel, i64 kp, const bf16_t* coef, i
   if (odd) step(kf, true);
   for (i64 k = kp; k < npf; ++k) {  // rows left over (a short panel)
     const bf16_t* q = pf + 2 * k * ldw;
-    __builtin_prefetch(q, 0, AXB_PF_HINT);
-    __builtin_prefetch(q + 32, 0, AXB_PF_HINT);
-    __builtin_prefetch(q + ldw, 0, AXB_PF_HINT);
-    __builtin_prefetch(q + ldw + 32, 0, AXB_PF_HINT);
+    __builtin_prefetch(q, 0, 2);
+    __builtin_prefetch(q + 32, 0, 2);
+    __builtin_prefetch(q + ldw, 0, 2);
+    __builtin_prefetch(q + ldw + 32, 0, 2);
   }
 #pragma GCC unroll 8
   for (int t = 0; t < MR; ++t)
@@ -322,6 +326,9 @@ void avx512bf16_dot_bf16n(const unsigned short* w, i64 ldw, i64 L, i64 rows,
 void avx512bf16_axpy_bf16n(const unsigned short* w, i64 ldw, i64 L, i64 rows,
                            const unsigned short* c, i64 ldc, i64 n, float* out, i64 ldo) {
   axpyn_rows(w, ldw, L, rows, c, ldc, n, out, ldo);
+}
+void avx512bf16_act_row(const float* h, i64 I, i64 r0, i64 r1, unsigned short* dst) {
+  act_row(h, I, r0, r1, dst);
 }
 float avx512bf16_dh_row(const float* h, const float* zp, i64 pstride, i64 P, i64 I, float wr,
                         float* ds, unsigned short* dhn) {

@@ -1,7 +1,8 @@
 // AVX-512 elementwise pieces shared by the native bf16 instances (stream_amx.cpp,
-// stream_avx512bf16.cpp): e^x, SiLU(g) * u and one row of the backward's elementwise part. Like
-// stream_tiles.h: internal linkage (anonymous namespace), so each file compiles its own copy under
-// its own `#pragma GCC target` (include it after the pragma and <immintrin.h>).
+// stream_avx512bf16.cpp): e^x, SiLU(g) * u, the forward's activation row and one row of the
+// backward's elementwise part. Like stream_tiles.h: internal linkage (anonymous namespace), so
+// each file compiles its own copy under its own `#pragma GCC target` (include it after the
+// pragma and <immintrin.h>).
 #pragma once
 
 namespace {
@@ -31,8 +32,21 @@ static inline __m512 silu_mul16(__m512 g, __m512 u) {
   return _mm512_mul_ps(_mm512_mul_ps(g, sg), u);
 }
 
-// One row s of the backward's elementwise part (stream_core.h: backward, Ops::dh_row): z = sum of the P
-// partials (in partial order), then dh = [w z u SiLU'(g), w z SiLU(g)] (fp32, and as bf16 into
+// dst[j] = bf16(SiLU(h[j]) * h[I + j]) for j in [r0, r1) (one token's gate/up pre-activations
+// `h`, the forward's activation row `dst`): silu_mul16, then vcvtneps2bf16 (round to nearest even,
+// as the scalar f32_to_bf16; denormal results flush to zero)
+static inline void act_row(const float* h, long long I, long long r0, long long r1,
+                           unsigned short* dst) {
+  for (long long j = r0; j < r1; j += 16) {
+    const __mmask16 m = r1 - j >= 16 ? __mmask16(0xffff) : __mmask16((1u << (r1 - j)) - 1u);
+    const __m512 g = _mm512_maskz_loadu_ps(m, h + j), u = _mm512_maskz_loadu_ps(m, h + I + j);
+    const __m512 v = silu_mul16(g, u);
+    _mm256_mask_storeu_epi16(dst + j, m, (__m256i)_mm512_cvtneps_pbh(v));
+  }
+}
+
+// One row s of the backward's elementwise part (stream_core.h: backward, Ops::dh_row): z = sum of
+// the P partials (in partial order), then dh = [w z u SiLU'(g), w z SiLU(g)] (fp32, and as bf16 into
 // `dhn`: vcvtneps2bf16, round to nearest even) and dw = sum_i SiLU(g) u z, 16 lanes summed in a
 // fixed order. Returns dw.
 static inline float dh_row(const float* h, const float* zp, long long pstride, long long P,
