@@ -200,7 +200,7 @@ constexpr i64 AXPYN_COLS = 256, AXPYN_BLOCK_TOKENS = 12;
 // Columns past the last whole panel run the streaming kernel.
 // Measured (2-core Zen 4, Qwen3 widths, CPU time of the two passes, paired in one process;
 // experiments/2026-12-05-bwd-tune.md): without the prefetch the passes ran at 158-166 GFLOP/s a
-// core at 64 rows an expert (T=1,024) and 185-190 at 128, with it 190-196 and 201-206 (0.83-0.87x
+// core at 64 rows an expert (T=1,024) and 185-190 at 128, with it 190-196 and 201-206 (0.83-0.88x
 // and 0.91-0.94x the time); packing nothing (timing only) 213-216, a `vdpbf16ps` loop alone 234.
 // Prefetch into L1 (t0) was 0.88x, into L2 (t1, t2) 0.83-0.87x; MR 5 x 4 was 0.98x the time of
 // 6 x 4 (24 accumulators); panels of 32 or 128 pairs were 0.99-1.04x, packing the next panel
