@@ -1,5 +1,5 @@
-"""``npu_lora_stream``'s blocked backward (many rows an expert, T >= 512 tokens a pass at Qwen3
-widths): from ``NPU_LORA_STREAM_BLOCK_TOKENS`` rows an expert (default 32) the AVX512-BF16 axpy
+"""``npu_lora_stream``'s blocked backward (>= 10 rows an expert, T >~ 160 tokens a pass at Qwen3
+widths): from ``NPU_LORA_STREAM_BLOCK_TOKENS`` rows an expert (default 10) the AVX512-BF16 axpy
 kernel (bf16 weights) packs weight panels into L1 and keeps the out tile in registers. Each out
 element still adds the row pairs in row order, one ``vdpbf16ps`` each, so the results are bitwise
 the streaming kernel's — tested here against the streaming kernel (the switch off, in a fresh
@@ -42,6 +42,7 @@ from npu_lora.moe import kernels, stream
 from npu_lora.moe.experts import build_routing
 from tests.moe.test_stream_blocked import _routing_idx, T, K, E, H, INTER
 isa, dtype, threads, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+down_split, gu_split = int(sys.argv[5]), int(sys.argv[6])
 torch.set_num_threads(threads)
 mod = kernels.load()
 idx = _routing_idx()
@@ -56,20 +57,35 @@ wr = torch.rand(T * K, generator=g).contiguous()
 offs = stream._offsets(r)
 code = kernels.ISA_CODES[isa]
 y, h = mod.forward(x, r.token_idx, wr, offs, gu, dn, r.inv_perm, T, K, code, 16, 32)
-# odd rows per backward task (75 of 144, 67 of 136): a row paired with zeros
-dx, dw, dh = mod.backward(gy, r.token_idx, h, wr, offs, gu, dn, r.inv_perm, T, K, code, 67, 75)
+dx, dw, dh = mod.backward(
+    gy, r.token_idx, h, wr, offs, gu, dn, r.inv_perm, T, K, code, down_split, gu_split
+)
 torch.save({"y": y, "h": h, "dx": dx, "dw": dw, "dh": dh, "counts": list(r.counts)}, out)
 """
 
 
-def _run_raw(tmp_path: Path, isa: str, dtype: str, threads: int, block_tokens: str | None):
-    out = tmp_path / f"{isa}-{dtype}-{threads}-{block_tokens}.pt"
+# rows per backward task (down, gate/up): odd (67 of 136, 75 of 144: a row paired with zeros),
+# one panel of row pairs each (<= 64 pairs); the second: whole tensors (136 = 64 + 4 pairs, 143
+# = 64 + 8 pairs, the last one odd), two panels of row pairs (accumulators spilled between them,
+# the next panel's rows prefetched across the row blocks)
+SPLITS = ((67, 75), (136, 143))
+
+
+def _run_raw(
+    tmp_path: Path,
+    isa: str,
+    dtype: str,
+    threads: int,
+    block_tokens: str | None,
+    splits: tuple[int, int] = SPLITS[0],
+):
+    out = tmp_path / f"{isa}-{dtype}-{threads}-{block_tokens}-{splits[0]}.pt"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
     env.pop("NPU_LORA_STREAM_BLOCK_TOKENS", None)
     if block_tokens is not None:
         env["NPU_LORA_STREAM_BLOCK_TOKENS"] = block_tokens
     p = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, isa, dtype, str(threads), str(out)],
+        [sys.executable, "-c", _SCRIPT, isa, dtype, str(threads), str(out), *map(str, splits)],
         env=env,
         capture_output=True,
         text=True,
@@ -79,17 +95,19 @@ def _run_raw(tmp_path: Path, isa: str, dtype: str, threads: int, block_tokens: s
 
 
 @needs_blocked
+@pytest.mark.parametrize("splits", SPLITS)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("isa", BLOCKED_ISAS or ["avx512bf16"])
-def test_blocked_backward_is_bitwise_the_streaming_kernel(tmp_path, isa, dtype):
-    """Experts with 0, 1 and ~100-200 rows, odd T and odd rows per task: the blocked backward
-    (default) against the streaming one (``NPU_LORA_STREAM_BLOCK_TOKENS=0``), bitwise, on 1 and 2
-    threads; the forward does not switch."""
-    stream_ref = _run_raw(tmp_path, isa, dtype, 2, "0")
+def test_blocked_backward_is_bitwise_the_streaming_kernel(tmp_path, isa, dtype, splits):
+    """Experts with 0, 1 and ~100-200 rows, odd T, odd rows per task, one or two panels of row
+    pairs per task: the blocked backward (default) against the streaming one
+    (``NPU_LORA_STREAM_BLOCK_TOKENS=0``), bitwise, on 1 and 2 threads; the forward does not
+    switch."""
+    stream_ref = _run_raw(tmp_path, isa, dtype, 2, "0", splits)
     counts = stream_ref["counts"]
     assert counts[0] == 0 and counts[1] == 1 and min(counts[2:]) >= 32, counts
     for threads in (1, 2):
-        got = _run_raw(tmp_path, isa, dtype, threads, None)
+        got = _run_raw(tmp_path, isa, dtype, threads, None, splits)
         for name in ("y", "h", "dx", "dw", "dh"):
             assert torch.equal(got[name], stream_ref[name]), (name, threads)
     assert stream_ref["dx"].abs().max() > 0

@@ -66,9 +66,10 @@ per phase a list of (hit expert, row block) tasks that depends only on the shape
 (never threads inside an expert's 8-row GEMM); torch's intra-op threads take tasks from a shared
 counter, largest first; each output element is written by one task and the partial sums and the K
 slots are summed in a fixed order, so results are bitwise equal across runs and thread counts.
-From ``NPU_LORA_STREAM_BLOCK_TOKENS`` rows an expert (default 32, i.e. T ≳ 512 at Qwen3 widths)
-the native bf16 backward (``avx512bf16``) packs weight panels into L1 and keeps the out tiles in
-registers, with bitwise the streaming kernel's results (``docs/kernels.md``).
+From ``NPU_LORA_STREAM_BLOCK_TOKENS`` rows an expert (default 10, i.e. T ≳ 160 at Qwen3 widths)
+the native bf16 backward (``avx512bf16``) packs weight panels into L1 (the next panel's rows
+prefetched) and keeps the out tiles in registers, with bitwise the streaming kernel's results
+(``docs/kernels.md``).
 Without the extension (it did not build, or ``NPU_LORA_STREAM_EXT=0``) the same Function runs a
 pure-torch per-expert loop in fp32 (bf16 weights are widened per expert, so even the fallback
 never computes in bf16 on a CPU without native bf16).

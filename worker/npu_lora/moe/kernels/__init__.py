@@ -74,6 +74,7 @@ HEADERS = (
     "stream_avx512_v.h",
     "stream_q8_isa.h",
     "stream_tiles.h",
+    "stream_silu512.h",
 )
 ISA_CODES = {"base": 0, "avx2": 1, "avx512": 2, "avx512bf16": 3, "amx": 4}
 #: ISAs whose bf16 path widens the weights and runs the fp32 tiles (avx512bf16 and amx compute

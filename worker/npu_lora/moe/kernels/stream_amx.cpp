@@ -44,6 +44,8 @@
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,fma,avx2,bmi2")
 #include <immintrin.h>
 
+#include "stream_silu512.h"  // exp16, silu_mul16, dh_row
+
 namespace {
 
 using i64 = long long;
@@ -369,30 +371,6 @@ void pack_block(const bf16_t* src, i64 lds, i64 cnt, i64 L, bf16_t* dst) {
 }
 
 // ---- SiLU(gate) * up into the VNNI blocks ----------------------------------------------------------
-// e^x for x clamped to [-87.3, 88] (e^-87.3 is the smallest normal float): x = n ln2 + r,
-// |r| <= ln2/2, Cephes' degree-6 polynomial for e^r, 2^n by vscalefps. Relative error <= 2e-7
-// (tests: the native paths against the widening one). NaN stays NaN through the product below.
-static inline __m512 exp16(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.f));
-  const __m512 fn = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(fn, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(fn, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-  return _mm512_scalef_ps(p, fn);
-}
-// g * sigmoid(g) * u, in the scalar path's order
-static inline __m512 silu_mul16(__m512 g, __m512 u) {
-  const __m512 one = _mm512_set1_ps(1.f);
-  const __m512 sg = _mm512_div_ps(one, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
-  return _mm512_mul_ps(_mm512_mul_ps(g, sg), u);
-}
 
 // act[s, j] = SiLU(h[s, j]) * h[s, I + j] for the n tokens of one expert and the gate rows
 // [r0, r1) of one task (r0 even; r1 even or I), written as bf16 (vcvtne2ps2bf16: round to
@@ -426,33 +404,6 @@ void act_rows(const float* h, i64 ldh, i64 I, i64 r0, i64 r1, i64 n, bf16_t* ap,
   }
 }
 
-// One row s of the backward's elementwise part (stream_core.h: backward): z = sum of the P
-// partials (in partial order), then dh = [w z u SiLU'(g), w z SiLU(g)] (fp32, and as bf16 into
-// `dhn`: vcvtneps2bf16, round to nearest even) and dw = sum_i SiLU(g) u z, 16 lanes summed in a
-// fixed order. Returns dw.
-float dh_row(const float* h, const float* zp, i64 pstride, i64 P, i64 I, float wr, float* ds,
-             bf16_t* dhn) {
-  const __m512 one = _mm512_set1_ps(1.f), w = _mm512_set1_ps(wr);
-  __m512 acc = _mm512_setzero_ps();
-  for (i64 i = 0; i < I; i += 16) {
-    const __mmask16 m = I - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (I - i)) - 1u);
-    __m512 z = _mm512_maskz_loadu_ps(m, zp + i);
-    for (i64 p = 1; p < P; ++p) z = _mm512_add_ps(z, _mm512_maskz_loadu_ps(m, zp + p * pstride + i));
-    const __m512 g = _mm512_maskz_loadu_ps(m, h + i), u = _mm512_maskz_loadu_ps(m, h + I + i);
-    const __m512 sg = _mm512_div_ps(one, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
-    const __m512 silu = _mm512_mul_ps(g, sg);
-    acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_mul_ps(silu, u), z));
-    const __m512 da = _mm512_mul_ps(z, w);
-    // sg * (1 + g * (1 - sg))
-    const __m512 dsg = _mm512_mul_ps(sg, _mm512_fmadd_ps(g, _mm512_sub_ps(one, sg), one));
-    const __m512 d0 = _mm512_mul_ps(_mm512_mul_ps(da, u), dsg), d1 = _mm512_mul_ps(da, silu);
-    _mm512_mask_storeu_ps(ds + i, m, d0);
-    _mm512_mask_storeu_ps(ds + I + i, m, d1);
-    _mm256_mask_storeu_epi16(dhn + i, m, (__m256i)_mm512_cvtneps_pbh(d0));
-    _mm256_mask_storeu_epi16(dhn + I + i, m, (__m256i)_mm512_cvtneps_pbh(d1));
-  }
-  return _mm512_reduce_add_ps(acc);
-}
 
 }  // namespace
 

@@ -27,6 +27,7 @@
 // only the tile loops (token_tiles, with_width, row_token_tiles); fp32 and widened-bf16 weights
 // on this ISA run the avx512_* kernels of stream_avx512.cpp (stream_core.h: ops_for)
 #include "stream_isa.h"
+#include "stream_silu512.h"  // act_row, dh_row: the elementwise parts, vectorised
 
 namespace npu_lora_stream {
 long long blocked_tokens();  // stream_base.cpp: rows an expert from which axpyn_blocked runs
@@ -186,20 +187,27 @@ static void axpyn_block(const bf16_t* w, i64 ldw, i64 L, i64 R, const bf16_t* co
 constexpr i64 AXPYN_COLS = 256, AXPYN_BLOCK_TOKENS = 12;
 
 // ---- blocked native axpy (many rows an expert: compute-bound) -----------------------------------
-// From npu_lora_stream::blocked_tokens() rows an expert (stream_base.cpp; default 32) the weights
+// From npu_lora_stream::blocked_tokens() rows an expert (stream_base.cpp; default 10) the weights
 // are packed, panel by panel, into an L1 buffer: KC row pairs x NC columns as interleaved pair
 // words (w[2k, c], w[2k+1, c]) (the permutation the streaming tile repeats for every token tile is
-// done once), and the out tile of MR tokens x NC columns stays in registers (24 accumulators) for
+// done once), and the out tile of MR tokens x NC columns stays in registers (20 accumulators) for
 // the KC pairs of the panel, the coefficient pair of each token a broadcast 32-bit word: per pair
-// 4 panel loads from L1, 6 broadcasts, 24 `vdpbf16ps`. The panel is reused by every token tile of
-// the call. Each out element still adds the pairs in row order, one `vdpbf16ps` each
-// (accumulators go through `out` between panels, exact in fp32), so the results are bitwise those
-// of the streaming kernel above. Columns past the last whole panel run the streaming kernel.
-// Measured (2-core Zen 4, CPU time, load 3.5-4.7, two alternations; experiments/2026-12-05-long-
-// kernel.md): backward 0.82-0.83x the streaming kernel's at T=1,024 and 0.75x at T=2,048 (Qwen3
-// widths). The same panel scheme for the fp32 tiles (AVX-512 FMA) was 1.03-1.08x slower at T=1,024
-// and is not used.
-constexpr int AXB_MR = 6, AXB_NV = 4;
+// 4 panel loads from L1, 5 broadcasts, 20 `vdpbf16ps`. The panel is reused by every token tile of
+// the call; while its tiles run, each tile prefetches its share of the next panel's rows into L2
+// (panels in the order column block, then row pairs), so the packing reads L2, not DRAM. Each out
+// element still adds the pairs in row order, one `vdpbf16ps` each (accumulators go through `out`
+// between panels, exact in fp32), so the results are bitwise those of the streaming kernel above.
+// Columns past the last whole panel run the streaming kernel.
+// Measured (2-core Zen 4, Qwen3 widths, CPU time of the two passes, paired in one process;
+// experiments/2026-12-05-bwd-tune.md): without the prefetch the passes ran at 158-166 GFLOP/s a
+// core at 64 rows an expert (T=1,024) and 185-190 at 128, with it 190-196 and 201-206 (0.83-0.88x
+// and 0.91-0.94x the time); packing nothing (timing only) 213-216, a `vdpbf16ps` loop alone 234.
+// Prefetch into L1 (t0) was 0.88x, into L2 (t1, t2) 0.83-0.87x; MR 5 x 4 was 0.98x the time of
+// 6 x 4 (24 accumulators); panels of 32 or 128 pairs were 0.99-1.04x, packing the next panel
+// into a second buffer a tile's share at a time (the L1 then holds two panels) 1.03-1.09x. The
+// same panel scheme for the fp32 tiles (AVX-512 FMA) was 1.03-1.08x slower at T=1,024 (experiments/
+// 2026-12-05-long-kernel.md) and is not used.
+constexpr int AXB_MR = 5, AXB_NV = 4;
 constexpr i64 AXB_NC = 16 * AXB_NV, AXB_KC = 64;  // panel: 64 pairs x 64 columns = 16 KiB
 
 // panel[k * NC + c] = (w[2k, c], w[2k + 1, c]) for k < kp, c < NC; rows >= `rows` are zeros
@@ -225,7 +233,7 @@ static inline void pack_pairs(const bf16_t* w, i64 ldw, i64 rows, i64 kp, unsign
 // second row (its coefficient word is (coef[2k], 0))
 template <int MR>
 static inline void axb_tile(const unsigned* panel, i64 kp, const bf16_t* coef, i64 ldc, bool odd,
-                            float* out, i64 ldo, bool first) {
+                            float* out, i64 ldo, bool first, const bf16_t* pf, i64 ldw, i64 npf) {
   __m512 acc[MR][AXB_NV];
 #pragma GCC unroll 8
   for (int t = 0; t < MR; ++t)
@@ -233,6 +241,13 @@ static inline void axb_tile(const unsigned* panel, i64 kp, const bf16_t* coef, i
     for (int v = 0; v < AXB_NV; ++v)
       acc[t][v] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(out + t * ldo + 16 * v);
   auto step = [&](i64 k, bool half) __attribute__((always_inline)) {
+    if (k < npf) {  // two rows (2 x 128 bytes) of the next panel, into L2
+      const bf16_t* q = pf + 2 * k * ldw;
+      __builtin_prefetch(q, 0, 2);
+      __builtin_prefetch(q + 32, 0, 2);
+      __builtin_prefetch(q + ldw, 0, 2);
+      __builtin_prefetch(q + ldw + 32, 0, 2);
+    }
     __m512bh b[AXB_NV];
 #pragma GCC unroll 4
     for (int v = 0; v < AXB_NV; ++v)
@@ -250,6 +265,13 @@ static inline void axb_tile(const unsigned* panel, i64 kp, const bf16_t* coef, i
   const i64 kf = odd ? kp - 1 : kp;
   for (i64 k = 0; k < kf; ++k) step(k, false);
   if (odd) step(kf, true);
+  for (i64 k = kp; k < npf; ++k) {  // rows left over (a short panel)
+    const bf16_t* q = pf + 2 * k * ldw;
+    __builtin_prefetch(q, 0, 2);
+    __builtin_prefetch(q + 32, 0, 2);
+    __builtin_prefetch(q + ldw, 0, 2);
+    __builtin_prefetch(q + ldw + 32, 0, 2);
+  }
 #pragma GCC unroll 8
   for (int t = 0; t < MR; ++t)
 #pragma GCC unroll 4
@@ -265,10 +287,19 @@ static void axpyn_blocked(const bf16_t* w, i64 ldw, i64 L, i64 R, const bf16_t* 
       const i64 kp = std::min(AXB_KC, RP - k0);
       pack_pairs(w + 2 * k0 * ldw + c0, ldw, R - 2 * k0, kp, panel);
       const bool odd = (R & 1) && k0 + kp == RP;
-      token_tiles<AXB_MR>(n, [&](i64, i64 t0, i64 m) {
+      // the next panel's rows, prefetched while this one runs (row pairs spread over the tiles;
+      // a row past the last one is only prefetched, which never faults)
+      i64 nk0 = k0 + AXB_KC, nc0 = c0;
+      if (nk0 >= RP) nk0 = 0, nc0 = c0 + AXB_NC;
+      const i64 npairs = nc0 < whole ? std::min(AXB_KC, RP - nk0) : 0;
+      const bf16_t* nw = w + 2 * nk0 * ldw + nc0;
+      const i64 tiles = (n + AXB_MR - 1) / AXB_MR;
+      token_tiles<AXB_MR>(n, [&](i64 k, i64 t0, i64 m) {
+        const i64 p0 = npairs * k / tiles, p1 = npairs * (k + 1) / tiles;
         with_width<AXB_MR>(m, [&](auto mr) {
           axb_tile<decltype(mr)::value>(panel, kp, coef + t0 * ldc + 2 * k0, ldc, odd,
-                                        out + t0 * ldo + c0, ldo, k0 == 0);
+                                        out + t0 * ldo + c0, ldo, k0 == 0, nw + 2 * p0 * ldw, ldw,
+                                        p1 - p0);
         });
       });
     }
@@ -295,5 +326,12 @@ void avx512bf16_dot_bf16n(const unsigned short* w, i64 ldw, i64 L, i64 rows,
 void avx512bf16_axpy_bf16n(const unsigned short* w, i64 ldw, i64 L, i64 rows,
                            const unsigned short* c, i64 ldc, i64 n, float* out, i64 ldo) {
   axpyn_rows(w, ldw, L, rows, c, ldc, n, out, ldo);
+}
+void avx512bf16_act_row(const float* h, i64 I, i64 r0, i64 r1, unsigned short* dst) {
+  act_row(h, I, r0, r1, dst);
+}
+float avx512bf16_dh_row(const float* h, const float* zp, i64 pstride, i64 P, i64 I, float wr,
+                        float* ds, unsigned short* dhn) {
+  return dh_row(h, zp, pstride, P, I, wr, ds, dhn);
 }
 }  // namespace npu_lora_stream

@@ -29,16 +29,16 @@ NPU_LORA_EXPORT(base)
 
 // Rows an expert from which the native bf16 backward axpy switches to its blocked form
 // (stream_avx512bf16.cpp: axpyn_blocked; bitwise the streaming kernel's results), read once per
-// process:
-// NPU_LORA_STREAM_BLOCK_TOKENS (0 = never), default 32 (at T <= 256 tokens a pass, Qwen3's ~16
-// rows an expert keep the streaming kernels). Measured on a 2-core Zen 4:
-// experiments/2026-12-05-long-kernel.md.
+// process: NPU_LORA_STREAM_BLOCK_TOKENS (0 = never), default 10. Measured on a 2-core Zen 4 with
+// the panel prefetch (experiments/2026-12-05-bwd-tune.md): blocked / streaming CPU time 0.77-0.85x
+// at 10 rows an expert, 0.68-0.75x at 16, about 1.0-1.08x at 8 (the streaming kernels keep
+// T <= 128 at Qwen3's ~8 rows an expert).
 #include <cstdlib>
 namespace npu_lora_stream {
 long long blocked_tokens() {
   static const long long v = [] {
     const char* s = std::getenv("NPU_LORA_STREAM_BLOCK_TOKENS");
-    if (!s || !*s) return 32LL;
+    if (!s || !*s) return 10LL;
     const long long n = std::strtoll(s, nullptr, 10);
     return n > 0 ? n : 0LL;
   }();

@@ -56,6 +56,8 @@ NPU_LORA_DECL(avx512)
 // native bf16 x bf16 (AVX512-BF16 only): the operands x / coef are bf16 too
 void avx512bf16_dot_bf16n(const bf16_t*, i64, i64, i64, const bf16_t*, i64, i64, float*, i64);
 void avx512bf16_axpy_bf16n(const bf16_t*, i64, i64, i64, const bf16_t*, i64, i64, float*, i64);
+float avx512bf16_dh_row(const float*, const float*, i64, i64, i64, float, float*, bf16_t*);
+void avx512bf16_act_row(const float*, i64, i64, i64, bf16_t*);
 // AMX tiles (stream_amx.cpp): the dot takes its tokens packed (pack_tokens), the axpy reads 16
 // coefficient rows per token block (the drivers pad 16 rows past the end)
 void amx_dot_bf16n(const bf16_t*, i64, i64, i64, const bf16_t*, i64, i64, float*, i64);
@@ -80,6 +82,9 @@ struct Ops {
   // with `pack` (required with it): SiLU(gate) * up of one gate/up task (even rows r0, r1 or
   // r1 = I) straight into the VNNI blocks, padding zeros included
   void (*act_packed)(const float*, i64, i64, i64, i64, i64, bf16_t*, i64) = nullptr;
+  // native path without `pack`: SiLU(gate) * up of one token's gate rows [r0, r1) as bf16 words
+  // into its activation row, vectorised (nullptr: the scalar loop in forward)
+  void (*act_row)(const float*, i64, i64, i64, bf16_t*) = nullptr;
   // native path: one row of the backward's elementwise part (dh, its bf16 copy, returns dw),
   // vectorised (nullptr: the scalar loop in backward)
   float (*dh_row)(const float*, const float*, i64, i64, i64, float, float*, bf16_t*) = nullptr;
@@ -89,11 +94,12 @@ struct Ops {
 
 inline Ops ops_for(int isa) {
   if (isa == kAmx)
-    return {avx512_dot_f32, avx512_dot_bf16f, avx512_axpy_f32, avx512_axpy_bf16,
-            amx_dot_bf16n,  amx_axpy_bf16n,   amx_pack_tokens, amx_act_packed,  amx_dh_row};
+    return {avx512_dot_f32, avx512_dot_bf16f, avx512_axpy_f32, avx512_axpy_bf16, amx_dot_bf16n,
+            amx_axpy_bf16n, amx_pack_tokens,  amx_act_packed,  nullptr,          amx_dh_row};
   if (isa == kAvx512Bf16)
-    return {avx512_dot_f32,       avx512_dot_bf16f,     avx512_axpy_f32, avx512_axpy_bf16,
-            avx512bf16_dot_bf16n, avx512bf16_axpy_bf16n};
+    return {avx512_dot_f32,       avx512_dot_bf16f,      avx512_axpy_f32, avx512_axpy_bf16,
+            avx512bf16_dot_bf16n, avx512bf16_axpy_bf16n, nullptr,         nullptr,
+            avx512bf16_act_row,   avx512bf16_dh_row};
   if (isa == kAvx512) return {avx512_dot_f32, avx512_dot_bf16f, avx512_axpy_f32, avx512_axpy_bf16};
   if (isa == kAvx2) {
     Ops o{avx2_dot_f32, avx2_dot_bf16f, avx2_axpy_f32, avx2_axpy_bf16};
@@ -475,6 +481,11 @@ void forward(const Par& par, const Ops& o, const ForwardArgs& a) {
     dot(o, a.gu, t.e, I + t.r0, rows, x, t.n, ht + I + t.r0, 2 * I);
     if (XP) {  // straight into the VNNI blocks, padding included
       o.act_packed(ht, 2 * I, I, t.r0, t.r1, t.n, ap.get() + boff[t.e] * BA, BA);
+      return;
+    }
+    if (N16 && o.act_row) {
+      for (i64 s = 0; s < t.n; ++s)
+        o.act_row(ht + s * 2 * I, I, t.r0, t.r1, an.get() + (t.s0 + s) * LIn);
       return;
     }
     for (i64 s = 0; s < t.n; ++s)
