@@ -4,28 +4,34 @@
 //
 // The weight bytes are widened to bf16 in registers, exactly: an int8 value (|q| <= 128) is a
 // bf16 value (sign-extend, convert to fp32, `vcvtne2ps2bf16`); an e4m3 value divided by 2^8 is a
-// normal bf16 value (its bits placed into an IEEE half, widened by `vcvtph2ps`, then
-// `vcvtne2ps2bf16`; subnormals included, the 2^8 folded into the scale). The products run in
-// `vdpbf16ps` (bf16 x bf16 exact in fp32, fp32 accumulation) and the scales are applied to fp32
-// values, never to the bf16 weights:
+// normal bf16 value (two 128-entry VBMI byte tables, `vpermi2b`, give its low and high bytes from
+// the 7-bit magnitude, the sign is or'ed in, `vpermt2b` interleaves the bytes into words: 4
+// instructions for 32 weights; subnormals included, NaN stays NaN, the 2^8 folded into the
+// scale). The products run in `vdpbf16ps` (bf16 x bf16 exact in fp32, fp32 accumulation) and the
+// scales are applied to fp32 values, never to the bf16 weights:
 //
 //   q8n_dot_rows:  out[t, r] = sum_c x[t, c] * W[r, c]     (forward; x bf16 words)
 //       one block per row (int8 per output channel, per-channel FP8): the row's dot product,
 //       then times its scale; column blocks (FP8 128 x 128): one partial accumulator per block,
-//       scaled into the row's total (fma) at the block's end. A panel of 4 rows is widened once
-//       into an L1 scratch (4 x L bf16 words) and read by every token tile, tiles 4 rows x 6
-//       tokens (one block per row) or 2 rows x 6 tokens (partials + totals).
+//       scaled into the row's total (fma) at the block's end. Panels of 4 rows (2 with column
+//       blocks): the first token tile widens the panel's bytes in registers, between its
+//       `vdpbf16ps` (the conversions run beside the products instead of in a pass of their own),
+//       and stores them into an L1 scratch that the panel's other token tiles read; tiles 4 rows
+//       x up to 6 tokens (2 x 4 with partials + totals). The accumulators of a tile are summed
+//       by a transposing shuffle tree (16 at a time) rather than one reduction each.
 //   q8n_axpy_rows: out[t, c] = sum_r coef[t, r] * W[r, c]  (input gradient; coef fp32)
 //       one block per row: the row's scale is folded into its coefficient before the coefficient
 //       is rounded to bf16 (bf16(coef * s), one rounding as the bf16 kernel's bf16(coef));
 //       column blocks: rows are taken in groups inside one row block, so every 32-column step has
 //       one scale: bf16(coef) products summed over the group into a zeroed fp32 partial, then
-//       out += partial * scale. Rows in pairs interleaved in registers (`vpermt2w`), 4 pairs x up
+//       out += partial * scale. Rows in pairs interleaved in registers (`vpermt2w`), 8 pairs x up
 //       to 16 tokens (the out rows are the accumulators, the coefficient pairs broadcast words).
 //
-// Each weight byte is read from memory once per token tile (dot: once per call) and the summation
-// order depends on the shapes only (deterministic). Column tails use masked loads (zeros past the
-// end); column blocks must be a multiple of 32 wide or cover the row (q8n_supported).
+// Each weight byte is read from memory once per call (axpy: once per token tile of up to 16) and
+// the summation order depends on the shapes only (deterministic). Column tails use masked loads (zeros past the end); column blocks
+// must be a multiple of 32 wide or cover the row (q8n_supported). Needs AVX512-VBMI besides
+// AVX512-BF16 (stream_q8.cpp checks it: Cooper Lake has BF16 without VBMI).
+// Measured: experiments/2026-12-05-q8-fast.md.
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vbmi,fma,f16c,avx2,bmi2")
 #include <immintrin.h>
 
