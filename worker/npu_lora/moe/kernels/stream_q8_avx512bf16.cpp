@@ -17,7 +17,7 @@
 //       blocks): the first token tile widens the panel's bytes in registers, between its
 //       `vdpbf16ps` (the conversions run beside the products instead of in a pass of their own),
 //       and stores them into an L1 scratch that the panel's other token tiles read; tiles 4 rows
-//       x up to 6 tokens (2 x 4 with partials + totals). The accumulators of a tile are summed
+//       x up to 4 tokens (2 x 4 with partials + totals). The accumulators of a tile are summed
 //       by a transposing shuffle tree (16 at a time) rather than one reduction each.
 //   q8n_axpy_rows: out[t, c] = sum_r coef[t, r] * W[r, c]  (input gradient; coef fp32)
 //       one block per row: the row's scale is folded into its coefficient before the coefficient
@@ -235,8 +235,10 @@ __attribute__((noinline, flatten)) static void dot_tile(const q8_t* q, i64 ldq, 
 // Tiles (rows x tokens), measured with experiments/q8/q8n_micro.cpp (128 experts x 8 tokens,
 // Qwen3 widths, 2 threads, load 2-4, forward ms): one block per row 4 x 6 (token tiles of 4 at 8
 // tokens) 35-37, 2 x 8 47-80 (8 tokens' x rows, 32 KiB, leave L1), 3 x 8 68-71; column blocks
-// (partials + totals) 2 x 4 47-50, 4 x 4 49-50, 4 x 6 50, 2 x 6 55-57, 1 x 8 73.
-constexpr int DOT_RB = 4, DOT_NB = 6, DOT_RB_MB = 2, DOT_NB_MB = 4;
+// (partials + totals) 2 x 4 47-50, 4 x 4 49-50, 4 x 6 50, 2 x 6 55-57, 1 x 8 73. With more
+// tokens an expert, tiles of up to 4 tokens keep a tile's x rows and the scratch in L1 (int8
+// forward, 12 tokens: 32 ms against 66 with up to 6; 16 tokens: 31 against 47).
+constexpr int DOT_RB = 4, DOT_NB = 4, DOT_RB_MB = 2, DOT_NB_MB = 4;
 
 // Panels of RB rows: the first token tile widens the panel (in registers, interleaved with its
 // products: the conversions run beside the `vdpbf16ps`) and leaves it in an L1 scratch that the
