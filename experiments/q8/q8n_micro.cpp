@@ -25,6 +25,8 @@ void avx512bf16_q8_dotn(const signed char*, i64, i64, i64, i64, const float*, i6
                         const unsigned short*, i64, i64, float*, i64);
 void avx512bf16_q8_axpyn(const signed char*, i64, i64, i64, i64, const float*, i64, i64, i64,
                          bool, const float*, i64, i64, float*, i64);
+// stream_base.cpp's (torch-side) switch, which the bf16 axpy reads: its default
+long long blocked_tokens() { return 32; }
 }  // namespace npu_lora_stream
 using namespace npu_lora_stream;
 

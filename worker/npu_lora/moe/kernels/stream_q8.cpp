@@ -67,7 +67,10 @@ Q8Ops q8_ops(int64_t isa) {
   TORCH_CHECK(std::find(runs.begin(), runs.end(), names[isa]) != runs.end(),
               "npu_lora_stream q8: ISA ", names[isa], " requested, this CPU runs up to ",
               runs.back());
-  if (isa >= kAvx512Bf16)
+  // the bf16-operand kernels widen e4m3 with VBMI byte tables (`vpermi2b`): AVX512-BF16 CPUs
+  // without VBMI (Cooper Lake) run the AVX-512 instance
+  static const bool vbmi = __builtin_cpu_supports("avx512vbmi");
+  if (isa >= kAvx512Bf16 && vbmi)
     return {avx512_q8_dot, avx512_q8_axpy, "avx512bf16", avx512bf16_q8_dotn, avx512bf16_q8_axpyn};
   if (isa >= kAvx512) return {avx512_q8_dot, avx512_q8_axpy, "avx512"};
   if (isa == kAvx2) return {avx2_q8_dot, avx2_q8_axpy, "avx2"};
