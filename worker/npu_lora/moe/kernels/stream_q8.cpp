@@ -41,6 +41,8 @@ void avx512bf16_q8_dotn(const signed char*, i64, i64, i64, i64, const float*, i6
 void avx512bf16_q8_axpyn(const signed char*, i64, i64, i64, i64, const float*, i64, i64, i64,
                          bool, const float*, i64, i64, float*, i64);
 bool avx512bf16_q8n_supported(i64 L, i64 BC);
+void avx512bf16_q8_act_row(const float*, i64, i64, i64, unsigned short*);
+float avx512bf16_q8_dh_row(const float*, const float*, i64, i64, i64, float, float*);
 }  // namespace npu_lora_stream
 
 namespace {
@@ -56,6 +58,9 @@ struct Q8Ops {
   // bf16 operands (nullptr: the fp32 kernels above run every call)
   Q8KernelN dotn = nullptr;
   Q8Kernel axpyn = nullptr;
+  // vectorised elementwise rows of the bf16-operand path (nullptr: the scalar loops)
+  void (*act_row)(const float*, i64, i64, i64, unsigned short*) = nullptr;
+  float (*dh_row)(const float*, const float*, i64, i64, i64, float, float*) = nullptr;
 };
 
 // the instance for an ISA code of ISA_CODES: amx and avx512bf16 run the AVX-512 instance for
@@ -71,7 +76,8 @@ Q8Ops q8_ops(int64_t isa) {
   // without VBMI (Cooper Lake) run the AVX-512 instance
   static const bool vbmi = __builtin_cpu_supports("avx512vbmi");
   if (isa >= kAvx512Bf16 && vbmi)
-    return {avx512_q8_dot, avx512_q8_axpy, "avx512bf16", avx512bf16_q8_dotn, avx512bf16_q8_axpyn};
+    return {avx512_q8_dot,       avx512_q8_axpy,        "avx512bf16",        avx512bf16_q8_dotn,
+            avx512bf16_q8_axpyn, avx512bf16_q8_act_row, avx512bf16_q8_dh_row};
   if (isa >= kAvx512) return {avx512_q8_dot, avx512_q8_axpy, "avx512"};
   if (isa == kAvx2) return {avx2_q8_dot, avx2_q8_axpy, "avx2"};
   return {base_q8_dot, base_q8_axpy, "base"};
@@ -277,6 +283,11 @@ std::vector<torch::Tensor> q8_forward(torch::Tensor hidden, torch::Tensor token_
         q8_dot(o, a.gu, t.e, t.r0, rows, x, LX, t.n, ht + t.r0, 2 * I);
         q8_dot(o, a.gu, t.e, I + t.r0, rows, x, LX, t.n, ht + I + t.r0, 2 * I);
       }
+      if (N16 && o.act_row) {
+        for (i64 s = 0; s < t.n; ++s)
+          o.act_row(ht + s * 2 * I, I, t.r0, t.r1, an.get() + (t.s0 + s) * LIn);
+        return;
+      }
       for (i64 s = 0; s < t.n; ++s)
         for (i64 j = t.r0; j < t.r1; ++j) {
           const float g = ht[s * 2 * I + j];
@@ -342,6 +353,10 @@ std::vector<torch::Tensor> q8_backward(torch::Tensor g, torch::Tensor token_idx,
   for_range(Par{}, valid, 16, [&](i64 s) {
     const float* hs = hp + s * 2 * I;
     float* ds = dh + s * 2 * I;
+    if (N16 && o.dh_row) {
+      dw[s] = o.dh_row(hs, zpart.get() + s * LZ, S * LZ, P1, I, a.wr[s], ds);
+      return;
+    }
     float acc = 0.f;
     for (i64 i = 0; i < I; ++i) {
       float z = 0.f;

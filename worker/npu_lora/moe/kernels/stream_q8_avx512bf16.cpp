@@ -40,6 +40,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "stream_silu512.h"
 #include "stream_tiles.h"
 
 namespace {
@@ -423,6 +424,33 @@ void avx512bf16_q8_dotn(const signed char* q, i64 ldq, i64 L, i64 r0, i64 R, con
   else if (fp8) q8n_dot_rows<true, false>(q, ldq, L, r0, R, s, lds, BR, BC, x, ldx, n, out, ldo);
   else if (mb) q8n_dot_rows<false, true>(q, ldq, L, r0, R, s, lds, BR, BC, x, ldx, n, out, ldo);
   else q8n_dot_rows<false, false>(q, ldq, L, r0, R, s, lds, BR, BC, x, ldx, n, out, ldo);
+}
+
+// the elementwise rows of the bf16-operand path, vectorised as the bf16 kernel's (stream_silu512.h:
+// the vector e^x, <= 2e-7 relative from the scalar path's): the forward's SiLU(g)·u row as bf16
+// words, and one row of the backward's dh (fp32; the 8-bit axpy rounds its coefficients itself)
+void avx512bf16_q8_act_row(const float* h, i64 I, i64 r0, i64 r1, unsigned short* dst) {
+  act_row(h, I, r0, r1, dst);
+}
+float avx512bf16_q8_dh_row(const float* h, const float* zp, i64 pstride, i64 P, i64 I, float wr,
+                           float* ds) {
+  const __m512 one = _mm512_set1_ps(1.f), w = _mm512_set1_ps(wr);
+  __m512 acc = _mm512_setzero_ps();
+  for (i64 i = 0; i < I; i += 16) {
+    const __mmask16 m = I - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (I - i)) - 1u);
+    __m512 z = _mm512_maskz_loadu_ps(m, zp + i);
+    for (i64 p = 1; p < P; ++p) z = _mm512_add_ps(z, _mm512_maskz_loadu_ps(m, zp + p * pstride + i));
+    const __m512 g = _mm512_maskz_loadu_ps(m, h + i), u = _mm512_maskz_loadu_ps(m, h + I + i);
+    const __m512 sg =
+        _mm512_div_ps(one, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+    const __m512 silu = _mm512_mul_ps(g, sg);
+    acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_mul_ps(silu, u), z));
+    const __m512 da = _mm512_mul_ps(z, w);
+    const __m512 dsg = _mm512_mul_ps(sg, _mm512_fmadd_ps(g, _mm512_sub_ps(one, sg), one));
+    _mm512_mask_storeu_ps(ds + i, m, _mm512_mul_ps(_mm512_mul_ps(da, u), dsg));
+    _mm512_mask_storeu_ps(ds + I + i, m, _mm512_mul_ps(da, silu));
+  }
+  return _mm512_reduce_add_ps(acc);
 }
 
 void avx512bf16_q8_axpyn(const signed char* q, i64 ldq, i64 L, i64 r0, i64 R, const float* s,
