@@ -434,23 +434,7 @@ void avx512bf16_q8_act_row(const float* h, i64 I, i64 r0, i64 r1, unsigned short
 }
 float avx512bf16_q8_dh_row(const float* h, const float* zp, i64 pstride, i64 P, i64 I, float wr,
                            float* ds) {
-  const __m512 one = _mm512_set1_ps(1.f), w = _mm512_set1_ps(wr);
-  __m512 acc = _mm512_setzero_ps();
-  for (i64 i = 0; i < I; i += 16) {
-    const __mmask16 m = I - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (I - i)) - 1u);
-    __m512 z = _mm512_maskz_loadu_ps(m, zp + i);
-    for (i64 p = 1; p < P; ++p) z = _mm512_add_ps(z, _mm512_maskz_loadu_ps(m, zp + p * pstride + i));
-    const __m512 g = _mm512_maskz_loadu_ps(m, h + i), u = _mm512_maskz_loadu_ps(m, h + I + i);
-    const __m512 sg =
-        _mm512_div_ps(one, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
-    const __m512 silu = _mm512_mul_ps(g, sg);
-    acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_mul_ps(silu, u), z));
-    const __m512 da = _mm512_mul_ps(z, w);
-    const __m512 dsg = _mm512_mul_ps(sg, _mm512_fmadd_ps(g, _mm512_sub_ps(one, sg), one));
-    _mm512_mask_storeu_ps(ds + i, m, _mm512_mul_ps(_mm512_mul_ps(da, u), dsg));
-    _mm512_mask_storeu_ps(ds + I + i, m, _mm512_mul_ps(da, silu));
-  }
-  return _mm512_reduce_add_ps(acc);
+  return dh_row(h, zp, pstride, P, I, wr, ds, nullptr);
 }
 
 void avx512bf16_q8_axpyn(const signed char* q, i64 ldq, i64 L, i64 r0, i64 R, const float* s,

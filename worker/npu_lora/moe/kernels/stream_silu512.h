@@ -46,9 +46,9 @@ static inline void act_row(const float* h, long long I, long long r0, long long 
 }
 
 // One row s of the backward's elementwise part (stream_core.h: backward, Ops::dh_row): z = sum of
-// the P partials (in partial order), then dh = [w z u SiLU'(g), w z SiLU(g)] (fp32, and as bf16 into
-// `dhn`: vcvtneps2bf16, round to nearest even) and dw = sum_i SiLU(g) u z, 16 lanes summed in a
-// fixed order. Returns dw.
+// the P partials (in partial order), then dh = [w z u SiLU'(g), w z SiLU(g)] (fp32, and as bf16
+// into `dhn` unless it is nullptr: vcvtneps2bf16, round to nearest even) and dw = sum_i SiLU(g) u z,
+// 16 lanes summed in a fixed order. Returns dw.
 static inline float dh_row(const float* h, const float* zp, long long pstride, long long P,
                            long long I, float wr, float* ds, unsigned short* dhn) {
   const __m512 one = _mm512_set1_ps(1.f), w = _mm512_set1_ps(wr);
@@ -67,8 +67,10 @@ static inline float dh_row(const float* h, const float* zp, long long pstride, l
     const __m512 d0 = _mm512_mul_ps(_mm512_mul_ps(da, u), dsg), d1 = _mm512_mul_ps(da, silu);
     _mm512_mask_storeu_ps(ds + i, m, d0);
     _mm512_mask_storeu_ps(ds + I + i, m, d1);
-    _mm256_mask_storeu_epi16(dhn + i, m, (__m256i)_mm512_cvtneps_pbh(d0));
-    _mm256_mask_storeu_epi16(dhn + I + i, m, (__m256i)_mm512_cvtneps_pbh(d1));
+    if (dhn) {  // nullptr: fp32 only (the 8-bit kernels round their coefficients themselves)
+      _mm256_mask_storeu_epi16(dhn + i, m, (__m256i)_mm512_cvtneps_pbh(d0));
+      _mm256_mask_storeu_epi16(dhn + I + i, m, (__m256i)_mm512_cvtneps_pbh(d1));
+    }
   }
   return _mm512_reduce_add_ps(acc);
 }
