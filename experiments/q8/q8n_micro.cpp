@@ -6,7 +6,12 @@
 //   g++ -O3 -fno-math-errno -fopenmp -std=c++17 -I../../worker/npu_lora/moe/kernels q8n_micro.cpp \
 //       ../../worker/npu_lora/moe/kernels/stream_q8_avx512bf16.cpp \
 //       ../../worker/npu_lora/moe/kernels/stream_avx512bf16.cpp -o q8n-micro
-//   ./q8n-micro [E] [n] [reps]
+//   ./q8n-micro [E] [n] [reps] [mask]
+//
+// mask (default 15, all four): the passes timed, 1 gate/up dot + 2 down dot (reported as
+// "fwd"), 4 down axpy + 8 gate/up axpy ("bwd"); one at a time gives each matrix's rate. The
+// tokens' rows are padded by 32 bf16 words, as the driver's (`padded_ld`), so no two rows share
+// a 4 KiB stride.
 #include <omp.h>
 
 #include <algorithm>
@@ -37,6 +42,7 @@ static double now() {
 int main(int argc, char** argv) {
   const i64 E = argc > 1 ? std::atoll(argv[1]) : 128, n = argc > 2 ? std::atoll(argv[2]) : 8;
   const int reps = argc > 3 ? std::atoi(argv[3]) : 5;
+  const int pass0 = argc > 4 ? std::atoi(argv[4]) : 15;
   const i64 H = 2048, I = 768;
   std::mt19937 rng(0);
   std::vector<bf16_t> gu16(E * 2 * I * H), dn16(E * H * I);
@@ -49,7 +55,8 @@ int main(int argc, char** argv) {
   std::vector<float> s_gu_row(E * 2 * I, 0.001f), s_dn_row(E * H, 0.001f);
   std::vector<float> s_gu_blk(E * (2 * I / 128) * (H / 128), 0.001f);
   std::vector<float> s_dn_blk(E * (H / 128) * (I / 128), 0.001f);
-  std::vector<bf16_t> x(n * H), a(n * I), g(n * H), dh(n * 2 * I);
+  const i64 LXp = H + 32, LAp = I + 32;
+  std::vector<bf16_t> x(n * LXp), a(n * LAp), g(n * H), dh(n * 2 * I);
   std::vector<float> gf(n * H), dhf(n * 2 * I);
   for (auto& v : x) v = 0x3f80;
   for (auto& v : a) v = 0x3f80;
@@ -66,11 +73,11 @@ int main(int argc, char** argv) {
       float* o = outs[omp_get_thread_num()].data();
       if (var == 0) {
         if (pass == 0) {
-          avx512bf16_dot_bf16n(gu16.data() + e * 2 * I * H, H, H, 2 * I, x.data(), H, n, o, 2 * I);
-          avx512bf16_dot_bf16n(dn16.data() + e * H * I, I, I, H, a.data(), I, n, o, H);
+          if (pass0 & 1) avx512bf16_dot_bf16n(gu16.data() + e * 2 * I * H, H, H, 2 * I, x.data(), LXp, n, o, 2 * I);
+          if (pass0 & 2) avx512bf16_dot_bf16n(dn16.data() + e * H * I, I, I, H, a.data(), LAp, n, o, H);
         } else {
-          avx512bf16_axpy_bf16n(dn16.data() + e * H * I, I, I, H, g.data(), H, n, o, I);
-          avx512bf16_axpy_bf16n(gu16.data() + e * 2 * I * H, H, H, 2 * I, dh.data(), 2 * I, n, o, H);
+          if (pass0 & 4) avx512bf16_axpy_bf16n(dn16.data() + e * H * I, I, I, H, g.data(), H, n, o, I);
+          if (pass0 & 8) avx512bf16_axpy_bf16n(gu16.data() + e * 2 * I * H, H, H, 2 * I, dh.data(), 2 * I, n, o, H);
         }
       } else {
         const bool fp8 = var == 2;
@@ -79,14 +86,14 @@ int main(int argc, char** argv) {
         const i64 BR = fp8 ? 128 : 1, BCg = fp8 ? 128 : H, BCd = fp8 ? 128 : I;
         const i64 lg = fp8 ? H / 128 : 1, ld = fp8 ? I / 128 : 1;
         if (pass == 0) {
-          avx512bf16_q8_dotn(gu8.data() + e * 2 * I * H, H, H, 0, 2 * I, sg, lg, BR, BCg, fp8,
-                             x.data(), H, n, o, 2 * I);
-          avx512bf16_q8_dotn(dn8.data() + e * H * I, I, I, 0, H, sd, ld, BR, BCd, fp8, a.data(),
-                             I, n, o, H);
+          if (pass0 & 1) avx512bf16_q8_dotn(gu8.data() + e * 2 * I * H, H, H, 0, 2 * I, sg, lg, BR, BCg, fp8,
+                             x.data(), LXp, n, o, 2 * I);
+          if (pass0 & 2) avx512bf16_q8_dotn(dn8.data() + e * H * I, I, I, 0, H, sd, ld, BR, BCd, fp8, a.data(),
+                             LAp, n, o, H);
         } else {
-          avx512bf16_q8_axpyn(dn8.data() + e * H * I, I, I, 0, H, sd, ld, BR, BCd, fp8, gf.data(),
+          if (pass0 & 4) avx512bf16_q8_axpyn(dn8.data() + e * H * I, I, I, 0, H, sd, ld, BR, BCd, fp8, gf.data(),
                               H, n, o, I);
-          avx512bf16_q8_axpyn(gu8.data() + e * 2 * I * H, H, H, 0, 2 * I, sg, lg, BR, BCg, fp8,
+          if (pass0 & 8) avx512bf16_q8_axpyn(gu8.data() + e * 2 * I * H, H, H, 0, 2 * I, sg, lg, BR, BCg, fp8,
                               dhf.data(), 2 * I, n, o, H);
         }
       }
