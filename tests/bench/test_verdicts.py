@@ -212,3 +212,26 @@ def test_fair_peer_for_bf16_is_fp32_without_native_bf16():
     assert "native bf16" in line and line.endswith("it ran")
     assert vd.peer_fairness("float32", False, ["peer@grouped_mm"]) is None
     assert vd.peer_fairness("bfloat16", False, ["host-only"]) is None
+
+
+def test_an_8bit_variants_bandwidth_line_says_what_bounds_it():
+    """An 8-bit variant's host forward reads half the bytes with bf16's multiply-adds: its
+    bandwidth line says so (why it sits far below bf16's on a host without AMX); the bf16
+    variant's line of the same run does not carry the note."""
+    recs = []
+    names = ["host-only+keep_graph", "host-only+keep_graph+int8", "host-only+keep_graph+fp8"]
+    for k in range(3):
+        for v, frac in zip(names, (0.35, 0.18, 0.15), strict=True):
+            recs.append(step(v, k, host_fwd_copy_fraction=frac, host_fwd_read_fraction=frac))
+        recs.append(_round(k, 30.0, 25.0))
+    s = h.summarize(recs, names, names[0])
+    lines = {
+        v: t
+        for t in h.derived_targets(s, {"copy_gbs": 25.0}, None)
+        for v in names
+        if t.startswith(f"host MoE fwd {v} of copy")
+    }
+    assert set(lines) == set(names)
+    assert vd.Q8_BOUND_NOTE in lines[names[1]] and vd.Q8_BOUND_NOTE in lines[names[2]]
+    assert vd.Q8_BOUND_NOTE not in lines[names[0]]
+    assert all(t.endswith(": NOT met") for t in lines.values())

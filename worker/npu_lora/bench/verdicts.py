@@ -18,6 +18,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from npu_lora.api.variant import Variant
+
 MET, NOT_MET, NOT_MEASURED = "met", "NOT met", "not measured"
 
 #: Target of the host MoE forward: at least this fraction of the copy bandwidth.
@@ -132,6 +134,24 @@ def _spread(xs: Sequence[float]) -> str:
     return f"{statistics.median(xs):.1f} GB/s (rounds {min(xs):.1f}–{max(xs):.1f})"
 
 
+#: Beside an 8-bit variant's bandwidth line: why its fraction sits far below bf16's on a host
+#: without AMX (experiments/2026-12-05-q8-floor.md).
+Q8_BOUND_NOTE = (
+    "8-bit: half the bytes, the same multiply-adds (the bytes are widened in registers), so on a "
+    "host without AMX the multiply-adds, not the bytes, bound this fraction (docs/engine.md, "
+    "8-bit experts)"
+)
+
+
+def _is_q8(variant: str) -> bool:
+    """Whether a variant name runs 8-bit experts (``+int8`` / ``+fp8``); other names (tests'
+    labels) are not."""
+    try:
+        return Variant.parse(variant).q8 is not None
+    except ValueError:
+        return False
+
+
 def bandwidth_verdict(
     fractions: Mapping[str, Any], rounds: Sequence[Mapping[str, Any]], disturbed: Collection[int]
 ) -> tuple[Verdict, str]:
@@ -236,6 +256,8 @@ def derived_targets(
                 "per round: hit experts' bytes, all layers / (host_fwd_s − hot_s), incl. router "
                 "and dispatch, ÷ that round's bandwidth"
             )
+            if _is_q8(v):
+                how += f"; {Q8_BOUND_NOTE}"
             out.append(copy.line(f"host MoE fwd {v} of copy bandwidth", _pct, f"{ref}; {how}"))
     else:
         out.append("host MoE fwd bandwidth fraction: not measured (--no-limits)")
