@@ -240,14 +240,16 @@ static inline void axb_tile(const unsigned* panel, i64 kp, const bf16_t* coef, i
 #pragma GCC unroll 4
     for (int v = 0; v < AXB_NV; ++v)
       acc[t][v] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(out + t * ldo + 16 * v);
+  // row pair k of the next panel (2 x 128 bytes), into L2
+  auto prefetch_pair = [&](i64 k) __attribute__((always_inline)) {
+    const bf16_t* q = pf + 2 * k * ldw;
+    __builtin_prefetch(q, 0, 2);
+    __builtin_prefetch(q + 32, 0, 2);
+    __builtin_prefetch(q + ldw, 0, 2);
+    __builtin_prefetch(q + ldw + 32, 0, 2);
+  };
   auto step = [&](i64 k, bool half) __attribute__((always_inline)) {
-    if (k < npf) {  // two rows (2 x 128 bytes) of the next panel, into L2
-      const bf16_t* q = pf + 2 * k * ldw;
-      __builtin_prefetch(q, 0, 2);
-      __builtin_prefetch(q + 32, 0, 2);
-      __builtin_prefetch(q + ldw, 0, 2);
-      __builtin_prefetch(q + ldw + 32, 0, 2);
-    }
+    if (k < npf) prefetch_pair(k);
     __m512bh b[AXB_NV];
 #pragma GCC unroll 4
     for (int v = 0; v < AXB_NV; ++v)
@@ -265,13 +267,7 @@ static inline void axb_tile(const unsigned* panel, i64 kp, const bf16_t* coef, i
   const i64 kf = odd ? kp - 1 : kp;
   for (i64 k = 0; k < kf; ++k) step(k, false);
   if (odd) step(kf, true);
-  for (i64 k = kp; k < npf; ++k) {  // rows left over (a short panel)
-    const bf16_t* q = pf + 2 * k * ldw;
-    __builtin_prefetch(q, 0, 2);
-    __builtin_prefetch(q + 32, 0, 2);
-    __builtin_prefetch(q + ldw, 0, 2);
-    __builtin_prefetch(q + ldw + 32, 0, 2);
-  }
+  for (i64 k = kp; k < npf; ++k) prefetch_pair(k);  // rows left over (a short panel)
 #pragma GCC unroll 8
   for (int t = 0; t < MR; ++t)
 #pragma GCC unroll 4

@@ -41,8 +41,6 @@ void avx512bf16_q8_dotn(const signed char*, i64, i64, i64, i64, const float*, i6
 void avx512bf16_q8_axpyn(const signed char*, i64, i64, i64, i64, const float*, i64, i64, i64,
                          bool, const float*, i64, i64, float*, i64);
 bool avx512bf16_q8n_supported(i64 L, i64 BC);
-void avx512bf16_q8_act_row(const float*, i64, i64, i64, unsigned short*);
-float avx512bf16_q8_dh_row(const float*, const float*, i64, i64, i64, float, float*);
 }  // namespace npu_lora_stream
 
 namespace {
@@ -58,9 +56,11 @@ struct Q8Ops {
   // bf16 operands (nullptr: the fp32 kernels above run every call)
   Q8KernelN dotn = nullptr;
   Q8Kernel axpyn = nullptr;
-  // vectorised elementwise rows of the bf16-operand path (nullptr: the scalar loops)
-  void (*act_row)(const float*, i64, i64, i64, unsigned short*) = nullptr;
-  float (*dh_row)(const float*, const float*, i64, i64, i64, float, float*) = nullptr;
+  // vectorised elementwise rows of the bf16-operand path, the bf16 kernel's own (stream_core.h;
+  // dh_row's bf16 copy not wanted: the 8-bit axpy rounds its coefficients itself) (nullptr: the
+  // scalar loops)
+  void (*act_row)(const float*, i64, i64, i64, bf16_t*) = nullptr;
+  float (*dh_row)(const float*, const float*, i64, i64, i64, float, float*, bf16_t*) = nullptr;
 };
 
 // the instance for an ISA code of ISA_CODES: amx and avx512bf16 run the AVX-512 instance for
@@ -77,7 +77,7 @@ Q8Ops q8_ops(int64_t isa) {
   static const bool vbmi = __builtin_cpu_supports("avx512vbmi");
   if (isa >= kAvx512Bf16 && vbmi)
     return {avx512_q8_dot,       avx512_q8_axpy,        "avx512bf16",        avx512bf16_q8_dotn,
-            avx512bf16_q8_axpyn, avx512bf16_q8_act_row, avx512bf16_q8_dh_row};
+            avx512bf16_q8_axpyn, avx512bf16_act_row,    avx512bf16_dh_row};
   if (isa >= kAvx512) return {avx512_q8_dot, avx512_q8_axpy, "avx512"};
   if (isa == kAvx2) return {avx2_q8_dot, avx2_q8_axpy, "avx2"};
   return {base_q8_dot, base_q8_axpy, "base"};
@@ -354,7 +354,7 @@ std::vector<torch::Tensor> q8_backward(torch::Tensor g, torch::Tensor token_idx,
     const float* hs = hp + s * 2 * I;
     float* ds = dh + s * 2 * I;
     if (N16 && o.dh_row) {
-      dw[s] = o.dh_row(hs, zpart.get() + s * LZ, S * LZ, P1, I, a.wr[s], ds);
+      dw[s] = o.dh_row(hs, zpart.get() + s * LZ, S * LZ, P1, I, a.wr[s], ds, nullptr);
       return;
     }
     float acc = 0.f;

@@ -41,7 +41,6 @@
 #include <type_traits>
 #include <vector>
 
-#include "stream_silu512.h"
 #include "stream_tiles.h"
 
 namespace {
@@ -448,17 +447,6 @@ void avx512bf16_q8_dotn(const signed char* q, i64 ldq, i64 L, i64 r0, i64 R, con
   else if (fp8) q8n_dot_rows<true, false>(q, ldq, L, r0, R, s, lds, BR, BC, x, ldx, n, out, ldo);
   else if (mb) q8n_dot_rows<false, true>(q, ldq, L, r0, R, s, lds, BR, BC, x, ldx, n, out, ldo);
   else q8n_dot_rows<false, false>(q, ldq, L, r0, R, s, lds, BR, BC, x, ldx, n, out, ldo);
-}
-
-// the elementwise rows of the bf16-operand path, vectorised as the bf16 kernel's (stream_silu512.h:
-// the vector e^x, <= 2e-7 relative from the scalar path's): the forward's SiLU(g)·u row as bf16
-// words, and one row of the backward's dh (fp32; the 8-bit axpy rounds its coefficients itself)
-void avx512bf16_q8_act_row(const float* h, i64 I, i64 r0, i64 r1, unsigned short* dst) {
-  act_row(h, I, r0, r1, dst);
-}
-float avx512bf16_q8_dh_row(const float* h, const float* zp, i64 pstride, i64 P, i64 I, float wr,
-                           float* ds) {
-  return dh_row(h, zp, pstride, P, I, wr, ds, nullptr);
 }
 
 void avx512bf16_q8_axpyn(const signed char* q, i64 ldq, i64 L, i64 r0, i64 R, const float* s,
