@@ -474,6 +474,8 @@ class Trainer:
         ctx.start_step = done + 1
         total = ctx.total_steps
         hot_mode = spec.moe.placement != "host-only"  # hot or auto
+        if ctx.extra.get("memory") is not None:  # what the load held, before any step
+            ctx.extra["memory"]["start_peak_rss_bytes"] = _peak_rss()
         self.callbacks.on_start(ctx)
         self._install_signals()
         metrics = rundir.MetricsWriter(ctx.run_dir / rundir.METRICS) if self.rank0 else None
