@@ -320,5 +320,6 @@ RNGD_NODE = NodeFacts(
 register(BackendEntry("furiosa", "npu_lora.backends.furiosa:FuriosaBackend", cards=True, resource="furiosa.ai/rngd", device_gather=False, compiler="furiosa-torch", precompile=True, summary="RNGD via furiosa-torch", sdpa=False, node=RNGD_NODE, cache_folder="furiosa", node_keys=("furiosa.ai/*",), taint_keys=("furiosa.ai/*",), sandbox_cards=8))  # fmt: skip
 register(BackendEntry("cuda", "npu_lora.backends.cuda:CudaBackend", cards=True, resource="nvidia.com/gpu", compile_device="cuda", node_keys=("nvidia.com/*",), taint_keys=("nvidia.com/gpu",)))  # fmt: skip
 # the cpu backend's runtime: peak RSS of `npu-lora run` of the tiny preset less its estimated
-# terms, 496-540 MiB at seqLen 256-4,096 (experiments/2026-12-05-memory-fit.md)
+# terms, 478-540 MiB on a Zen 4 guest at seqLen 256-4,096, 632 MiB on one CI host (its CPU not
+# seen): the middle of that range (experiments/2026-12-05-memory-fit.md §1, §6)
 register(BackendEntry("cpu", "npu_lora.backends.cpu:CpuBackend", summary="the host stands in for the device", host=True, compile_device="cpu", runtime_bytes=560 << 20))  # fmt: skip

@@ -92,11 +92,12 @@ AUTO_HOST_DTYPE = "float32"
 MiB = 1 << 20
 #: one training process's runtime on the ``cpu`` backend: python, torch, transformers, peft,
 #: tokenizers (a preset's byte-level one), the stream kernel's extension, the data pipeline,
-#: the summary plot and the TensorBoard writer. Measured: the peak RSS of ``npu-lora run`` of the
-#: tiny preset less its other terms, 478-540 MiB on a Zen 4 guest at seqLen 256-4,096, 632 MiB
-#: on one CI host (its CPU not seen); the cpu backend's ``runtime_bytes`` is the middle of that
-#: range (:mod:`npu_lora.api.backends`; experiments/2026-12-05-memory-fit.md §6)
-RUNTIME_BYTES = backends.entry("cpu").runtime_bytes or 560 * MiB
+#: the summary plot and the TensorBoard writer: the cpu registry entry's measured
+#: ``runtime_bytes`` (:mod:`npu_lora.api.backends` has the figures)
+_CPU_RUNTIME = backends.entry("cpu").runtime_bytes
+if _CPU_RUNTIME is None:  # the cpu entry is where the measured runtime lives
+    raise ImportError("npu_lora.api.backends: the cpu entry has no runtime_bytes")
+RUNTIME_BYTES: int = _CPU_RUNTIME
 #: the runtime assumed where it has not been measured (``furiosa``: furiosa-torch and the RNGD
 #: runtime; ``cuda``: the CUDA libraries; ``auto``, which may pick either): the allowance
 #: ``memory: auto`` has always made for them
